@@ -1,0 +1,29 @@
+"""Where pp4 keeps what outlives a build: the configured cache directory and its parts."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def cache_dir() -> Path:
+    """$PP4_CACHE_DIR, else $XDG_CACHE_HOME/pp4, else ~/.cache/pp4."""
+    explicit = os.environ.get("PP4_CACHE_DIR")
+    if explicit:
+        return Path(explicit).expanduser().absolute()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
+    return (base / "pp4").absolute()
+
+
+def wheel_cache_dir(root: Path | None = None) -> Path:
+    return (root or cache_dir()) / "wheels"
+
+
+def toolchains_dir(root: Path | None = None) -> Path:
+    return (root or cache_dir()) / "toolchains"
+
+
+def tmp_dir(root: Path | None = None) -> Path:
+    """Scratch space inside the cache, so that pip and probes write nothing outside it."""
+    return (root or cache_dir()) / "tmp"

@@ -1,0 +1,68 @@
+"""Shared fixtures: one real provisioned toolchain per test session, in pp4's real cache.
+
+The compiler wheels (100 MB) are downloaded once into the cache named by $PP4_CACHE_DIR (CI points
+it inside the checkout); tests that need a cache of their own take the wheels from there.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from pp4 import paths  # noqa: E402
+from pp4.locks import lock_for_cuda  # noqa: E402
+from pp4.torchenv import torch_cuda_version  # noqa: E402
+from pp4.wheelcache import cached_wheel_path, ensure_wheels  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def shared_cache() -> Path:
+    root = paths.cache_dir()
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+@pytest.fixture(scope="session")
+def lock():
+    return lock_for_cuda(torch_cuda_version())
+
+
+@pytest.fixture(scope="session")
+def wheelhouse(shared_cache, lock, tmp_path_factory) -> Path:
+    """A directory holding the pinned wheels under their own file names (as a user would have)."""
+    ensure_wheels(lock, paths.wheel_cache_dir(shared_cache), paths.tmp_dir(shared_cache))
+    house = tmp_path_factory.mktemp("wheelhouse")
+    for pin in lock.wheels:
+        src = cached_wheel_path(paths.wheel_cache_dir(shared_cache), pin)
+        try:
+            os.link(src, house / pin.filename)
+        except OSError:
+            shutil.copyfile(src, house / pin.filename)
+    return house
+
+
+@pytest.fixture(scope="session")
+def toolchain(shared_cache, lock):
+    from pp4.toolchain import provision
+
+    return provision(lock, shared_cache).toolchain
+
+
+def snapshot(root: Path) -> dict[str, tuple]:
+    """Every file and link below root with its content identity and mtime, for 'nothing changed' checks."""
+    out = {}
+    if not root.exists():
+        return out
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
+            p = os.path.join(dirpath, name)
+            st = os.lstat(p)
+            out[os.path.relpath(p, root)] = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_mode)
+    return out
