@@ -1,0 +1,253 @@
+#!/usr/bin/env python3
+"""Configure pp4: choose the compiler, the extensions and the limits, then write build.ninja.
+
+    python configure.py [options] && ninja
+
+Top-down: read the options; get the pinned toolchain (or the --cuda-home override) and check it
+against torch; pick the target architectures; make the compile plan of each extension; write the
+limits, the plans and build.ninja, each only when its content changes. build.ninja re-runs this
+script, with the same options, when configure.py, build.ninja.in or a source list changes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT))
+
+from pp4 import compat, extensions, ninjafile, paths, plan, toolchain  # noqa: E402
+from pp4.files import write_if_changed  # noqa: E402
+from pp4.launch import Limits, parse_cpu_list, parse_size  # noqa: E402
+from pp4.locks import LockError, lock_for_cuda  # noqa: E402
+from pp4.torchenv import TorchError, torch_cuda_version, torch_package_dir  # noqa: E402
+from pp4.torchflags import torch_build_flags  # noqa: E402
+from pp4.wheelcache import WheelError  # noqa: E402
+
+BUILTIN_EXTENSIONS = {"p2p": extensions.p2p}
+DEFAULT_EXTENSIONS = ["p2p"]
+DURATION_TABLES = ROOT / "pp4" / "durations"
+COMPILE_MEMORY_GUESS = 5 << 30  # the heaviest known unit (EXL3 bindings.cpp) peaks at 4.5 GB
+
+
+class ConfigureError(Exception):
+    pass
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(
+        prog="configure.py",
+        description="Write build.ninja for pp4's torch extensions, compiled with the pinned nvcc.",
+        epilog="Then run `ninja` (everything), or `ninja TARGET` for one of: toolchain, compdb, or an extension.",
+    )
+    ap.add_argument("--arch", action="append", default=[], metavar="X.Y",
+                    help="GPU compute capability to build for, e.g. 9.0 (repeatable; a/f suffix and +PTX allowed). "
+                         "Default: the visible GPUs' (nvidia-smi); with none visible you must give it.")
+    ap.add_argument("--builddir", default="build", help="where objects and modules go (default: build)")
+    ap.add_argument("--ext", action="append", default=[], choices=sorted(BUILTIN_EXTENSIONS),
+                    help=f"a built-in extension to build (repeatable; default: {', '.join(DEFAULT_EXTENSIONS)})")
+    ap.add_argument("--ext-spec", action="append", default=[], type=Path, metavar="FILE.toml",
+                    help="also build the extension a TOML file describes (see pp4/extensions.py)")
+    ap.add_argument("--cuda-home", type=Path, help="use this CUDA toolkit instead of the pinned wheels "
+                    "(still checked against torch)")
+    ap.add_argument("--cache-dir", type=Path, help="pp4's cache: wheels, toolchains (default: $PP4_CACHE_DIR or ~/.cache/pp4)")
+    ap.add_argument("--wheel-dir", type=Path, help="take the pinned compiler wheels from this folder instead of pip")
+    limits = ap.add_argument_group("resource limits, applied to every compile and link")
+    limits.add_argument("-j", "--jobs", type=int, help="compiles at once (a ninja pool). Default: the CPUs "
+                        "allowed, at most one per 5 GiB of available memory")
+    limits.add_argument("--cpus", help="CPU list the compilers may run on, e.g. 0-7,16 (default: all allowed now)")
+    limits.add_argument("--nice", type=int, default=10, help="niceness added to each compile (default: 10)")
+    limits.add_argument("--max-memory", help="address-space limit per compile process, e.g. 16G (default: none)")
+    limits.add_argument("--compiler-threads", type=int, default=1,
+                        help="nvcc --threads: architectures one nvcc compiles at once (default: 1)")
+    return ap.parse_args(argv)
+
+
+# ------------------------------------------------------------------------------------------------
+# toolchain and architectures
+
+
+def get_toolchain(args) -> tuple[toolchain.Toolchain, list[str], list[str]]:
+    """The toolchain, the extra build.ninja inputs it brings, and the provisioning arguments."""
+    if args.cuda_home:
+        return toolchain.override(args.cuda_home), [], []
+    lock = lock_for_cuda(torch_cuda_version())
+    cache_root = args.cache_dir.absolute() if args.cache_dir else paths.cache_dir()
+    result = toolchain.provision(lock, cache_root, args.wheel_dir)
+    if result.written or result.linked:
+        print(f"configure: provisioned {result.toolchain.prefix} ({result.written} files written)")
+    tc_args = ["--cuda", lock.cuda, "--cache-dir", str(cache_root)]
+    if args.wheel_dir:
+        tc_args += ["--wheel-dir", str(args.wheel_dir.absolute())]
+    return result.toolchain, [str(lock.path)], tc_args
+
+
+def visible_gpu_archs() -> list[str]:
+    """Compute capabilities of the visible GPUs, from nvidia-smi: no CUDA context is created."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return []
+    try:
+        proc = subprocess.run([smi, "--query-gpu=compute_cap", "--format=csv,noheader"],
+                              capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    if proc.returncode != 0:
+        return []
+    return sorted({line.strip() for line in proc.stdout.splitlines() if line.strip()})
+
+
+def ninja_binary() -> str:
+    """The ninja of the ninja wheel pp4 depends on, else the one on PATH."""
+    try:
+        from ninja import BIN_DIR
+
+        candidate = Path(BIN_DIR) / "ninja"
+        if candidate.is_file():
+            return str(candidate)
+    except ImportError:
+        pass
+    return shutil.which("ninja") or "ninja"
+
+
+def supported_archs(tc: toolchain.Toolchain) -> list[str]:
+    proc = subprocess.run([str(tc.nvcc), "--list-gpu-code"], capture_output=True, text=True)
+    return proc.stdout.split() if proc.returncode == 0 else []
+
+
+# ------------------------------------------------------------------------------------------------
+# extensions and plans
+
+
+def select_extensions(args) -> list[extensions.Extension]:
+    names = args.ext or ([] if args.ext_spec else DEFAULT_EXTENSIONS)
+    exts = [BUILTIN_EXTENSIONS[n]() for n in dict.fromkeys(names)]
+    exts += [extensions.from_spec(p) for p in args.ext_spec]
+    extensions.validate(exts)
+    return exts
+
+
+def durations_known(builddir: Path, root: Path) -> tuple[dict[str, int], dict[str, int]]:
+    """Durations from this build's .ninja_log, and the shipped table for known sources."""
+    log = plan.read_ninja_log(builddir / ".ninja_log")
+    table: dict[str, int] = {}
+    for tsv in sorted(DURATION_TABLES.glob("*.tsv")):
+        table.update(plan.read_duration_table(tsv))
+    return log, table
+
+
+def default_jobs(cpus: tuple[int, ...]) -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            avail = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration):
+        avail = None
+    by_memory = max(1, avail // COMPILE_MEMORY_GUESS) if avail else len(cpus)
+    return max(1, min(len(cpus), by_memory))
+
+
+def plan_record(p: plan.ModulePlan, tc: toolchain.Toolchain, root: Path) -> dict:
+    ext = p.extension
+    return {
+        "target": ext.target, "module": ext.module, "root": str(ext.root),
+        "sources": [str(s) for s in ext.source_paths()],
+        "objects": [str(s.object) for s in p.steps],
+        "output": str(p.output), "output_abs": str((root / p.output).absolute()),
+        "cuda_flags": list(p.cuda_flags), "cxx_flags": list(p.cxx_flags), "link_flags": list(p.link_flags),
+        "toolchain": {"prefix": str(tc.prefix), "key": tc.key, "pinned": tc.pinned,
+                      "files": toolchain.identity(tc)},
+        "provenance": ext.provenance,
+    }
+
+
+# ------------------------------------------------------------------------------------------------
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    root = Path.cwd()
+    builddir = (root / args.builddir).absolute()
+    for name, value in (("--builddir", str(builddir)),):
+        if "\n" in value:
+            raise ConfigureError(f"{name} must not contain a newline")
+
+    tc, toolchain_inputs, toolchain_args = get_toolchain(args)
+    archs = args.arch or visible_gpu_archs()
+    if not archs:
+        raise ConfigureError("no GPU is visible here, so the target architecture is unknown: pass --arch, "
+                             "e.g. --arch 9.0 for an H100/H200 (repeat it for several)")
+    supported = supported_archs(tc)
+    for a in archs:
+        plan.parse_arch(a, supported)
+    report = compat.check(tc, archs=archs, cache_root=args.cache_dir.absolute() if args.cache_dir else None)
+
+    exts = select_extensions(args)
+    torch = torch_build_flags()
+    log, table = durations_known(builddir, root)
+    plans = [plan.module_plan(e, torch, tc, archs, builddir, root, log, supported) for e in exts]
+    ordered = plan.longest_first(plans, table)
+
+    cpus = parse_cpu_list(args.cpus) if args.cpus else tuple(sorted(os.sched_getaffinity(0)))
+    jobs = args.jobs or default_jobs(cpus)
+    if jobs < 1:
+        raise ConfigureError(f"--jobs {jobs}: at least one compile must be allowed to run")
+    limits = Limits(cpus=cpus, nice=args.nice,
+                    address_space=parse_size(args.max_memory) if args.max_memory else None,
+                    nvcc_threads=args.compiler_threads, tmpdir=str(builddir / "tmp"))
+    limits_file = builddir / "limits.json"
+    write_if_changed(limits_file, limits.to_json())
+    for p in plans:
+        write_if_changed(builddir / p.extension.target / "plan.json",
+                         json.dumps(plan_record(p, tc, root), indent=1, sort_keys=True) + "\n")
+
+    spec_files = sorted({str(f) for e in exts for f in e.spec_files})
+    generator_inputs = [str(ROOT / "configure.py"), str(ROOT / "build.ninja.in"),
+                        *(str(ROOT / "pp4" / m) for m in ("plan.py", "torchflags.py", "ninjafile.py", "extensions.py")),
+                        str(torch_package_dir() / "version.py"), *spec_files]
+    settings = ninjafile.BuildSettings(
+        python=sys.executable, configure=str(ROOT / "configure.py"), configure_args=tuple(argv),
+        ninja=ninja_binary(), nvcc=str(tc.nvcc), cxx=shutil.which("c++") or "c++",
+        limits=str(limits_file), jobs=jobs, builddir=os.path.relpath(builddir, root) if builddir.is_relative_to(root) else str(builddir),
+        toolchain_manifest=str(tc.prefix / toolchain.MANIFEST) if tc.pinned else None,
+        toolchain_args=tuple(toolchain_args), toolchain_inputs=tuple(toolchain_inputs),
+        generator_inputs=tuple(dict.fromkeys(generator_inputs)),
+    )
+    rules = (ROOT / "build.ninja.in").read_text()
+    text = ninjafile.render(settings, rules, plans, ordered)
+    changed = write_if_changed(root / "build.ninja", text)
+    write_if_changed(builddir / "configure.json", json.dumps({"argv": argv, "cwd": str(root)}, indent=1) + "\n")
+
+    print(f"configure: {report.summary()}")
+    print(f"configure: {len(plans)} module(s): " + ", ".join(f"{p.extension.target} ({len(p.steps)} units)" for p in plans))
+    print(f"configure: {jobs} job(s) on CPUs {_cpu_text(cpus)}, nice +{args.nice}"
+          + (f", {args.max_memory} address space per compile" if args.max_memory else ""))
+    print(f"configure: build.ninja {'written' if changed else 'unchanged'}; run `ninja`"
+          + (f" (re-run: python configure.py {shlex.join(argv)})" if argv else ""))
+    return 0
+
+
+def _cpu_text(cpus: tuple[int, ...]) -> str:
+    runs, start = [], None
+    for i, c in enumerate(cpus):
+        if start is None:
+            start = c
+        if i + 1 == len(cpus) or cpus[i + 1] != c + 1:
+            runs.append(f"{start}-{c}" if start != c else f"{c}")
+            start = None
+    return ",".join(runs)
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except (ConfigureError, LockError, WheelError, TorchError, toolchain.ToolchainError, compat.CompatError,
+            extensions.ExtensionError, plan.PlanError, ValueError) as e:
+        print(f"configure.py: error: {e}", file=sys.stderr)
+        sys.exit(2)

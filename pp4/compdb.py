@@ -1,0 +1,34 @@
+"""Filter `ninja -t compdb` output into a compile_commands.json that clangd can use.
+
+Ninja records the launcher in front of each compile (python -m pp4.launch LIMITS --); clangd needs
+the compiler first, so each command is cut to what follows the launcher's `--`.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+
+
+def strip_launcher(command: str) -> str:
+    args = shlex.split(command)
+    if "-m" in args and "--" in args:
+        i = args.index("-m")
+        if i + 1 < len(args) and args[i + 1] in ("pp4.launch", "pp4.reuse"):
+            return shlex.join(args[args.index("--") + 1:])
+    return command
+
+
+def main() -> int:
+    entries = json.load(sys.stdin)
+    for e in entries:
+        if "command" in e:
+            e["command"] = strip_launcher(e["command"])
+    json.dump(entries, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

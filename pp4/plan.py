@@ -1,0 +1,167 @@
+"""The compile plan: for each extension, its translation units and the exact flags of each compile.
+
+The plan is pure data (attrs records): configure builds it, pp4.ninjafile writes it out, and the
+build record and certificate name it. Flags follow torch.utils.cpp_extension (see pp4.torchflags);
+the intentional differences are listed in docs/configure.md.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import attrs
+
+from pp4.extensions import Extension
+from pp4.toolchain import Toolchain
+from pp4.torchflags import COMMON_NVCC_FLAGS, TorchBuildFlags
+
+_ARCH = re.compile(r"^(\d+)\.(\d+)([af]?)(\+PTX)?$")
+CUDA_SUFFIXES = (".cu",)
+
+
+class PlanError(Exception):
+    """The requested plan cannot be made (e.g. an unknown architecture)."""
+
+
+@attrs.frozen
+class CompileStep:
+    language: str  # "cuda" or "cxx"
+    source: Path  # absolute
+    object: Path  # relative to the build root, as ninja names it
+    expected_ms: int | None  # measured duration used to order the edges, None when unknown
+
+
+@attrs.frozen
+class ModulePlan:
+    extension: Extension
+    output: Path  # the importable module, <module><EXT_SUFFIX>
+    cuda_flags: tuple[str, ...]  # every nvcc argument but -MD -MF, -c, -o and the paths
+    cxx_flags: tuple[str, ...]
+    link_flags: tuple[str, ...]
+    steps: tuple[CompileStep, ...]
+
+    def flags_for(self, step: CompileStep) -> tuple[str, ...]:
+        return self.cuda_flags if step.language == "cuda" else self.cxx_flags
+
+
+def parse_arch(arch: str, supported: list[str] | None = None) -> tuple[str, bool]:
+    """"9.0" -> ("90", False); "9.0a+PTX" -> ("90a", True). Checked against nvcc's own list."""
+    m = _ARCH.match(arch.strip())
+    if not m:
+        raise PlanError(
+            f"--arch {arch!r} is not a compute capability: write it as MAJOR.MINOR, e.g. --arch 9.0 "
+            "(optionally with an a/f suffix, 9.0a, or +PTX to embed PTX too)"
+        )
+    cc = f"{m.group(1)}{m.group(2)}{m.group(3)}"
+    # nvcc lists the base architectures; the a/f feature suffixes ride on them (sm_90a on sm_90).
+    if supported is not None and f"sm_{m.group(1)}{m.group(2)}" not in supported:
+        raise PlanError(
+            f"--arch {arch}: this nvcc cannot compile for sm_{cc}; it supports {', '.join(map(_dotted, supported))}"
+        )
+    return cc, bool(m.group(4))
+
+
+def _dotted(sm: str) -> str:
+    """"sm_90a" -> "9.0a", the way --arch is written."""
+    m = re.match(r"sm_(\d+)(\d)([a-z]?)$", sm)
+    return f"{m.group(1)}.{m.group(2)}{m.group(3)}" if m else sm
+
+
+def gencode_flags(archs: list[str], supported: list[str] | None = None) -> list[str]:
+    flags = []
+    for arch in archs:
+        cc, ptx = parse_arch(arch, supported)
+        flags.append(f"-gencode=arch=compute_{cc},code=sm_{cc}")
+        if ptx:
+            flags.append(f"-gencode=arch=compute_{cc},code=compute_{cc}")
+    return flags
+
+
+def _relative(path: Path, root: Path) -> Path:
+    """Paths inside the build root are written relative to it, so the tree can be moved."""
+    try:
+        return Path(os.path.relpath(path, root)) if path.is_relative_to(root) else path
+    except ValueError:
+        return path
+
+
+def object_path(builddir: Path, ext: Extension, source_rel: str) -> Path:
+    return builddir / ext.target / "obj" / (source_rel + ".o")
+
+
+def module_plan(ext: Extension, torch: TorchBuildFlags, toolchain: Toolchain, archs: list[str],
+                builddir: Path, root: Path, durations: dict[str, int] | None = None,
+                supported_archs: list[str] | None = None) -> ModulePlan:
+    durations = durations or {}
+    common = [f"-DTORCH_EXTENSION_NAME={ext.module}", "-DTORCH_API_INCLUDE_EXTENSION_H"]
+    common += [f"-I{ext.root / inc}" for inc in ext.include_dirs]
+    system = [*torch.include_dirs, toolchain.include_dir, torch.python_include]
+    for inc in system:
+        common += ["-isystem", str(inc)]
+    std = f"-std={torch.cxx_standard}"
+    cxx = [*common, "-fPIC", std, *ext.cxx_flags]
+    cuda = [*common, *COMMON_NVCC_FLAGS, *gencode_flags(archs, supported_archs), "--compiler-options", "-fPIC",
+            *ext.cuda_flags]
+    if not any(f.startswith("-std=") for f in cuda):
+        cuda.append(std)
+    link = [f"-L{torch.lib_dir}", *(f"-l{lib}" for lib in torch.libraries), f"-L{toolchain.lib_dir}", "-lcudart",
+            # Found without LD_LIBRARY_PATH: torch's libraries, and the CUDA runtime torch itself loads.
+            f"-Wl,-rpath,{torch.lib_dir}"]
+    if torch.cuda_runtime_lib_dir is not None:
+        link.append(f"-Wl,-rpath,{torch.cuda_runtime_lib_dir}")
+    link += list(ext.ld_flags)
+    builddir_rel = _relative(builddir, root)
+    steps = []
+    for rel in ext.sources:
+        obj = object_path(builddir_rel, ext, rel)
+        language = "cuda" if rel.endswith(CUDA_SUFFIXES) else "cxx"
+        steps.append(CompileStep(language, ext.root / rel, obj, durations.get(str(obj))))
+    output = builddir_rel / ext.target / f"{ext.module}{torch.ext_suffix}"
+    return ModulePlan(ext, output, tuple(cuda), tuple(cxx), tuple(link), tuple(steps))
+
+
+def longest_first(plans: list[ModulePlan], table: dict[str, int]) -> list[tuple[ModulePlan, CompileStep]]:
+    """All compile steps, longest expected first: ninja starts ready edges in the order they are written.
+
+    Known durations (the previous .ninja_log, else the shipped table, looked up by the source path
+    relative to its extension root) come first, longest first; unknown ones follow, largest source first.
+    """
+    def expected(plan: ModulePlan, step: CompileStep) -> int | None:
+        if step.expected_ms is not None:
+            return step.expected_ms
+        rel = os.path.relpath(step.source, plan.extension.root)
+        return table.get(f"{plan.extension.target}/{rel}", table.get(rel))
+
+    items = [(p, s, expected(p, s)) for p in plans for s in p.steps]
+    known = sorted((i for i in items if i[2] is not None), key=lambda i: -i[2])
+    unknown = sorted((i for i in items if i[2] is None), key=lambda i: -i[1].source.stat().st_size)
+    return [(p, s) for p, s, _ in known + unknown]
+
+
+def read_ninja_log(path: Path) -> dict[str, int]:
+    """output path -> duration in ms of its last build, from ninja's .ninja_log (format v5 and later)."""
+    durations: dict[str, int] = {}
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except FileNotFoundError:
+        return durations
+    for line in lines[1:]:
+        parts = line.split("\t")
+        if len(parts) >= 4 and parts[0].isdigit() and parts[1].isdigit():
+            durations[parts[3]] = int(parts[1]) - int(parts[0])
+    return durations
+
+
+def read_duration_table(path: Path) -> dict[str, int]:
+    """A shipped table of measured durations: `source<TAB>milliseconds` lines, # comments."""
+    table: dict[str, int] = {}
+    if not path.is_file():
+        return table
+    for line in path.read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, ms = line.rsplit("\t", 1)
+            if ms.strip().isdigit():
+                table[name.strip()] = int(ms)
+    return table

@@ -1,0 +1,457 @@
+"""Weights, ranks and the layer math of the tensor-parallel-2 draft model.
+
+Logical (unsharded) tensors use Llama names and layouts (``--weights DIR`` reads
+exactly these from safetensors; docs/worker.md lists them).  Each rank holds:
+
+* ``qkv``     [(hq + 2*hkv) * D, H]  its query heads, then its K heads, then its V heads (fused)
+* ``o``       [H, hq * D]            the input columns of its heads (row-parallel)
+* ``gate_up`` [2 * m, H]             its gate channels, then its up channels (fused)
+* ``down``    [H, m]                 the input columns of its channels (row-parallel)
+* ``head``    [vs, H]                its vocabulary rows; ``embed`` likewise plus one zero row
+* norms                              replicated, as each GPU of a real pair would hold them
+
+Rank outputs that a real pair would all-reduce are summed by ``ColocatedSum`` in one
+fixed order (rank0 + rank1).  Ranks only ever touch their own tensors and talk through
+the collective and ShardStats, so a two-GPU NCCL version can reuse RankShard as is.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+
+import attrs
+import torch
+
+from pp4.worker import hashing, sampling
+from pp4.worker.backends import TorchBackend, make_backend
+from pp4.worker.config import MAX_BATCH, QUERY_BLOCK, TP_RANKS, DEPTHS, Geometry, ModelSettings
+
+TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+# ============================================================================ logical tensors
+def logical_tensor_specs(g: Geometry) -> dict[str, tuple[tuple[int, ...], str]]:
+    """name -> (shape, kind); kind decides the synthetic scale (see SyntheticSource)."""
+    specs: dict[str, tuple[tuple[int, ...], str]] = {"embed.weight": ((g.vocab, g.hidden), "embed")}
+    for i in range(g.layers):
+        p = f"layers.{i}."
+        specs[p + "attn_norm.weight"] = ((g.hidden,), "norm")
+        specs[p + "attn.q.weight"] = ((g.heads * g.head_dim, g.hidden), "matrix")
+        specs[p + "attn.k.weight"] = ((g.kv_heads * g.head_dim, g.hidden), "matrix")
+        specs[p + "attn.v.weight"] = ((g.kv_heads * g.head_dim, g.hidden), "matrix")
+        specs[p + "attn.o.weight"] = ((g.hidden, g.heads * g.head_dim), "matrix")
+        specs[p + "mlp_norm.weight"] = ((g.hidden,), "norm")
+        specs[p + "mlp.gate.weight"] = ((g.mlp, g.hidden), "matrix")
+        specs[p + "mlp.up.weight"] = ((g.mlp, g.hidden), "matrix")
+        specs[p + "mlp.down.weight"] = ((g.hidden, g.mlp), "matrix")
+    specs["final_norm.weight"] = ((g.hidden,), "norm")
+    specs["head.weight"] = ((g.vocab, g.hidden), "head")
+    return specs
+
+
+class SyntheticSource:
+    """Reproducible weights from a counter hash of (seed, tensor name, element index).
+
+    Element i of a logical tensor is the same whichever rank, chunk or device asks
+    for it: u = hash(seed, crc32(name), i) mapped to [-1, 1), then scaled --
+    matrices by 1/sqrt(fan_in), the head additionally by ``head_gain``, the
+    embedding not at all, norms as 1 + u/10.
+    """
+
+    CHUNK_ELEMENTS = 1 << 24  # bounds the int64 temporaries of one generation step
+
+    def __init__(self, g: Geometry, seed: int, dtype: torch.dtype, device: torch.device):
+        self.g, self.seed, self.dtype, self.device = g, seed, dtype, device
+        self.specs = logical_tensor_specs(g)
+
+    def fingerprint(self) -> str:
+        return f"synthetic:seed={self.seed}"
+
+    def _scale(self, name: str, shape: tuple[int, ...]) -> tuple[float, float]:
+        kind = self.specs[name][1]
+        if kind == "norm":
+            return 0.1, 1.0
+        if kind == "embed":
+            return 1.0, 0.0
+        fan_in = shape[1]
+        gain = self.g.head_gain if kind == "head" else 1.0
+        return gain / math.sqrt(fan_in), 0.0
+
+    def block(self, name: str, rows: slice, cols: slice | None = None) -> torch.Tensor:
+        shape = self.specs[name][0]
+        k1, k2 = hashing.stream_keys(self.seed, hashing.name_id(name), hashing.DOMAIN_WEIGHTS)
+        scale, offset = self._scale(name, shape)
+        r0, r1 = rows.start, rows.stop
+        if len(shape) == 1:
+            idx = torch.arange(r0, r1, dtype=torch.int64, device=self.device)
+            return self._values(idx, k1, k2, scale, offset)
+        n_cols = shape[1]
+        c0, c1 = (cols.start, cols.stop) if cols is not None else (0, n_cols)
+        if shape[0] * n_cols >= 1 << 32:
+            raise ValueError(f"{name}: more than 2**32 elements is beyond the 32-bit element counter")
+        out = torch.empty(r1 - r0, c1 - c0, dtype=self.dtype, device=self.device)
+        cols_t = torch.arange(c0, c1, dtype=torch.int64, device=self.device)
+        step = max(1, self.CHUNK_ELEMENTS // max(1, c1 - c0))
+        for a in range(r0, r1, step):
+            b = min(r1, a + step)
+            rows_t = torch.arange(a, b, dtype=torch.int64, device=self.device)
+            idx = rows_t[:, None] * n_cols + cols_t[None, :]
+            out[a - r0 : b - r0] = self._values(idx, k1, k2, scale, offset)
+        return out
+
+    def _values(self, idx, k1, k2, scale, offset):
+        u = hashing.symmetric_unit(hashing.hash_elements(idx, k1, k2), torch)
+        return (u * scale + offset).to(self.dtype)
+
+
+class SafetensorsSource:
+    """``--weights DIR``: every *.safetensors file in DIR, logical names as above."""
+
+    def __init__(self, directory: str, g: Geometry, dtype: torch.dtype, device: torch.device):
+        try:
+            from safetensors import safe_open
+        except ImportError as exc:
+            raise RuntimeError(
+                "--weights needs the safetensors package (pip install safetensors); "
+                "without it use the synthetic weights (--weight-seed)"
+            ) from exc
+        self.g, self.dtype, self.device = g, dtype, device
+        self.specs = logical_tensor_specs(g)
+        files = sorted(f for f in os.listdir(directory) if f.endswith(".safetensors"))
+        if not files:
+            raise RuntimeError(f"--weights {directory}: no .safetensors files there")
+        self.handles, self.where, digest = [], {}, hashlib.sha256()
+        for f in files:
+            path = os.path.join(directory, f)
+            h = safe_open(path, framework="pt", device="cpu")
+            self.handles.append(h)
+            with open(path, "rb") as fh:  # header + size identify the file without reading GBs
+                n = int.from_bytes(fh.read(8), "little")
+                digest.update(f.encode() + fh.read(n) + str(os.path.getsize(path)).encode())
+            for key in h.keys():
+                self.where[key] = h
+        self._fingerprint = "safetensors:" + digest.hexdigest()
+        problems = []
+        for name, (shape, _) in self.specs.items():
+            if name not in self.where:
+                problems.append(f"missing {name}")
+                continue
+            got = tuple(self.where[name].get_slice(name).get_shape())
+            if got != shape:
+                problems.append(f"{name} has shape {list(got)}, the geometry needs {list(shape)}")
+        if problems:
+            raise RuntimeError(f"--weights {directory} does not match the geometry: " + "; ".join(problems))
+
+    def fingerprint(self) -> str:
+        return self._fingerprint
+
+    def block(self, name: str, rows: slice, cols: slice | None = None) -> torch.Tensor:
+        sl = self.where[name].get_slice(name)
+        t = sl[rows] if cols is None else sl[rows, cols]
+        return t.to(device=self.device, dtype=self.dtype).contiguous()
+
+
+def export_safetensors(source: SyntheticSource, directory: str) -> str:
+    """Write the logical tensors of ``source`` as one safetensors file (tests, --export-weights)."""
+    try:
+        from safetensors.torch import save_file
+    except ImportError as exc:
+        raise RuntimeError("--export-weights needs the safetensors package (pip install safetensors)") from exc
+    os.makedirs(directory, exist_ok=True)
+    tensors = {}
+    for name, (shape, _) in source.specs.items():
+        tensors[name] = source.block(name, slice(0, shape[0])).cpu().contiguous()
+    path = os.path.join(directory, "draft.safetensors")
+    save_file(tensors, path)
+    return path
+
+
+# ============================================================================ rank weights
+@attrs.define
+class LayerShard:
+    attn_norm: torch.Tensor
+    qkv: torch.Tensor
+    o: torch.Tensor
+    mlp_norm: torch.Tensor
+    gate_up: torch.Tensor
+    down: torch.Tensor
+
+
+@attrs.define
+class RankWeights:
+    rank: int
+    layers: list[LayerShard]
+    final_norm: torch.Tensor
+    head: torch.Tensor  # [vs, H]
+    embed: torch.Tensor  # [vs + 1, H]; the last row is zero, the target of ids the other rank owns
+    vocab_to_local: torch.Tensor  # [V] int64: global id -> row of ``embed``
+    gumbel_premix: torch.Tensor  # [vs] int64: vocab half of the Gumbel hash for this rank's ids
+    head_fp32_cpu: torch.Tensor | None = None  # CPU tests only: torch has no fp32-output fp16 mm there
+
+    def weight_bytes(self) -> int:
+        """Bytes one pass must read (embedding rows aside, counted per call)."""
+        n = self.final_norm.numel() * self.final_norm.element_size()
+        n += self.head.numel() * self.head.element_size()
+        for l in self.layers:
+            for t in (l.attn_norm, l.qkv, l.o, l.mlp_norm, l.gate_up, l.down):
+                n += t.numel() * t.element_size()
+        return n
+
+
+def shard_weights(source, g: Geometry, rank: int, dtype, device) -> RankWeights:
+    hq, hkv, d, m, vs = g.rank_heads, g.rank_kv_heads, g.head_dim, g.rank_mlp, g.rank_vocab
+    H = g.hidden
+
+    def rows(a: int, n: int) -> slice:
+        return slice(a * n, (a + 1) * n)
+
+    layers = []
+    for i in range(g.layers):
+        p = f"layers.{i}."
+        qkv = torch.empty(g.rank_qkv_rows, H, dtype=dtype, device=device)
+        qkv[: hq * d] = source.block(p + "attn.q.weight", rows(rank, hq * d))
+        qkv[hq * d : (hq + hkv) * d] = source.block(p + "attn.k.weight", rows(rank, hkv * d))
+        qkv[(hq + hkv) * d :] = source.block(p + "attn.v.weight", rows(rank, hkv * d))
+        gate_up = torch.empty(2 * m, H, dtype=dtype, device=device)
+        gate_up[:m] = source.block(p + "mlp.gate.weight", rows(rank, m))
+        gate_up[m:] = source.block(p + "mlp.up.weight", rows(rank, m))
+        layers.append(
+            LayerShard(
+                attn_norm=source.block(p + "attn_norm.weight", slice(0, H)),
+                qkv=qkv,
+                o=source.block(p + "attn.o.weight", slice(0, H), rows(rank, hq * d)).contiguous(),
+                mlp_norm=source.block(p + "mlp_norm.weight", slice(0, H)),
+                gate_up=gate_up,
+                down=source.block(p + "mlp.down.weight", slice(0, H), rows(rank, m)).contiguous(),
+            )
+        )
+    embed = torch.zeros(vs + 1, H, dtype=dtype, device=device)
+    embed[:vs] = source.block("embed.weight", rows(rank, vs))
+    ids = torch.arange(g.vocab, dtype=torch.int64, device=device)
+    local = ids - rank * vs
+    vocab_to_local = torch.where((local >= 0) & (local < vs), local, torch.full_like(local, vs))
+    head = source.block("head.weight", rows(rank, vs))
+    return RankWeights(
+        rank=rank,
+        layers=layers,
+        final_norm=source.block("final_norm.weight", slice(0, H)),
+        head=head,
+        embed=embed,
+        vocab_to_local=vocab_to_local,
+        gumbel_premix=sampling.vocab_premix(ids[rank * vs : (rank + 1) * vs]),
+        head_fp32_cpu=head.float() if device.type == "cpu" else None,
+    )
+
+
+# ============================================================================ per-call geometry
+@attrs.define
+class StepView:
+    """Everything a forward over positions [p0, p1) of the call needs, as views."""
+
+    positions: torch.Tensor  # [B, T] int64 absolute positions (= KV slots)
+    batch_rows: torch.Tensor  # [B, T] int64 row index (for the KV scatter)
+    cos: torch.Tensor  # [B, T, 1, D] fp32
+    sin_signed: torch.Tensor  # [B, T, 1, D] fp32
+    mask: torch.Tensor  # [B, 1, T*group, S] additive, model dtype
+
+
+@attrs.define
+class CallPositions:
+    """Positions, rotary factors and attention masks for a whole call, built once."""
+
+    positions: torch.Tensor  # [B, P]
+    rope: torch.Tensor  # [B, P, 2, D]
+    mask: torch.Tensor  # [B, P, group, S]
+    batch_rows: torch.Tensor  # [B, 1] (expanded per step)
+
+    def step(self, p0: int, p1: int) -> StepView:
+        B = self.positions.shape[0]
+        T = p1 - p0
+        rope = self.rope[:, p0:p1]
+        return StepView(
+            positions=self.positions[:, p0:p1],
+            batch_rows=self.batch_rows.expand(B, T),
+            cos=rope[:, :, 0, None, :],
+            sin_signed=rope[:, :, 1, None, :],
+            mask=self.mask[:, p0:p1].flatten(1, 2)[:, None],
+        )
+
+
+# ============================================================================ one rank
+class RankShard:
+    """One logical TP rank: its weights, its KV cache, and the partial results it computes."""
+
+    def __init__(self, weights: RankWeights, g: Geometry, backend: TorchBackend, cache_len: int,
+                 dtype: torch.dtype, device: torch.device):
+        self.w, self.g, self.backend = weights, g, backend
+        self.rank = weights.rank
+        self.vocab_offset = weights.rank * g.rank_vocab
+        # [2 (k, v), batch slot, kv head, position, dim]: K and V of a head are each one
+        # contiguous [S, D] block (what attention reads); zero-filled so that masked,
+        # never-written slots hold finite values (0 * NaN would poison the softmax).
+        self.kv = [
+            torch.zeros(2, MAX_BATCH, g.rank_kv_heads, cache_len, g.head_dim, dtype=dtype, device=device)
+            for _ in range(g.layers)
+        ]
+        # Gumbel log-exponentials for [depth, row, this rank's vocab], rewritten every sampling call.
+        self.noise = torch.zeros(max(DEPTHS), MAX_BATCH, g.rank_vocab, dtype=torch.float32, device=device)
+        self.scale = 1.0 / math.sqrt(g.head_dim)
+
+    # ---------------------------------------------------------------- partial results
+    def embed_partial(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Vocab-parallel embedding: own rows, zeros for ids the other rank owns."""
+        local = self.w.vocab_to_local[tokens.reshape(-1)]
+        return torch.nn.functional.embedding(local, self.w.embed)
+
+    def attention_partial(self, layer: int, x: torch.Tensor, step: StepView) -> torch.Tensor:
+        g, be, lw = self.g, self.backend, self.w.layers[layer]
+        B, T = step.positions.shape
+        hq, hkv, d = g.rank_heads, g.rank_kv_heads, g.head_dim
+        n = be.rms_norm(x, lw.attn_norm, g.norm_eps)
+        qkv = be.linear(n, lw.qkv).view(B, T, hq + 2 * hkv, d)
+        be.rope_(qkv[:, :, : hq + hkv], step.cos, step.sin_signed)  # q and k heads are adjacent
+        cache = self.kv[layer]
+        # One scatter writes K and V of every new position: [B, T, 2, hkv, D] into slots.
+        cache[:, step.batch_rows, :, step.positions] = qkv[:, :, hq:].view(B, T, 2, hkv, d)
+        # Fold the query heads sharing a KV head into the query length: plain MHA over hkv heads.
+        q = qkv[:, :, :hq].view(B, T, hkv, g.group, d).permute(0, 2, 1, 3, 4).reshape(B, hkv, T * g.group, d)
+        att = be.attention(q, cache[0, :B], cache[1, :B], step.mask, self.scale)
+        att = att.view(B, hkv, T, g.group, d).permute(0, 2, 1, 3, 4).reshape(B * T, hq * d)
+        return be.linear(att, lw.o)
+
+    def mlp_partial(self, layer: int, x: torch.Tensor) -> torch.Tensor:
+        be, lw = self.backend, self.w.layers[layer]
+        n = be.rms_norm(x, lw.mlp_norm, self.g.norm_eps)
+        act = be.silu_mul(be.linear(n, lw.gate_up), self.g.rank_mlp)
+        return be.linear(act, lw.down)
+
+    def head_stats(self, hidden_last: torch.Tensor, mode: str, depth: int, t1_mask) -> sampling.ShardStats:
+        be = self.backend
+        n = be.rms_norm(hidden_last, self.w.final_norm, self.g.norm_eps)
+        logits = be.linear_fp32(n, self.w.head, self.w.head_fp32_cpu)  # [B, vs] fp32
+        B = logits.shape[0]
+        scores = sampling.selection_scores(logits, mode, self.noise[depth, :B], t1_mask, torch)
+        return sampling.shard_stats(logits, scores, self.vocab_offset, torch)
+
+    def write_gumbel_noise(self, keys: torch.Tensor) -> None:
+        """keys [D, B] -> self.noise[:D, :B] (the vocabulary hash half is precomputed)."""
+        D, B = keys.shape
+        sampling.gumbel_log_exponential(keys, self.w.gumbel_premix, torch, out=self.noise[:D, :B])
+
+    # ---------------------------------------------------------------- request state I/O
+    def load_kv(self, slot: int, kv_logical: torch.Tensor, context: int) -> None:
+        """kv_logical [L, 2, kv_heads, >=context, D] (all heads) -> this rank's heads in ``slot``."""
+        h0 = self.rank * self.g.rank_kv_heads
+        for layer, cache in enumerate(self.kv):
+            cache[:, slot].zero_()
+            cache[:, slot, :, :context] = kv_logical[layer, :, h0 : h0 + self.g.rank_kv_heads, :context]
+
+    def read_kv(self, slot: int, context: int) -> torch.Tensor:
+        return torch.stack([cache[:, slot, :, :context] for cache in self.kv])
+
+
+class ColocatedSum:
+    """The all-reduce of a TP2 pair when both ranks run on one GPU: rank0 + rank1, always.
+
+    (With two addends fp addition is commutative, so NCCL's sum would give the same
+    bits; the fixed order is kept anyway so the code states it.)
+    """
+
+    name = "colocated (on-GPU add of the two ranks' partials)"
+
+    def all_reduce(self, partials: list[torch.Tensor]) -> torch.Tensor:
+        out = partials[0] + partials[1]
+        for p in partials[2:]:
+            out = out + p
+        return out
+
+
+# ============================================================================ the model
+class TensorParallelDraft:
+    """The draft model: embedding, layers and head, split over TP_RANKS ranks."""
+
+    def __init__(self, settings: ModelSettings, device: torch.device, ranks_mode: str = "colocated"):
+        g = settings.geometry
+        problems = g.problems()
+        if problems:
+            raise ValueError("; ".join(problems))
+        if ranks_mode != "colocated":
+            raise NotImplementedError("only --ranks colocated is implemented")
+        self.settings, self.g, self.device = settings, g, device
+        self.dtype = TORCH_DTYPES[settings.dtype]
+        self.backend = make_backend(settings.backend, device)
+        self.cache_len = settings.cache_len
+        if settings.weights_dir:
+            source = SafetensorsSource(settings.weights_dir, g, self.dtype, device)
+        else:
+            source = SyntheticSource(g, settings.weight_seed, self.dtype, device)
+        self.weights_fingerprint = source.fingerprint()
+        self.ranks = [
+            RankShard(shard_weights(source, g, r, self.dtype, device), g, self.backend, self.cache_len,
+                      self.dtype, device)
+            for r in range(TP_RANKS)
+        ]
+        self.collective = ColocatedSum()
+        self._build_constants()
+        self.noise_stream = torch.cuda.Stream(device) if device.type == "cuda" and settings.overlap_noise else None
+
+    def _build_constants(self) -> None:
+        g, dev, S = self.g, self.device, self.cache_len
+        self.offsets = torch.arange(QUERY_BLOCK + max(DEPTHS) - 1, dtype=torch.int64, device=dev)
+        self.key_slots = torch.arange(S, dtype=torch.int64, device=dev)
+        self.batch_rows = torch.arange(MAX_BATCH, dtype=torch.int64, device=dev)[:, None]
+        self.row_depth = sampling.row_depth_table(MAX_BATCH, max(DEPTHS), torch, dev)
+        self.mask_zero = torch.zeros(1, 1, g.group, 1, dtype=self.dtype, device=dev)
+        self.zero_f32 = torch.zeros((), dtype=torch.float32, device=dev)
+        # Rotary table in float64 on the host, stored fp32: [slot, (cos|sin_signed), D].
+        half = g.head_dim // 2
+        inv = [g.rope_theta ** (-2.0 * i / g.head_dim) for i in range(half)]
+        pos = torch.arange(S, dtype=torch.float64)[:, None]
+        ang = pos * torch.tensor(inv, dtype=torch.float64)[None, :]
+        cos, sin = torch.cos(ang), torch.sin(ang)
+        table = torch.stack([torch.cat([cos, cos], -1), torch.cat([-sin, sin], -1)], dim=1)
+        self.rope_table = table.to(torch.float32).to(dev)
+
+    # ---------------------------------------------------------------- geometry of a call
+    def call_positions(self, positions: torch.Tensor) -> CallPositions:
+        """positions [B, P] (absolute slots) -> rotary factors and causal masks for all of them."""
+        allowed = self.key_slots[None, None, :] <= positions[:, :, None]  # [B, P, S]
+        mask = torch.where(allowed[:, :, None, :], self.mask_zero, float("-inf"))  # [B, P, group, S]
+        return CallPositions(positions, self.rope_table[positions], mask, self.batch_rows[: positions.shape[0]])
+
+    def forward(self, tokens: torch.Tensor, step: StepView) -> torch.Tensor:
+        """tokens [B, T] at step.positions -> final hidden states [B*T, H]; writes the KV cache."""
+        ranks, reduce = self.ranks, self.collective.all_reduce
+        x = reduce([r.embed_partial(tokens) for r in ranks])
+        for layer in range(self.g.layers):
+            x = x + reduce([r.attention_partial(layer, x, step) for r in ranks])
+            x = x + reduce([r.mlp_partial(layer, x) for r in ranks])
+        return x
+
+    # ---------------------------------------------------------------- byte counts for the limit
+    def weight_bytes_per_pass(self) -> int:
+        return sum(r.w.weight_bytes() for r in self.ranks)
+
+    def embedding_bytes(self, rows: int) -> int:
+        # Each rank gathers one row per token (its own or its zero row).
+        return TP_RANKS * rows * self.g.hidden * self.ranks[0].w.embed.element_size()
+
+    def kv_bytes_per_pass(self, batch: int) -> int:
+        """Attention reads every slot of K and V (masked ones too) for each layer and rank."""
+        g = self.g
+        per = 2 * g.rank_kv_heads * self.cache_len * g.head_dim * self.ranks[0].kv[0].element_size()
+        return TP_RANKS * g.layers * batch * per
+
+    def fingerprint(self) -> str:
+        """Identifies the arithmetic: geometry, dtype, weights, backend, cache length."""
+        desc = {
+            "geometry": self.g.as_dict(),
+            "dtype": self.settings.dtype,
+            "weights": self.weights_fingerprint,
+            "backend": self.backend.name,
+            "cache_len": self.cache_len,
+            "query_block": QUERY_BLOCK,
+        }
+        return hashlib.sha256(json.dumps(desc, sort_keys=True).encode()).hexdigest()
