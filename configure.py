@@ -104,6 +104,16 @@ def visible_gpu_archs() -> list[str]:
     return sorted({line.strip() for line in proc.stdout.splitlines() if line.strip()})
 
 
+def python_command() -> list[str]:
+    """How build.ninja runs pp4's modules: plain python when pp4 is installed, else with PYTHONPATH."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # ninja's re-run sets it itself
+    probe = subprocess.run([sys.executable, "-c", "import pp4, sys; sys.stdout.write(pp4.__file__)"],
+                           cwd="/", env=env, capture_output=True, text=True)
+    if probe.returncode == 0 and Path(probe.stdout).resolve().parent == ROOT / "pp4":
+        return [sys.executable]
+    return ["env", f"PYTHONPATH={ROOT}", sys.executable]
+
+
 def ninja_binary() -> str:
     """The ninja of the ninja wheel pp4 depends on, else the one on PATH."""
     try:
@@ -212,7 +222,7 @@ def main(argv: list[str]) -> int:
                         *(str(ROOT / "pp4" / m) for m in ("plan.py", "torchflags.py", "ninjafile.py", "extensions.py")),
                         str(torch_package_dir() / "version.py"), *spec_files]
     settings = ninjafile.BuildSettings(
-        python=sys.executable, configure=str(ROOT / "configure.py"), configure_args=tuple(argv),
+        python=python_command(), configure=str(ROOT / "configure.py"), configure_args=tuple(argv),
         ninja=ninja_binary(), nvcc=str(tc.nvcc), cxx=shutil.which("c++") or "c++",
         limits=str(limits_file), jobs=jobs, builddir=os.path.relpath(builddir, root) if builddir.is_relative_to(root) else str(builddir),
         toolchain_manifest=str(tc.prefix / toolchain.MANIFEST) if tc.pinned else None,

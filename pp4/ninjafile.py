@@ -19,7 +19,7 @@ from pp4.plan import CompileStep, ModulePlan
 
 @attrs.frozen
 class BuildSettings:
-    python: str
+    python: list[str]  # the interpreter, with PYTHONPATH when pp4 is not installed
     configure: str  # path of configure.py
     configure_args: tuple[str, ...]
     ninja: str
@@ -59,7 +59,7 @@ def render(settings: BuildSettings, rules: str, plans: list[ModulePlan],
     w.variable("ninja_required_version", "1.10")
     w.variable("builddir", settings.builddir)  # .ninja_log and .ninja_deps live here
     w.newline()
-    w.variable("python", _shell([settings.python]))
+    w.variable("python", _shell(settings.python))
     w.variable("configure", _shell([settings.configure]))
     w.variable("configure_args", _shell(settings.configure_args))
     w.variable("ninja", _shell([settings.ninja]))

@@ -7,6 +7,7 @@ the intentional differences are listed in docs/configure.md.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from pathlib import Path
@@ -135,9 +136,15 @@ def longest_first(plans: list[ModulePlan], table: dict[str, int]) -> list[tuple[
         return table.get(f"{plan.extension.target}/{rel}", table.get(rel))
 
     items = [(p, s, expected(p, s)) for p in plans for s in p.steps]
-    known = sorted((i for i in items if i[2] is not None), key=lambda i: -i[2])
-    unknown = sorted((i for i in items if i[2] is None), key=lambda i: -i[1].source.stat().st_size)
+    # Durations are bucketed (steps of about 19%) and ties keep source order, so the jitter of
+    # re-measured compiles does not reshuffle build.ninja after every build.
+    known = sorted((i for i in items if i[2] is not None), key=lambda i: (-_bucket(i[2]), str(i[1].source)))
+    unknown = sorted((i for i in items if i[2] is None), key=lambda i: (-i[1].source.stat().st_size, str(i[1].source)))
     return [(p, s) for p, s, _ in known + unknown]
+
+
+def _bucket(ms: int) -> int:
+    return round(math.log2(max(ms, 1)) * 4)
 
 
 def read_ninja_log(path: Path) -> dict[str, int]:

@@ -1,0 +1,128 @@
+"""The compile plan against torch's own: torch writes its build.ninja for the same sources, and the
+flags are compared one by one. Every difference must be one of those docs/configure.md lists."""
+
+from __future__ import annotations
+
+import inspect
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+from pp4 import plan
+from pp4.extensions import Extension
+from pp4.torchflags import torch_build_flags
+
+# Each intentional difference, as documented in docs/configure.md.
+OURS_ONLY_LINK = {"-Wl,-rpath,{torch_lib}", "-Wl,-rpath,{cudart_lib}"}
+
+
+def _torch_ninja(tmp_path: Path, toolchain, sources: list[Path]) -> dict[str, list[str]]:
+    """torch.utils.cpp_extension's own build.ninja variables for these sources (CUDA_HOME = our prefix)."""
+    code = f"""
+import inspect, sys
+import torch.utils.cpp_extension as ce
+kw = dict(path={str(tmp_path / 'torch.ninja')!r}, name='fixture', sources={[str(s) for s in sources]!r},
+          extra_cflags=['-O2'], extra_cuda_cflags=['-O2'], extra_sycl_cflags=[], extra_ldflags=[],
+          extra_include_paths=[], with_cuda=True, with_sycl=False, is_standalone=False)
+params = inspect.signature(ce._write_ninja_file_to_build_library).parameters
+ce._write_ninja_file_to_build_library(**{{k: v for k, v in kw.items() if k in params}})
+ld = ce._prepare_ldflags([], True, False, False, False) if 'with_sycl' in inspect.signature(ce._prepare_ldflags).parameters \
+     else ce._prepare_ldflags([], True, False, False)
+print('LDFLAGS=' + ' '.join(ld))
+"""
+    env = dict(os.environ, CUDA_HOME=str(toolchain.prefix), TORCH_CUDA_ARCH_LIST="9.0")
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    text = (tmp_path / "torch.ninja").read_text()
+    out = {}
+    for name in ("cflags", "cuda_cflags"):
+        m = re.search(rf"^{name} = (.*)$", text, re.M)
+        out[name] = shlex.split(m.group(1))
+    out["ldflags"] = proc.stdout.split("LDFLAGS=", 1)[1].split()
+    rules = {n: re.search(rf"^rule {n}\n(?:  .*\n)*?  command = (.*)$", text, re.M).group(1) for n in ("compile", "cuda_compile")}
+    out["rules"] = rules
+    return out
+
+
+def _pairs(flags: list[str]) -> list[str]:
+    """-isystem DIR as one item, so order and values compare as torch writes them."""
+    out, i = [], 0
+    while i < len(flags):
+        if flags[i] in ("-isystem", "--compiler-options", "-Xcompiler") and i + 1 < len(flags):
+            out.append(f"{flags[i]} {flags[i + 1]}")
+            i += 2
+        else:
+            out.append(flags[i])
+            i += 1
+    return out
+
+
+def test_flags_match_torch_cpp_extension(tmp_path, toolchain):
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.cpp").write_text("int a() { return 1; }\n")
+    (src / "b.cu").write_text("__global__ void b() {}\n")
+    ext = Extension(target="fixture", module="fixture", root=src, sources=("a.cpp", "b.cu"),
+                    cxx_flags=("-O2",), cuda_flags=("-O2",))
+    torch_flags = torch_build_flags()
+    ours = plan.module_plan(ext, torch_flags, toolchain, ["9.0"], tmp_path / "build", tmp_path)
+    theirs = _torch_ninja(tmp_path, toolchain, [src / "a.cpp", src / "b.cu"])
+
+    assert _pairs(list(ours.cxx_flags)) == _pairs(theirs["cflags"])
+    # torch writes --compiler-options '-fPIC' for a shell; we hold arguments unquoted.
+    assert _pairs(list(ours.cuda_flags)) == _pairs(theirs["cuda_cflags"])
+
+    subs = {"torch_lib": str(torch_flags.lib_dir), "cudart_lib": str(torch_flags.cuda_runtime_lib_dir)}
+    ours_only = {f.format(**subs) for f in OURS_ONLY_LINK}
+    assert [f for f in ours.link_flags if f not in ours_only] == theirs["ldflags"]
+    # The dependency-file difference: torch's C++ rule uses -MMD, which leaves -isystem headers out.
+    assert "-MMD" in theirs["rules"]["compile"]
+    assert "-MD " in theirs["rules"]["cuda_compile"]
+    rules = (REPO / "build.ninja.in").read_text()
+    commands = [ln for ln in rules.splitlines() if ln.strip().startswith("command =")]
+    assert any("$cxx -MD -MF $out.d" in c for c in commands) and any("$nvcc -MD -MF $out.d" in c for c in commands)
+    assert not any("-MMD" in c for c in commands)
+
+
+@pytest.mark.parametrize("arch,expected", [
+    ("9.0", ["-gencode=arch=compute_90,code=sm_90"]),
+    ("9.0a", ["-gencode=arch=compute_90a,code=sm_90a"]),
+    ("8.6+PTX", ["-gencode=arch=compute_86,code=sm_86", "-gencode=arch=compute_86,code=compute_86"]),
+])
+def test_gencode_flags(arch, expected):
+    assert plan.gencode_flags([arch], ["sm_80", "sm_86", "sm_90"]) == expected
+
+
+def test_unknown_arch_is_refused_with_the_supported_list():
+    with pytest.raises(plan.PlanError) as e:
+        plan.gencode_flags(["4.2"], ["sm_75", "sm_90", "sm_100"])
+    assert str(e.value) == "--arch 4.2: this nvcc cannot compile for sm_42; it supports 7.5, 9.0, 10.0"
+    with pytest.raises(plan.PlanError, match=r"--arch 'ninety' is not a compute capability: write it as MAJOR.MINOR"):
+        plan.gencode_flags(["ninety"], None)
+
+
+def test_longest_first_uses_log_then_table_then_size(tmp_path):
+    root = tmp_path / "src"
+    root.mkdir()
+    for name, size in (("a.cu", 10), ("b.cu", 10), ("c.cu", 500), ("d.cu", 100)):
+        (root / name).write_text("x" * size)
+    ext = Extension(target="t", module="t", root=root, sources=("a.cu", "b.cu", "c.cu", "d.cu"))
+
+    def step(name, ms):
+        return plan.CompileStep("cuda", root / name, Path(f"build/t/obj/{name}.o"), ms)
+
+    p = plan.ModulePlan(ext, Path("m.so"), (), (), (), (step("a.cu", 5_000), step("b.cu", None), step("c.cu", None), step("d.cu", None)))
+    order = [s.source.name for _, s in plan.longest_first([p], {"t/b.cu": 60_000})]
+    assert order == ["b.cu", "a.cu", "c.cu", "d.cu"]
+
+
+def test_ninja_log_is_read(tmp_path):
+    log = tmp_path / ".ninja_log"
+    log.write_text("# ninja log v6\n0\t1500\t123\tbuild/t/obj/a.cu.o\tdeadbeef\n2000\t2100\t124\tbuild/t/m.so\tabc\n")
+    assert plan.read_ninja_log(log) == {"build/t/obj/a.cu.o": 1500, "build/t/m.so": 100}
