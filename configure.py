@@ -67,6 +67,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     limits.add_argument("--max-memory", help="address-space limit per compile process, e.g. 16G (default: none)")
     limits.add_argument("--compiler-threads", type=int, default=1,
                         help="nvcc --threads: architectures one nvcc compiles at once (default: 1)")
+    reuse = ap.add_argument_group("object reuse (see docs/reuse.md)")
+    reuse.add_argument("--store", type=Path, help="the object store (default: $PP4_STORE_DIR, else <cache dir>/store)")
+    reuse.add_argument("--no-reuse", action="store_true", help="compile everything; store and reuse nothing")
     return ap.parse_args(argv)
 
 
@@ -177,6 +180,27 @@ def plan_record(p: plan.ModulePlan, tc: toolchain.Toolchain, root: Path) -> dict
     }
 
 
+def _default_store(args) -> Path:
+    from pp4.store import default_store_dir
+
+    if args.cache_dir and not os.environ.get("PP4_STORE_DIR"):
+        return args.cache_dir.absolute() / "store"
+    return default_store_dir()
+
+
+def compile_actions(plans: list[plan.ModulePlan], tc: toolchain.Toolchain) -> list[dict]:
+    """Every compile command exactly as build.ninja's rules run it (after the wrapper's --)."""
+    actions = []
+    cxx = shutil.which("c++") or "c++"
+    for p in plans:
+        for step in p.steps:
+            compiler = str(tc.nvcc) if step.language == "cuda" else cxx
+            obj = str(step.object)
+            argv = [compiler, "-MD", "-MF", obj + ".d", *p.flags_for(step), "-c", str(step.source), "-o", obj]
+            actions.append({"target": p.extension.target, "output": obj, "source": str(step.source), "argv": argv})
+    return actions
+
+
 # ------------------------------------------------------------------------------------------------
 
 
@@ -211,8 +235,17 @@ def main(argv: list[str]) -> int:
     limits = Limits(cpus=cpus, nice=args.nice,
                     address_space=parse_size(args.max_memory) if args.max_memory else None,
                     nvcc_threads=args.compiler_threads, tmpdir=str(builddir / "tmp"))
-    limits_file = builddir / "limits.json"
-    write_if_changed(limits_file, limits.to_json())
+    store_dir = None if args.no_reuse else str((args.store or _default_store(args)).absolute())
+    config = {
+        "limits": json.loads(limits.to_json()),
+        "reuse": {"store": store_dir, "roots": sorted({str(e.root) for e in exts}),
+                  "erasable": sorted({d for e in exts for d in e.erasable_defines}),
+                  "toolchain": toolchain.identity(tc), "state_dir": str(builddir / ".pp4")},
+    }
+    config_file = builddir / "pp4.json"
+    write_if_changed(config_file, json.dumps(config, indent=1, sort_keys=True) + "\n")
+    actions_file = builddir / "actions.json"
+    write_if_changed(actions_file, json.dumps({"actions": compile_actions(plans, tc)}, indent=1) + "\n")
     for p in plans:
         write_if_changed(builddir / p.extension.target / "plan.json",
                          json.dumps(plan_record(p, tc, root), indent=1, sort_keys=True) + "\n")
@@ -223,8 +256,8 @@ def main(argv: list[str]) -> int:
                         str(torch_package_dir() / "version.py"), *spec_files]
     settings = ninjafile.BuildSettings(
         python=python_command(), configure=str(ROOT / "configure.py"), configure_args=tuple(argv),
-        ninja=ninja_binary(), nvcc=str(tc.nvcc), cxx=shutil.which("c++") or "c++",
-        limits=str(limits_file), jobs=jobs, builddir=os.path.relpath(builddir, root) if builddir.is_relative_to(root) else str(builddir),
+        ninja=ninja_binary(), nvcc=str(tc.nvcc), cxx=shutil.which("c++") or "c++",  # as in compile_actions
+        config=str(config_file), actions=str(actions_file), jobs=jobs, builddir=os.path.relpath(builddir, root) if builddir.is_relative_to(root) else str(builddir),
         toolchain_manifest=str(tc.prefix / toolchain.MANIFEST) if tc.pinned else None,
         toolchain_args=tuple(toolchain_args), toolchain_inputs=tuple(toolchain_inputs),
         generator_inputs=tuple(dict.fromkeys(generator_inputs)),

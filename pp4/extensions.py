@@ -42,6 +42,9 @@ class Extension:
     ld_flags: tuple[str, ...] = ()
     # Files whose change alters the source list or flags: configure re-runs when they change.
     spec_files: tuple[Path, ...] = ()
+    # Defines whose value may differ between two reusable compiles when no input mentions them
+    # (the module name, the pybind11 internals id): see docs/reuse.md.
+    erasable_defines: tuple[str, ...] = ("TORCH_EXTENSION_NAME",)
     # Provenance for the build record: e.g. {"exllamav3": "1.6.5", "sha256": ...}
     provenance: dict = attrs.field(factory=dict, hash=False)
 

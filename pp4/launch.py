@@ -38,10 +38,16 @@ class Limits:
         return json.dumps(attrs.asdict(self), indent=1, sort_keys=True) + "\n"
 
     @classmethod
-    def from_file(cls, path: Path) -> "Limits":
-        doc = json.loads(path.read_text())
+    def from_dict(cls, doc: dict) -> "Limits":
+        doc = dict(doc)
         doc["cpus"] = tuple(doc["cpus"]) if doc.get("cpus") is not None else None
         return cls(**doc)
+
+    @classmethod
+    def from_file(cls, path: Path) -> "Limits":
+        """From a limits file, or from the "limits" part of build/pp4.json."""
+        doc = json.loads(path.read_text())
+        return cls.from_dict(doc.get("limits", doc))
 
 
 def apply(limits: Limits) -> None:

@@ -25,7 +25,8 @@ class BuildSettings:
     ninja: str
     nvcc: str
     cxx: str
-    limits: str  # path of limits.json
+    config: str  # build/pp4.json: limits and reuse settings, read by launcher and wrapper
+    actions: str  # build/actions.json: every compile command, for the prepass and the certificate
     jobs: int
     builddir: str
     toolchain_manifest: str | None  # None with --cuda-home: nothing to provision
@@ -41,6 +42,14 @@ def _shell(args) -> str:
 
 def _path(p) -> str:
     return str(p)
+
+
+def prepass_stamp(builddir: str) -> str:
+    return os.path.join(builddir, ".pp4", "prepass.stamp")
+
+
+def certificate_path(builddir: str) -> str:
+    return os.path.join(builddir, "certificate.json.gz")
 
 
 def pin_path(plan: ModulePlan) -> str:
@@ -65,7 +74,8 @@ def render(settings: BuildSettings, rules: str, plans: list[ModulePlan],
     w.variable("ninja", _shell([settings.ninja]))
     w.variable("nvcc", _shell([settings.nvcc]))
     w.variable("cxx", _shell([settings.cxx]))
-    w.variable("limits", _shell([settings.limits]))
+    w.variable("config", _shell([settings.config]))
+    w.variable("actions", _shell([settings.actions]))
     w.variable("toolchain_args", _shell(settings.toolchain_args))
     w.newline()
     w.pool("compile_pool", settings.jobs)
@@ -88,12 +98,15 @@ def render(settings: BuildSettings, rules: str, plans: list[ModulePlan],
         w.build("toolchain", "phony")
     w.newline()
 
+    stamp = ninja_syntax.escape_path(prepass_stamp(settings.builddir))
+    w.build(stamp, "reuse_prepass", implicit=[ninja_syntax.escape_path(settings.actions)], order_only=["toolchain"])
+    w.newline()
     w.comment("Compiles, longest expected first (measured durations: the last .ninja_log or the shipped table).")
     for plan, step in ordered:
         t = _var(plan.extension.target)
         rule = "cuda_compile" if step.language == "cuda" else "cxx_compile"
         w.build(ninja_syntax.escape_path(_path(step.object)), rule, ninja_syntax.escape_path(str(step.source)),
-                order_only=["toolchain"], variables={"flags": f"${t}_{step.language}_flags"})
+                order_only=["toolchain", stamp], variables={"flags": f"${t}_{step.language}_flags"})
     w.newline()
 
     for plan in plans:
@@ -107,11 +120,18 @@ def render(settings: BuildSettings, rules: str, plans: list[ModulePlan],
         w.build(plan.extension.target, "phony", [out_mod, ninja_syntax.escape_path(pin_path(plan))])
         w.newline()
 
+    cert = ninja_syntax.escape_path(certificate_path(settings.builddir))
+    # Written again whenever any object is rebuilt or restored, not only when a module changes.
+    objects = [ninja_syntax.escape_path(str(s.object)) for _, s in ordered]
+    w.build(cert, "certificate", [ninja_syntax.escape_path(pin_path(p)) for p in plans],
+            implicit=[ninja_syntax.escape_path(settings.actions), *objects])
+    w.build("certify", "audit", cert)
+    w.newline()
     w.build("compile_commands.json", "compdb", implicit=["build.ninja"])
     w.build("compdb", "phony", "compile_commands.json")
     w.build("build.ninja", "configure", implicit=[ninja_syntax.escape_path(p) for p in settings.generator_inputs])
     w.newline()
-    w.build("all", "phony", [p.extension.target for p in plans])
+    w.build("all", "phony", [p.extension.target for p in plans] + [cert])
     w.default("all")
     return out.getvalue()
 

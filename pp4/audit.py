@@ -1,0 +1,190 @@
+"""Audit a build against its certificate: `ninja certify`, or
+
+    python -m pp4.audit build/certificate.json.gz [--objects] [--recompile N]
+
+Rechecks the certificate's hash against the build record, every object's and every input's sha256
+against the certificate, each object's action against the store, and every module against its pin
+and the build record. --recompile N compiles N reused objects again in scratch from their stored
+command and compares them with the stored object byte for byte, except the only bytes two nvcc
+runs differ in: the process id nvcc writes into its temporary file names (tmpxft_<pid>_...), which
+end up in symbol names (docs/reuse.md). Exits non-zero on any mismatch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from pp4 import actionkey, certificate, pin
+from pp4.compilerenv import compiler_env
+from pp4.store import Store
+
+# nvcc names its temporary files tmpxft_<8 hex digits of its pid>_<8 hex digits>-<n>_<name>.
+_TMPXFT = re.compile(rb"tmpxft_([0-9a-f]{8})_[0-9a-f]{8}-\d+_")
+
+
+def differing_bytes(a: bytes, b: bytes) -> list[int]:
+    """Offsets where two objects differ outside the pid digits of nvcc's temporary file names.
+
+    The masked spans must sit at the same offsets in both; anything else counts as a difference.
+    """
+    if len(a) != len(b):
+        return [min(len(a), len(b))]
+    spans_a = [m.span(1) for m in _TMPXFT.finditer(a)]
+    spans_b = [m.span(1) for m in _TMPXFT.finditer(b)]
+    if spans_a != spans_b:
+        return [spans_a[0][0] if spans_a else 0]
+    ma, mb = bytearray(a), bytearray(b)
+    for s, e in spans_a:
+        ma[s:e] = mb[s:e] = b"0" * (e - s)
+    if ma == mb:
+        return []
+    return [i for i in range(len(ma)) if ma[i] != mb[i]][:16]
+
+
+class Audit:
+    def __init__(self, cert_path: Path, store_dir: str | None):
+        self.cert_path = cert_path
+        self.doc, self.digest = certificate.read(cert_path)
+        self.store = Store(store_dir) if store_dir else None
+        self.hasher = actionkey.FileHasher()
+        self.failures: list[str] = []
+        self.per_object: list[tuple[str, str, str]] = []
+
+    def fail(self, what: str) -> None:
+        self.failures.append(what)
+
+    def check_record(self) -> None:
+        rec_path = certificate.record_path(self.cert_path)
+        try:
+            record = json.loads(rec_path.read_text())
+        except (OSError, ValueError) as e:
+            self.fail(f"build record {rec_path} missing or damaged ({e})")
+            return
+        if record["certificate"]["sha256"] != self.digest:
+            self.fail(f"certificate hash {self.digest} is not the one the build record names "
+                      f"({record['certificate']['sha256']})")
+        by_target = {m["target"]: m for m in record["modules"]}
+        for m in self.doc["modules"]:
+            module = Path(m["file"])
+            sha = self.hasher.sha256(str(module))
+            if sha != m["sha256"] or by_target.get(m["target"], {}).get("sha256") != m["sha256"]:
+                self.fail(f"module {module}: sha256 {sha} differs from the certificate/build record ({m['sha256']})")
+            try:
+                pin.check(module)
+            except pin.PinError as e:
+                self.fail(str(e))
+
+    def check_objects(self) -> None:
+        for obj in self.doc["objects"]:
+            problems = []
+            sha = self.hasher.sha256(obj["output"])
+            if sha != obj["object_sha256"]:
+                problems.append(f"object sha256 is {sha}, certificate says {obj['object_sha256']}")
+            root = obj.get("root")
+            for p, want in obj["inputs"]:
+                path = actionkey.from_src(p, root)
+                got = self.hasher.sha256(path)
+                if got != want:
+                    problems.append(f"input {path} has sha256 {got}, certificate says {want}")
+            if self.store is not None and obj.get("action_key"):
+                record = self.store.lookup(obj["action_key"])
+                if record is None:
+                    problems.append(f"action {obj['action_key'][:16]} is not in the store {self.store.root}"
+                                    if obj["status"] == "reused" else None)
+                elif record.object_sha256 != obj["object_sha256"]:
+                    problems.append(f"the store's object for action {obj['action_key'][:16]} has sha256 "
+                                    f"{record.object_sha256}, certificate says {obj['object_sha256']}")
+            problems = [p for p in problems if p]
+            status = "FAILED" if problems else obj["status"]
+            detail = "; ".join(problems) if problems else (
+                f"from {obj['reused_from']['output']}" if obj["status"] == "reused" and obj.get("reused_from")
+                else f"{obj.get('compile_duration_s')} s")
+            self.per_object.append((status, obj["output"], detail))
+            for p in problems:
+                self.fail(f"{obj['output']}: {p}")
+
+    def recompile(self, n: int, scratch: Path) -> list[str]:
+        """Recompile n reused objects from their stored commands; one line of result each."""
+        lines = []
+        reused = [o for o in self.doc["objects"] if o["status"] == "reused"]
+        if self.store is None:
+            self.fail("--recompile needs the store (reuse was off for this build)")
+            return lines
+        for obj in sorted(reused, key=lambda o: o["output"])[:n]:
+            record = self.store.lookup(obj["action_key"])
+            if record is None:
+                self.fail(f"{obj['output']}: action {obj['action_key'][:16]} is gone from the store")
+                continue
+            root = (obj.get("reused_from") or {}).get("root") or obj.get("root")
+            out, dep = scratch / "recompiled.o", scratch / "recompiled.o.d"
+            argv = [{"$OUT": str(out), "$DEP": str(dep)}.get(a, actionkey.from_src(a, root))
+                    for a in record.payload["command"]]
+            for k, v in record.payload.get("erased", {}).items():
+                argv = [f"-D{k}={v}" if a == f"-D{k}=*" else a for a in argv]
+            t0 = time.monotonic()
+            proc = subprocess.run(argv, env=compiler_env(scratch), capture_output=True, text=True)
+            if proc.returncode != 0:
+                self.fail(f"{obj['output']}: recompiling failed:\n{proc.stderr[-2000:]}")
+                continue
+            stored = self.store.object_path(record.object_sha256).read_bytes()
+            diff = differing_bytes(stored, out.read_bytes())
+            verdict = "identical except nvcc's temporary-file pid digits" if not diff else f"DIFFERS at bytes {diff}"
+            if diff:
+                self.fail(f"{obj['output']}: recompiled object differs from the stored one at bytes {diff}")
+            lines.append(f"  recompiled {obj['output']} in {time.monotonic() - t0:.1f} s: {verdict}")
+        return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m pp4.audit", description="Audit a pp4 build against its certificate.")
+    ap.add_argument("certificate", type=Path)
+    ap.add_argument("--objects", action="store_true", help="one line per object")
+    ap.add_argument("--recompile", type=int, default=0, metavar="N",
+                    help="recompile N reused objects in scratch and compare them byte for byte")
+    ap.add_argument("--store", help="the store (default: the one build/pp4.json names)")
+    args = ap.parse_args(argv)
+    t0 = time.monotonic()
+    try:
+        config = json.loads((args.certificate.parent / "pp4.json").read_text())
+        store_dir = args.store or config["reuse"]["store"]
+        audit = Audit(args.certificate, store_dir)
+    except (certificate.CertificateError, OSError, ValueError) as e:
+        print(f"pp4.audit: error: {e}", file=sys.stderr)
+        return 1
+    audit.check_record()
+    audit.check_objects()
+    lines = []
+    if args.recompile:
+        with tempfile.TemporaryDirectory(dir=config["reuse"]["state_dir"], prefix="recompile-") as tmp:
+            lines = audit.recompile(args.recompile, Path(tmp))
+    objs = audit.doc["objects"]
+    reused = sum(o["status"] == "reused" for o in objs)
+    failed = sum(s == "FAILED" for s, _, _ in audit.per_object)
+    inputs = len(audit.hasher._hashes)
+    print(f"certificate {args.certificate}: sha256 {audit.digest}")
+    print(f"  {len(objs)} objects: {reused} reused, {len(objs) - reused} compiled, {failed} failed; "
+          f"{len(audit.doc['modules'])} modules; {inputs} files hashed in {time.monotonic() - t0:.2f} s")
+    if args.objects:
+        for status, out, detail in audit.per_object:
+            print(f"  {status:8} {out}  {detail}")
+    for line in lines:
+        print(line)
+    if audit.failures:
+        print(f"AUDIT FAILED: {len(audit.failures)} mismatch(es):", file=sys.stderr)
+        for f in audit.failures[:50]:
+            print(f"  {f}", file=sys.stderr)
+        return 1
+    print("audit passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,147 @@
+"""The certificate of a build, and its build record: one file that says exactly what was shipped.
+
+    python -m pp4.certificate write CONFIG ACTIONS OUT.json.gz     (run by ninja after the pins)
+
+The certificate is a gzip-compressed JSON manifest of every object: its action key, its inputs with
+their sha256, whether it was compiled or reused (and from which action, compiled for which output),
+its sha256, the toolchain and the compile duration. Its hash is the sha256 of the uncompressed JSON.
+Beside it, build-record.json names every built module's sha256, the compiler wheels' hashes, each
+source tree's hash and the certificate's hash.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from pp4 import pin, reuse
+from pp4.store import hash_file
+from pp4.toolchain import read_manifest
+
+
+class CertificateError(Exception):
+    pass
+
+
+def record_path(certificate: Path) -> Path:
+    return certificate.with_name("build-record.json")
+
+
+def canonical(doc: dict) -> bytes:
+    return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+
+
+def read(certificate: Path) -> tuple[dict, str]:
+    """The certificate's document and its hash; CertificateError when it is damaged."""
+    try:
+        raw = gzip.decompress(certificate.read_bytes())
+        return json.loads(raw), hashlib.sha256(raw).hexdigest()
+    except FileNotFoundError:
+        raise CertificateError(f"{certificate} does not exist: build first (`ninja`)") from None
+    except (OSError, EOFError, ValueError, gzip.BadGzipFile) as e:
+        raise CertificateError(f"{certificate} is damaged ({e}): rebuild it with `ninja` "
+                               f"(delete it first, so that ninja writes it again)") from None
+
+
+def write(config_path: Path, actions_path: Path, out: Path) -> str:
+    config = json.loads(config_path.read_text())
+    state_dir = config["reuse"]["state_dir"]
+    actions = json.loads(actions_path.read_text())["actions"]
+    objects, problems = [], []
+    for action in actions:
+        ev_path = reuse.event_path(state_dir, action["output"])
+        try:
+            ev = json.loads(ev_path.read_text())
+        except (OSError, ValueError):
+            problems.append(f"{action['output']}: no record of how it was built ({ev_path})")
+            continue
+        sha, size = hash_file(action["output"])
+        if sha != ev.get("object_sha256"):
+            problems.append(f"{action['output']}: sha256 {sha} differs from the one recorded when it was built")
+        objects.append({
+            "output": action["output"], "target": action["target"], "source": action["source"],
+            "status": ev["status"], "action_key": ev.get("action_key"), "not_stored": ev.get("not_stored"),
+            "reused_from": ev.get("reused_from"), "root": ev.get("root"),
+            "inputs": ev["inputs"], "object_sha256": sha, "object_size": size,
+            "toolchain": ev.get("toolchain"), "compile_duration_s": ev.get("compile_duration_s"),
+        })
+    if problems:
+        raise CertificateError("cannot certify this build:\n  " + "\n  ".join(problems))
+    modules = _modules(actions, out)
+    doc = {"format": 1, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+           "objects": objects, "modules": modules}
+    raw = canonical(doc)
+    digest = hashlib.sha256(raw).hexdigest()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp")
+    tmp.write_bytes(gzip.compress(raw, mtime=0))
+    os.replace(tmp, out)
+    record = build_record(config, modules, out, digest)
+    rec = record_path(out)
+    rec.with_name(f".{rec.name}.tmp").write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+    os.replace(rec.with_name(f".{rec.name}.tmp"), rec)
+    reused = sum(o["status"] == "reused" for o in objects)
+    print(f"certificate {out}: sha256 {digest} ({len(objects)} objects: {reused} reused, "
+          f"{len(objects) - reused} compiled)")
+    return digest
+
+
+def _modules(actions: list[dict], certificate: Path) -> list[dict]:
+    builddir = certificate.parent
+    out = []
+    for target in sorted({a["target"] for a in actions}):
+        plan = json.loads((builddir / target / "plan.json").read_text())
+        module = Path(plan["output"])
+        p = pin.check(module)  # the module must match its pin, sources included
+        out.append({"target": target, "module": plan["module"], "file": str(module), "sha256": p["sha256"],
+                    "source_key": p["source_key"], "root": plan["root"], "provenance": plan.get("provenance", {}),
+                    "tree_sha256": _tree_hash(Path(plan["root"]), plan["sources"])})
+    return out
+
+
+def _tree_hash(root: Path, sources: list[str]) -> str:
+    h = hashlib.sha256()
+    for f in pin.tree_files(root, sources):
+        h.update(str(f.relative_to(root) if f.is_relative_to(root) else f).encode() + b"\0")
+        h.update(hashlib.sha256(f.read_bytes()).digest())
+    return h.hexdigest()
+
+
+def build_record(config: dict, modules: list[dict], certificate: Path, digest: str) -> dict:
+    prefix = config["reuse"]["toolchain"]
+    tc_prefix = None
+    for m in modules:
+        plan = json.loads((certificate.parent / m["target"] / "plan.json").read_text())
+        tc_prefix = plan["toolchain"]["prefix"]
+    manifest = read_manifest(Path(tc_prefix)) if tc_prefix else None
+    return {
+        "format": 1,
+        "modules": [{k: m[k] for k in ("target", "module", "file", "sha256")} for m in modules],
+        "compiler_wheels": manifest["wheels"] if manifest else None,
+        "toolchain": {"prefix": tc_prefix, "files": prefix},
+        "source_trees": [{"target": m["target"], "root": m["root"], "sha256": m["tree_sha256"],
+                          "provenance": m["provenance"]} for m in modules],
+        "certificate": {"file": str(certificate), "sha256": digest},
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if len(argv) != 4 or argv[0] != "write":
+        print("usage: python -m pp4.certificate write CONFIG ACTIONS OUT.json.gz", file=sys.stderr)
+        return 2
+    try:
+        write(Path(argv[1]), Path(argv[2]), Path(argv[3]))
+    except (CertificateError, pin.PinError) as e:
+        print(f"pp4.certificate: error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

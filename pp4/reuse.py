@@ -1,0 +1,302 @@
+"""The reuse rule: skip a compile only when its action provably matches a stored one.
+
+Two entry points, both run by ninja:
+
+    python -m pp4.reuse CONFIG -- COMPILER ARGS...          one compile (the rule's command)
+    python -m pp4.reuse --prepass CONFIG ACTIONS STAMP      all compiles of the build at once
+
+The per-compile wrapper looks its action up (pp4.actionkey), and on a match materializes the stored
+object, rechecks its hash and writes the complete dependency file for ninja; otherwise it compiles
+under the configured limits and stores the object with its record. The prepass, which every compile
+edge waits for, does the lookups of all compiles whose object is missing in one process, hashing
+each input file once, and materializes the hits; each of those edges then only claims its object
+(a marker the prepass left), which costs a shell `test`, not a Python start-up.
+
+Every compile and every reuse writes an event (build/.pp4/events/) that the certificate collects.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import attrs
+
+from pp4 import actionkey
+from pp4.actionkey import CompileArgs, FileHasher
+from pp4.compilerenv import compiler_env
+from pp4.launch import Limits, apply, command_for
+from pp4.store import CorruptObject, ObjectMissing, Store, StoreError, hash_file
+
+MARKER_SUFFIX = ".pp4-reused"
+MANIFEST_ENTRIES = 16  # most recent input sets kept per command
+
+
+@attrs.frozen
+class ReuseConfig:
+    store: str | None  # None: reuse is off, every compile runs
+    roots: tuple[str, ...]  # extension source roots, longest first
+    erasable: tuple[str, ...]
+    toolchain: dict
+    state_dir: str
+    limits: Limits
+
+    @classmethod
+    def load(cls, path: str | Path) -> "ReuseConfig":
+        doc = json.loads(Path(path).read_text())
+        r = doc["reuse"]
+        return cls(store=r["store"], roots=tuple(sorted(r["roots"], key=len, reverse=True)),
+                   erasable=tuple(r["erasable"]), toolchain=r["toolchain"], state_dir=r["state_dir"],
+                   limits=Limits.from_dict(doc["limits"]))
+
+    def root_for(self, source: str) -> str | None:
+        src = os.path.abspath(source)
+        return next((r for r in self.roots if src.startswith(r + os.sep)), None)
+
+
+@attrs.frozen
+class Hit:
+    entry: dict
+    record: object  # pp4.store.ActionRecord
+
+
+class Reuser:
+    """Lookups and stores against one store, sharing one FileHasher (each file hashed once)."""
+
+    def __init__(self, cfg: ReuseConfig, env: dict[str, str] | None = None):
+        self.cfg = cfg
+        self.hasher = FileHasher()
+        self.store = Store(cfg.store) if cfg.store else None
+        env = os.environ if env is None else env
+        host = actionkey.host_compiler_identity(Path(cfg.state_dir) / "host-compiler.json")
+        self.toolchain_id = {"nvcc": cfg.toolchain, "host": host}
+        self.env_id = actionkey.output_env(dict(env))
+
+    # -- keys -------------------------------------------------------------------------------
+
+    def keys(self, args: CompileArgs) -> tuple[str, str | None, list[str], dict]:
+        root = self.cfg.root_for(args.source)
+        normalized, erased = actionkey.normalize(args, root, self.cfg.erasable)
+        return actionkey.manifest_key(normalized, self.toolchain_id, self.env_id), root, normalized, erased
+
+    def _manifest_path(self, mkey: str) -> Path:
+        return Path(self.cfg.store) / "manifests" / mkey[:2] / f"{mkey}.json"
+
+    def _read_manifest(self, mkey: str) -> list[dict]:
+        try:
+            doc = json.loads(self._manifest_path(mkey).read_text())
+            return doc["entries"] if doc.get("manifest_key") == mkey else []
+        except (OSError, ValueError, KeyError, TypeError):
+            return []  # missing or damaged: a miss, never trusted
+
+    # -- lookup -----------------------------------------------------------------------------
+
+    def lookup(self, args: CompileArgs) -> Hit | None:
+        if self.store is None:
+            return None
+        mkey, root, _, erased = self.keys(args)
+        for entry in reversed(self._read_manifest(mkey)):
+            if entry.get("uses_erasable") and entry.get("erased") != erased:
+                continue  # an input mentions the module name or internals id: values must match
+            inputs = [(actionkey.from_src(p, root), sha) for p, sha in entry["inputs"]]
+            if any(self.hasher.sha256(p) != sha for p, sha in inputs):
+                continue
+            recorded = {actionkey.from_src(p, root) for p in entry.get("shadows", [])}
+            now = actionkey.shadow_candidates([p for p, _ in inputs], args.search_dirs, self.hasher)
+            if any(c not in recorded for c in now):
+                continue  # a header appeared that the compiler would now find first
+            record = self.store.lookup(entry["action_key"])
+            if record is None:
+                continue
+            return Hit(entry, record)
+        return None
+
+    def materialize(self, hit: Hit, args: CompileArgs) -> bool:
+        """Put the stored object at the output, rechecked, and the dependency file beside it."""
+        root = self.cfg.root_for(args.source)
+        out = Path(args.output)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            # A copy, not a hard link: a later compile writing to the output in place must never
+            # reach the stored object through a shared inode.
+            self.store.materialize(hit.record, out, allow_link=False)
+        except (CorruptObject, ObjectMissing):
+            return False
+        deps = [actionkey.from_src(p, root) for p, _ in hit.entry["inputs"]]
+        Path(args.depfile).write_text(actionkey.format_depfile(args.output, deps))
+        return True
+
+    # -- store ------------------------------------------------------------------------------
+
+    def store_compile(self, args: CompileArgs, started: float, duration: float) -> dict:
+        """Store a fresh object. Returns the event fields: action key (None when not stored, with
+        the reason), the inputs with their hashes, the object's sha256."""
+        mkey, root, normalized, erased = self.keys(args)
+        deps = [os.path.abspath(p) for p in actionkey.parse_depfile(Path(args.depfile).read_text())]
+        hashes = [self.hasher.sha256(p) for p in deps]
+        inputs = [[actionkey.to_src(p, root), sha] for p, sha in zip(deps, hashes)]
+        sha, _ = hash_file(args.output)
+        result = {"action_key": None, "inputs": inputs, "object_sha256": sha, "not_stored": None}
+        if self.store is None:
+            return dict(result, not_stored="reuse is off")
+        for p, h in zip(deps, hashes):
+            if h is None:
+                return dict(result, not_stored=f"{p} cannot be read")
+            try:
+                if os.stat(p).st_mtime >= started - 0.01:
+                    return dict(result, not_stored=f"{p} changed while it was being compiled")
+            except OSError:
+                return dict(result, not_stored=f"{p} vanished during the compile")
+        uses = any(self.hasher.mentions(p, name.encode()) for p in deps for name in self.cfg.erasable)
+        akey = actionkey.action_key(mkey, inputs, erased if uses else None)
+        shadows = [actionkey.to_src(c, root) for c in actionkey.shadow_candidates(deps, args.search_dirs, self.hasher)]
+        payload = {"manifest_key": mkey, "command": normalized, "inputs": inputs, "erased": erased,
+                   "uses_erasable": uses, "shadows": shadows, "toolchain": self.toolchain_id,
+                   "compiled_for": {"output": os.path.abspath(args.output), "root": root},
+                   "duration_s": round(duration, 3)}
+        try:
+            record = self.store.put(akey, args.output, payload)
+        except StoreError as e:
+            print(f"pp4.reuse: warning: {e} (the object was built; it is just not stored)", file=sys.stderr)
+            return dict(result, not_stored=str(e))
+        if record.object_sha256 != sha:
+            return dict(result, not_stored="the object changed while it was being stored")
+        entry = {"action_key": akey, "inputs": inputs, "shadows": shadows, "uses_erasable": uses,
+                 "erased": erased if uses else None}
+        self._add_to_manifest(mkey, entry)
+        return dict(result, action_key=akey)
+
+    def _add_to_manifest(self, mkey: str, entry: dict) -> None:
+        path = self._manifest_path(mkey)
+        entries = [e for e in self._read_manifest(mkey) if e.get("action_key") != entry["action_key"]]
+        entries = (entries + [entry])[-MANIFEST_ENTRIES:]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"manifest_key": mkey, "entries": entries}))
+        os.replace(tmp, path)  # two writers at once: one entry may be lost, which is only a future miss
+
+    # -- events -----------------------------------------------------------------------------
+
+    def event(self, args: CompileArgs, **fields) -> None:
+        root = self.cfg.root_for(args.source)
+        doc = {"output": args.output, "source": os.path.abspath(args.source), "root": root, **fields}
+        path = event_path(self.cfg.state_dir, args.output)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(doc, sort_keys=True))
+        os.replace(tmp, path)
+
+    def hit_event(self, args: CompileArgs, hit: Hit, seconds: float, via: str) -> None:
+        payload = hit.record.payload
+        self.event(args, status="reused", via=via, action_key=hit.entry["action_key"],
+                   object_sha256=hit.record.object_sha256, inputs=hit.entry["inputs"],
+                   reused_from=payload.get("compiled_for"), compile_duration_s=payload.get("duration_s"),
+                   restore_duration_s=round(seconds, 4), toolchain=self.toolchain_id)
+
+
+def event_path(state_dir: str, output: str) -> Path:
+    return Path(state_dir) / "events" / (output.replace(os.sep, "__") + ".json")
+
+
+# ---------------------------------------------------------------------------------------------
+# one compile
+
+
+def compile_one(cfg: ReuseConfig, argv: list[str]) -> int:
+    args = actionkey.parse_compile(argv)
+    marker = Path(args.output + MARKER_SUFFIX)
+    if marker.exists():  # the prepass of this build restored it already
+        marker.unlink()
+        return 0
+    reuser = Reuser(cfg)
+    t0 = time.monotonic()
+    hit = reuser.lookup(args)
+    if hit is not None and reuser.materialize(hit, args):
+        reuser.hit_event(args, hit, time.monotonic() - t0, via="wrapper")
+        return 0
+    out = Path(args.output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if out.exists() or out.is_symlink():
+        out.unlink()  # never write through a link that may share its inode with a stored object
+    tmpdir = Path(cfg.limits.tmpdir) if cfg.limits.tmpdir else Path(os.environ.get("TMPDIR", "/tmp"))
+    tmpdir.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    t1 = time.monotonic()
+    proc = subprocess.run(command_for(cfg.limits, list(argv)), env=compiler_env(tmpdir),
+                          preexec_fn=lambda: apply(cfg.limits))
+    duration = time.monotonic() - t1
+    if proc.returncode != 0:
+        return proc.returncode
+    stored = reuser.store_compile(args, started, duration)
+    reuser.event(args, status="compiled", compile_duration_s=round(duration, 3), toolchain=reuser.toolchain_id,
+                 **stored)
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# the prepass
+
+
+def prepass(cfg: ReuseConfig, actions_file: Path, stamp: Path) -> int:
+    t0 = time.monotonic()
+    actions = json.loads(actions_file.read_text())["actions"]
+    reuser = Reuser(cfg)
+    restored = checked = 0
+    for action in actions:
+        args = actionkey.parse_compile(action["argv"])
+        marker = Path(args.output + MARKER_SUFFIX)
+        if marker.exists():  # restored by an earlier prepass that never got claimed: start over
+            for p in (marker, Path(args.output), Path(args.depfile)):
+                p.unlink(missing_ok=True)
+        if Path(args.output).exists():
+            continue  # ninja decides about existing objects; their edges run the full wrapper
+        checked += 1
+        t = time.monotonic()
+        hit = reuser.lookup(args)
+        if hit is not None and reuser.materialize(hit, args):
+            marker.write_text(hit.entry["action_key"] + "\n")
+            reuser.hit_event(args, hit, time.monotonic() - t, via="prepass")
+            restored += 1
+    # The stamp's dependencies: every input of every compile seen so far, so that an edit of any of
+    # them runs the prepass again before the compiles that ninja will then find out of date.
+    deps: set[str] = set()
+    for action in actions:
+        ev = event_path(cfg.state_dir, action["output"])
+        try:
+            doc = json.loads(ev.read_text())
+        except (OSError, ValueError):
+            continue
+        deps.update(actionkey.from_src(p, doc.get("root")) for p, _ in doc.get("inputs", []))
+    stamp.parent.mkdir(parents=True, exist_ok=True)
+    Path(str(stamp) + ".d").write_text(actionkey.format_depfile(str(stamp), sorted(deps)))
+    stamp.write_text(json.dumps({"checked": checked, "restored": restored,
+                                 "seconds": round(time.monotonic() - t0, 3)}) + "\n")
+    if checked:
+        print(f"pp4.reuse: {restored} of {checked} missing objects restored from the store "
+              f"in {time.monotonic() - t0:.2f} s")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if argv and argv[0] == "--prepass":
+            if len(argv) != 4:
+                print("usage: python -m pp4.reuse --prepass CONFIG ACTIONS STAMP", file=sys.stderr)
+                return 2
+            return prepass(ReuseConfig.load(argv[1]), Path(argv[2]), Path(argv[3]))
+        if len(argv) < 3 or argv[1] != "--":
+            print("usage: python -m pp4.reuse CONFIG -- COMPILER ARGS...", file=sys.stderr)
+            return 2
+        return compile_one(ReuseConfig.load(argv[0]), argv[2:])
+    except actionkey.CommandError as e:
+        print(f"pp4.reuse: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
