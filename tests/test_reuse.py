@@ -1,0 +1,212 @@
+"""Soundness of the reuse rule, with real compiles and a real store: each case asserts a recompile
+where one is due and a reuse where it is safe."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+from pp4 import audit
+from test_build import FIXTURE, ninja_bin, run
+
+pytestmark = pytest.mark.slow
+
+
+class Tree:
+    """A scratch copy of the fixture sources, a store, and any number of build directories."""
+
+    def __init__(self, base: Path):
+        self.base = base
+        self.src = base / "src"
+        shutil.copytree(FIXTURE, self.src)
+        self.store = base / "store"
+        self.n = 0
+
+    def build(self, *extra: str, spec: Path | None = None, env=None) -> dict[str, str]:
+        """Configure a fresh build directory and build it; returns output -> compiled|reused."""
+        self.n += 1
+        work = self.base / f"work{self.n}"
+        work.mkdir()
+        run([sys.executable, str(REPO / "configure.py"), "--arch", "9.0", "--ext-spec", str(spec or self.src / "ext.toml"),
+             "--store", str(self.store), *extra], work, env)
+        run([ninja_bin()], work, env)
+        self.work = work
+        return statuses(work)
+
+
+def statuses(work: Path) -> dict[str, str]:
+    doc = json.loads(gzip.decompress((work / "build" / "certificate.json.gz").read_bytes()))
+    return {Path(o["output"]).name: o["status"] for o in doc["objects"]}
+
+
+ALL_REUSED = {"ops.cpp.o": "reused", "scale.cu.o": "reused", "shift.cu.o": "reused"}
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory, toolchain):
+    t = Tree(tmp_path_factory.mktemp("reuse"))
+    assert set(t.build().values()) == {"compiled"}
+    assert t.build() == ALL_REUSED  # a fresh build directory restores everything
+    return t
+
+
+def test_noop_and_audit_after_a_restore(tree):
+    out = run([ninja_bin()], tree.work).stdout
+    assert "ninja: no work to do." in out
+    res = run([ninja_bin(), "certify"], tree.work).stdout
+    assert "3 objects: 3 reused, 0 compiled, 0 failed" in res and "audit passed" in res
+
+
+def test_edited_project_header(tree):
+    header = tree.src / "include" / "fixture" / "common.h"
+    original = header.read_text()
+    header.write_text(original.replace("kShift = 3", "kShift = 11"))
+    try:
+        assert tree.build() == {"ops.cpp.o": "compiled", "scale.cu.o": "reused", "shift.cu.o": "compiled"}
+    finally:
+        header.write_text(original)
+    assert tree.build() == ALL_REUSED  # back to the old bytes: the old objects are valid again
+
+
+def test_edited_torch_header(tree):
+    """A header under torch/include (pybind11's, which ops.cpp includes): edited, then restored."""
+    import torch  # noqa: F401 - only to locate it
+    header = Path(torch.__file__).parent / "include" / "pybind11" / "options.h"
+    original, st = header.read_bytes(), header.stat()
+    try:
+        header.write_bytes(original + b"\n// edited by pp4's reuse test\n")
+        assert tree.build() == {"ops.cpp.o": "compiled", "scale.cu.o": "reused", "shift.cu.o": "reused"}
+    finally:
+        header.write_bytes(original)
+        os.utime(header, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def test_host_only_edit_under_ifndef_cuda_arch(tree):
+    """nvcc -E runs with __CUDA_ARCH__ defined for the device pass, so a cache keyed on preprocessed
+    device code misses this edit; raw input bytes do not."""
+    src = tree.src / "src" / "scale.cu"
+    original = src.read_text()
+    src.write_text(original.replace("int scale_host(int x) { return x * kScale; }",
+                                    "#ifndef __CUDA_ARCH__\nint scale_host(int x) { return x * kScale + 1; }\n#endif"))
+    try:
+        assert tree.build() == {"ops.cpp.o": "reused", "scale.cu.o": "compiled", "shift.cu.o": "reused"}
+    finally:
+        src.write_text(original)
+
+
+def test_new_header_shadowing_an_old_one(tree):
+    """fixture/common.h appears next to shift.cu: `#include "fixture/common.h"` would now find it
+    first, even with identical bytes, so no object that included the old one may be reused."""
+    shadow = tree.src / "src" / "fixture" / "common.h"
+    shadow.parent.mkdir()
+    shutil.copy(tree.src / "include" / "fixture" / "common.h", shadow)
+    try:
+        got = tree.build()
+        assert got["shift.cu.o"] == "compiled" and got["scale.cu.o"] == "reused"
+    finally:
+        shutil.rmtree(shadow.parent)
+    assert tree.build() == ALL_REUSED
+
+
+def test_changed_flag(tree, tmp_path):
+    spec = tree.src / "ext-O1.toml"
+    spec.write_text((tree.src / "ext.toml").read_text().replace('cuda_flags = ["-O2"]', 'cuda_flags = ["-O1"]'))
+    try:
+        assert tree.build(spec=spec) == {"ops.cpp.o": "reused", "scale.cu.o": "compiled", "shift.cu.o": "compiled"}
+    finally:
+        spec.unlink()
+
+
+def test_other_module_name_reuses_units_that_never_mention_it(tree):
+    """The variant rule: TORCH_EXTENSION_NAME may differ only where no input names it."""
+    spec = tree.src / "ext-renamed.toml"
+    spec.write_text((tree.src / "ext.toml").read_text().replace('name = "pp4_fixture"', 'name = "pp4_fixture_b"'))
+    try:
+        assert tree.build(spec=spec) == {"ops.cpp.o": "compiled", "scale.cu.o": "reused", "shift.cu.o": "reused"}
+        assert tree.build(spec=spec) == ALL_REUSED
+    finally:
+        spec.unlink()
+
+
+def test_different_nvcc(tree, toolchain):
+    """An nvcc whose files differ (here nvcc.profile, by one comment line) shares nothing."""
+    other = tree.base / "other-cuda"
+    shutil.copytree(toolchain.prefix, other, symlinks=True, copy_function=os.link)
+    profile = other / "bin" / "nvcc.profile"
+    text = profile.read_text()
+    profile.unlink()
+    profile.write_text(text + "# a different toolkit\n")
+    try:
+        assert tree.build("--cuda-home", str(other)) == {
+            "ops.cpp.o": "compiled", "scale.cu.o": "compiled", "shift.cu.o": "compiled"}
+    finally:
+        shutil.rmtree(other)
+
+
+def test_corrupted_stored_object_is_never_used(tree):
+    from pp4.store import Store
+
+    assert tree.build() == ALL_REUSED
+    doc = json.loads(gzip.decompress((tree.work / "build" / "certificate.json.gz").read_bytes()))
+    scale = next(o for o in doc["objects"] if o["output"].endswith("scale.cu.o"))
+    obj = Store(tree.store).object_path(scale["object_sha256"])
+    data = bytearray(obj.read_bytes())
+    data[len(data) // 2] ^= 0x40
+    os.chmod(obj, 0o644)
+    obj.write_bytes(bytes(data))
+    got = tree.build()
+    assert got["scale.cu.o"] == "compiled" and got["shift.cu.o"] == "reused"
+    res = run([ninja_bin(), "certify"], tree.work).stdout
+    assert "audit passed" in res
+
+
+def test_audit_detects_a_changed_object_and_input(tree):
+    """The audit itself (ninja certify would first rebuild what changed, as it should)."""
+    tree.build()
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    audit_cmd = [sys.executable, "-m", "pp4.audit", "build/certificate.json.gz"]
+    obj = tree.work / "build" / "pp4_fixture" / "obj" / "src" / "shift.cu.o"
+    saved = obj.read_bytes()
+    obj.write_bytes(saved + b"x")
+    try:
+        proc = run(audit_cmd, tree.work, env, check=False)
+        assert proc.returncode == 1
+        assert "shift.cu.o: object sha256 is" in proc.stderr and "AUDIT FAILED" in proc.stderr
+    finally:
+        obj.write_bytes(saved)
+    header = tree.src / "include" / "fixture" / "scale.cuh"
+    original = header.read_text()
+    header.write_text(original + "// edited after the build\n")
+    try:
+        proc = run(audit_cmd, tree.work, env, check=False)
+        assert proc.returncode == 1
+        assert f"input {header} has sha256" in proc.stderr
+    finally:
+        header.write_text(original)
+    assert "audit passed" in run(audit_cmd, tree.work, env).stdout
+
+
+def test_recompile_audit_finds_only_tmpxft_differences(tree):
+    tree.build()
+    proc = run([sys.executable, "-m", "pp4.audit", "build/certificate.json.gz", "--recompile", "2"],
+               tree.work, dict(os.environ, PYTHONPATH=str(REPO)))
+    assert proc.stdout.count("identical except nvcc's temporary-file pid digits") == 2, proc.stdout
+    assert "audit passed" in proc.stdout
+
+
+def test_differing_bytes_masks_only_the_pid_digits():
+    a = b"\x00abc tmpxft_00002a91_00000000-6_shift.cudafe1.cpp xyz"
+    b = b"\x00abc tmpxft_00002aa6_00000000-6_shift.cudafe1.cpp xyz"
+    assert audit.differing_bytes(a, b) == []
+    c = b"\x00abd tmpxft_00002aa6_00000000-6_shift.cudafe1.cpp xyz"
+    assert audit.differing_bytes(a, c) == [3]
+    d = b"\x00abc tmpxft_00002aa6_00000001-6_shift.cudafe1.cpp xyz"
+    assert audit.differing_bytes(a, d) != []
