@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 
-from pp4 import compat, extensions, ninjafile, paths, plan, toolchain  # noqa: E402
+from pp4 import compat, exl3, extensions, ninjafile, paths, plan, reuse, toolchain  # noqa: E402
 from pp4.files import write_if_changed  # noqa: E402
 from pp4.launch import Limits, parse_cpu_list, parse_size  # noqa: E402
 from pp4.locks import LockError, lock_for_cuda  # noqa: E402
@@ -31,8 +31,8 @@ from pp4.torchenv import TorchError, torch_cuda_version, torch_package_dir  # no
 from pp4.torchflags import torch_build_flags  # noqa: E402
 from pp4.wheelcache import WheelError  # noqa: E402
 
-BUILTIN_EXTENSIONS = {"p2p": extensions.p2p}
-DEFAULT_EXTENSIONS = ["p2p"]
+BUILTIN_EXTENSIONS = ["p2p", "exl3", "exl3-facc"]
+DEFAULT_EXTENSIONS = BUILTIN_EXTENSIONS
 DURATION_TABLES = ROOT / "pp4" / "durations"
 COMPILE_MEMORY_GUESS = 5 << 30  # the heaviest known unit (EXL3 bindings.cpp) peaks at 4.5 GB
 
@@ -51,8 +51,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                     help="GPU compute capability to build for, e.g. 9.0 (repeatable; a/f suffix and +PTX allowed). "
                          "Default: the visible GPUs' (nvidia-smi); with none visible you must give it.")
     ap.add_argument("--builddir", default="build", help="where objects and modules go (default: build)")
-    ap.add_argument("--ext", action="append", default=[], choices=sorted(BUILTIN_EXTENSIONS),
-                    help=f"a built-in extension to build (repeatable; default: {', '.join(DEFAULT_EXTENSIONS)})")
+    ap.add_argument("--ext", action="append", default=[], choices=BUILTIN_EXTENSIONS,
+                    help=f"a built-in extension to build (repeatable; default: {', '.join(DEFAULT_EXTENSIONS)}, "
+                         "unless --ext-spec is given)")
+    ap.add_argument("--exl3-source", type=Path, metavar="PATH",
+                    help="build EXL3 from this exllamav3 checkout instead of the pinned release")
     ap.add_argument("--ext-spec", action="append", default=[], type=Path, metavar="FILE.toml",
                     help="also build the extension a TOML file describes (see pp4/extensions.py)")
     ap.add_argument("--cuda-home", type=Path, help="use this CUDA toolkit instead of the pinned wheels "
@@ -82,7 +85,7 @@ def get_toolchain(args) -> tuple[toolchain.Toolchain, list[str], list[str]]:
     if args.cuda_home:
         return toolchain.override(args.cuda_home), [], []
     lock = lock_for_cuda(torch_cuda_version())
-    cache_root = args.cache_dir.absolute() if args.cache_dir else paths.cache_dir()
+    cache_root = _cache_root(args)
     result = toolchain.provision(lock, cache_root, args.wheel_dir)
     if result.written or result.linked:
         print(f"configure: provisioned {result.toolchain.prefix} ({result.written} files written)")
@@ -139,12 +142,27 @@ def supported_archs(tc: toolchain.Toolchain) -> list[str]:
 # extensions and plans
 
 
-def select_extensions(args) -> list[extensions.Extension]:
-    names = args.ext or ([] if args.ext_spec else DEFAULT_EXTENSIONS)
-    exts = [BUILTIN_EXTENSIONS[n]() for n in dict.fromkeys(names)]
+def select_extensions(args, builddir: Path, tc: toolchain.Toolchain) -> list[extensions.Extension]:
+    names = list(dict.fromkeys(args.ext or ([] if args.ext_spec else DEFAULT_EXTENSIONS)))
+    exts = []
+    exl3_root = None
+    for name in names:
+        if name == "p2p":
+            exts.append(extensions.p2p())
+            continue
+        if exl3_root is None:
+            # The pinned release is unpacked into the build tree; a checkout is used where it is.
+            exl3_root = (exl3.checkout_sources(args.exl3_source) if args.exl3_source else
+                         exl3.fetch_sources(_cache_root(args), builddir / "exl3-src", args.wheel_dir))
+        variant = "facc" if name == "exl3-facc" else "stock"
+        exts.append(exl3.exl3_extension(variant, exl3_root, builddir / "exl3-src", nvcc=tc.nvcc))
     exts += [extensions.from_spec(p) for p in args.ext_spec]
     extensions.validate(exts)
     return exts
+
+
+def _cache_root(args) -> Path:
+    return args.cache_dir.absolute() if args.cache_dir else paths.cache_dir()
 
 
 def durations_known(builddir: Path, root: Path) -> tuple[dict[str, int], dict[str, int]]:
@@ -154,6 +172,21 @@ def durations_known(builddir: Path, root: Path) -> tuple[dict[str, int], dict[st
     for tsv in sorted(DURATION_TABLES.glob("*.tsv")):
         table.update(plan.read_duration_table(tsv))
     return log, table
+
+
+def twin_of_an_earlier_module(plans: list[plan.ModulePlan]):
+    """A unit whose source path (relative to its root) an earlier module also compiles, and that may
+    be shareable: it is scheduled after the rest so that it finds its twin's object in the store."""
+    first_target: dict[str, str] = {}
+    for p in plans:
+        for step in p.steps:
+            first_target.setdefault(os.path.relpath(step.source, p.extension.root), p.extension.target)
+
+    def defer(p: plan.ModulePlan, step: plan.CompileStep) -> bool:
+        rel = os.path.relpath(step.source, p.extension.root)
+        return first_target[rel] != p.extension.target and reuse.worth_waiting(str(step.source))
+
+    return defer
 
 
 def default_jobs(cpus: tuple[int, ...]) -> int:
@@ -222,11 +255,11 @@ def main(argv: list[str]) -> int:
         plan.parse_arch(a, supported)
     report = compat.check(tc, archs=archs, cache_root=args.cache_dir.absolute() if args.cache_dir else None)
 
-    exts = select_extensions(args)
+    exts = select_extensions(args, builddir, tc)
     torch = torch_build_flags()
     log, table = durations_known(builddir, root)
     plans = [plan.module_plan(e, torch, tc, archs, builddir, root, log, supported) for e in exts]
-    ordered = plan.longest_first(plans, table)
+    ordered = plan.longest_first(plans, table, defer=twin_of_an_earlier_module(plans))
 
     cpus = parse_cpu_list(args.cpus) if args.cpus else tuple(sorted(os.sched_getaffinity(0)))
     jobs = args.jobs or default_jobs(cpus)
@@ -252,7 +285,7 @@ def main(argv: list[str]) -> int:
 
     spec_files = sorted({str(f) for e in exts for f in e.spec_files})
     generator_inputs = [str(ROOT / "configure.py"), str(ROOT / "build.ninja.in"),
-                        *(str(ROOT / "pp4" / m) for m in ("plan.py", "torchflags.py", "ninjafile.py", "extensions.py")),
+                        *(str(ROOT / "pp4" / m) for m in ("plan.py", "torchflags.py", "ninjafile.py", "extensions.py", "exl3.py")),
                         str(torch_package_dir() / "version.py"), *spec_files]
     settings = ninjafile.BuildSettings(
         python=python_command(), configure=str(ROOT / "configure.py"), configure_args=tuple(argv),
@@ -291,6 +324,6 @@ if __name__ == "__main__":
     try:
         sys.exit(main(sys.argv[1:]))
     except (ConfigureError, LockError, WheelError, TorchError, toolchain.ToolchainError, compat.CompatError,
-            extensions.ExtensionError, plan.PlanError, ValueError) as e:
+            extensions.ExtensionError, plan.PlanError, exl3.Exl3Error, ValueError) as e:
         print(f"configure.py: error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -10,9 +10,9 @@ A compile is identified in two steps, as ccache's direct mode does:
   key and those inputs, and names the stored object.
 
 Normalization makes a command independent of where its tree lives: the object and dependency-file
-paths become $OUT and $DEP, an extension's source root becomes $SRC. The values of the "erasable"
-defines (the module name, the pybind11 internals id) become *: they matter only when an input
-mentions the identifier, which each entry records (see docs/reuse.md).
+paths become $OUT and $DEP, an extension's source root becomes $SRC. The "erasable" defines (the
+module name, the pybind11 internals id) are taken out and their values kept aside: they matter only
+when an input mentions the identifier, which each entry records (see docs/reuse.md).
 """
 
 from __future__ import annotations
@@ -94,8 +94,9 @@ def normalize(args: CompileArgs, root: str | None, erasable: tuple[str, ...]) ->
             continue
         m = re.match(r"^-D([A-Za-z_][A-Za-z0-9_]*)(=(.*))?$", a)
         if m and m.group(1) in erasable:
+            # Left out of the key entirely, so a command that lacks the define (the stock variant
+            # has no pybind11 internals tag) can still match one that has it; the values are kept.
             erased[m.group(1)] = m.group(3) or ""
-            out.append(f"-D{m.group(1)}=*")
             continue
         out.append(to_src(a, root))
     return out, erased

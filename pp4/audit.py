@@ -127,8 +127,7 @@ class Audit:
             out, dep = scratch / "recompiled.o", scratch / "recompiled.o.d"
             argv = [{"$OUT": str(out), "$DEP": str(dep)}.get(a, actionkey.from_src(a, root))
                     for a in record.payload["command"]]
-            for k, v in record.payload.get("erased", {}).items():
-                argv = [f"-D{k}={v}" if a == f"-D{k}=*" else a for a in argv]
+            argv[1:1] = [f"-D{k}={v}" for k, v in sorted(record.payload.get("erased", {}).items())]
             t0 = time.monotonic()
             proc = subprocess.run(argv, env=compiler_env(scratch), capture_output=True, text=True)
             if proc.returncode != 0:

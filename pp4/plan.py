@@ -123,11 +123,14 @@ def module_plan(ext: Extension, torch: TorchBuildFlags, toolchain: Toolchain, ar
     return ModulePlan(ext, output, tuple(cuda), tuple(cxx), tuple(link), tuple(steps))
 
 
-def longest_first(plans: list[ModulePlan], table: dict[str, int]) -> list[tuple[ModulePlan, CompileStep]]:
+def longest_first(plans: list[ModulePlan], table: dict[str, int],
+                  defer=lambda plan, step: False) -> list[tuple[ModulePlan, CompileStep]]:
     """All compile steps, longest expected first: ninja starts ready edges in the order they are written.
 
     Known durations (the previous .ninja_log, else the shipped table, looked up by the source path
     relative to its extension root) come first, longest first; unknown ones follow, largest source first.
+    Steps for which defer() is true go after all others (in the same order among themselves): a
+    variant's units that may reuse their twin's object should start once the twin is done.
     """
     def expected(plan: ModulePlan, step: CompileStep) -> int | None:
         if step.expected_ms is not None:
@@ -140,7 +143,8 @@ def longest_first(plans: list[ModulePlan], table: dict[str, int]) -> list[tuple[
     # re-measured compiles does not reshuffle build.ninja after every build.
     known = sorted((i for i in items if i[2] is not None), key=lambda i: (-_bucket(i[2]), str(i[1].source)))
     unknown = sorted((i for i in items if i[2] is None), key=lambda i: (-i[1].source.stat().st_size, str(i[1].source)))
-    return [(p, s) for p, s, _ in known + unknown]
+    ordered = [(p, s) for p, s, _ in known + unknown]
+    return [i for i in ordered if not defer(*i)] + [i for i in ordered if defer(*i)]
 
 
 def _bucket(ms: int) -> int:

@@ -17,11 +17,13 @@ Every compile and every reuse writes an event (build/.pp4/events/) that the cert
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import attrs
@@ -179,6 +181,41 @@ class Reuser:
         tmp.write_text(json.dumps({"manifest_key": mkey, "entries": entries}))
         os.replace(tmp, path)  # two writers at once: one entry may be lost, which is only a future miss
 
+    @contextmanager
+    def compile_lock(self, args: CompileArgs):
+        """Held while compiling, per manifest key: the same unit of two variants in one build has one
+        key, so the second waits for the first and then reuses its object when the rule allows.
+
+        Waiting is a scheduling choice, never a correctness one (the lookup decides): it is skipped
+        for units that visibly use the module name or pybind11, which can never be shared and would
+        only serialize two long compiles. Yields True when it waited.
+        """
+        if self.store is None:
+            yield False
+            return
+        mkey = self.keys(args)[0]
+        path = Path(self.cfg.store) / "locks" / mkey[:2] / mkey
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            f = open(path, "a+")
+        except OSError:  # a read-only or full store: compile without coordinating
+            yield False
+            return
+        with f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                waited = False
+            except BlockingIOError:
+                if not worth_waiting(args.source):
+                    yield False
+                    return
+                fcntl.flock(f, fcntl.LOCK_EX)
+                waited = True
+            try:
+                yield waited
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+
     # -- events -----------------------------------------------------------------------------
 
     def event(self, args: CompileArgs, **fields) -> None:
@@ -196,6 +233,15 @@ class Reuser:
                    object_sha256=hit.record.object_sha256, inputs=hit.entry["inputs"],
                    reused_from=payload.get("compiled_for"), compile_duration_s=payload.get("duration_s"),
                    restore_duration_s=round(seconds, 4), toolchain=self.toolchain_id)
+
+
+def worth_waiting(source: str) -> bool:
+    """Could this unit be shared between variants? A cheap look at its own text, for scheduling only."""
+    try:
+        text = Path(source).read_bytes()
+    except OSError:
+        return False
+    return not any(w in text for w in (b"TORCH_EXTENSION_NAME", b"pybind11", b"torch/extension.h", b"torch/python.h"))
 
 
 def event_path(state_dir: str, output: str) -> Path:
@@ -218,6 +264,16 @@ def compile_one(cfg: ReuseConfig, argv: list[str]) -> int:
     if hit is not None and reuser.materialize(hit, args):
         reuser.hit_event(args, hit, time.monotonic() - t0, via="wrapper")
         return 0
+    with reuser.compile_lock(args) as waited:
+        if waited:  # a twin (the other variant's same unit) was compiling: it may have stored ours
+            hit = reuser.lookup(args)
+            if hit is not None and reuser.materialize(hit, args):
+                reuser.hit_event(args, hit, time.monotonic() - t0, via="wrapper, after its twin")
+                return 0
+        return _compile(cfg, reuser, args, argv)
+
+
+def _compile(cfg: ReuseConfig, reuser: Reuser, args: CompileArgs, argv: list[str]) -> int:
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
     if out.exists() or out.is_symlink():

@@ -1,0 +1,657 @@
+"""exllamav3's extension built by pp4: pinned upstream sources, upstream's own selection and flags.
+
+Two variants of one source tree (docs/exl3.md):
+
+    stock  module exllamav3_ext       target exl3       the sources as released
+    facc   module exllamav3_ext_facc  target exl3-facc  pp4/patches/exl3-facc.patch applied to a copy:
+                                                        the fp16-accumulating MMA kernels accumulate in fp32
+
+Sources come from the release that toolchain/exllamav3.toml pins (fetched with pip into pp4's
+hash-checked wheel cache, and only the extension's folder unpacked), or from a user's checkout
+(configure --exl3-source PATH), whose git commit and content hash go into the build record.
+
+Layout of a sources folder made here (dest_dir):
+
+    dest_dir/stock/exllamav3_ext/...        the pinned release's extension sources
+    dest_dir/stock/.pp4-sources.json        stamp, written last: the unpack is complete
+    dest_dir/facc/exllamav3_ext/...         the patched copy
+    dest_dir/facc/.pp4-sources.json         its stamp
+
+Every file is written only when its content differs, so a second run sets no new mtime and ninja
+rebuilds nothing.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import functools
+import hashlib
+import json
+import os
+import re
+import subprocess
+import tomllib
+import zipfile
+from contextlib import contextmanager
+from pathlib import Path
+
+import attrs
+
+from pp4 import paths
+from pp4.extensions import PACKAGE_DIR, Extension
+from pp4.files import write_if_changed
+from pp4.locks import WheelPin
+from pp4.pin import SOURCE_SUFFIXES
+from pp4.wheelcache import WheelError, ensure_wheels, sha256_file
+
+REPO_ROOT = PACKAGE_DIR.parent
+LOCK_PATH = REPO_ROOT / "toolchain" / "exllamav3.toml"
+PATCH_DIR = PACKAGE_DIR / "patches"
+FACC_PATCH = PATCH_DIR / "exl3-facc.patch"
+EXT_DIR_NAME = "exllamav3_ext"  # the extension's folder, upstream and in every tree made here
+STAMP_NAME = ".pp4-sources.json"
+
+# Upstream's flags for a CUDA build on Linux (exllamav3/util/cuda_flags.py cuda_cflags(), and
+# exllamav3/ext.py): nvcc gets these, then --compress-mode=size where nvcc has it; C++ gets -Ofast.
+# No -D defines and no extra ld flags; the extension's own folder is the one include directory.
+CUDA_FLAGS = ("-O3", "--use_fast_math", "-Xcudafe", "--diag_suppress=177", "-Xcudafe", "--diag_suppress=20012")
+COMPRESS_FLAG = "--compress-mode=size"
+CXX_FLAGS = ("-Ofast",)
+LD_FLAGS: tuple[str, ...] = ()
+INCLUDE_DIRS = (".",)
+
+# pybind11 keys the registry of C++ types (its "internals") by PYBIND11_INTERNALS_ID, which ends in
+# PYBIND11_PLATFORM_ABI_ID = PYBIND11_COMPILER_TYPE PYBIND11_STDLIB PYBIND11_BUILD_ABI PYBIND11_BUILD_TYPE
+# (pybind11/conduit/pybind11_platform_abi_id.h in torch's headers). PYBIND11_STDLIB is "" unless
+# defined and only appends, so defining it gives a module internals of its own and keeps the real
+# compiler and ABI checks. The facc variant defines it: its types (the same C++ types as stock's)
+# then register in a registry of their own, and both modules import into one process.
+PYBIND11_INTERNALS_MACRO = "PYBIND11_STDLIB"
+
+
+class Exl3Error(Exception):
+    """exllamav3's sources cannot be had, or a patch does not apply."""
+
+
+@attrs.frozen
+class Variant:
+    name: str
+    module: str
+    target: str
+    patch: Path | None  # applied to a copy of the sources
+    internals_tag: str | None  # value of PYBIND11_INTERNALS_MACRO, None: pybind11's default internals
+
+    @property
+    def defines(self) -> tuple[str, ...]:
+        if self.internals_tag is None:
+            return ()
+        return (f'-D{PYBIND11_INTERNALS_MACRO}="{self.internals_tag}"',)
+
+
+VARIANTS = {
+    "stock": Variant("stock", module="exllamav3_ext", target="exl3", patch=None, internals_tag=None),
+    "facc": Variant("facc", module="exllamav3_ext_facc", target="exl3-facc", patch=FACC_PATCH,
+                    internals_tag="_pp4_exl3_facc"),
+}
+
+
+# ------------------------------------------------------------------------------------------------
+# the pin
+
+
+@attrs.frozen
+class SourceLock:
+    """toolchain/exllamav3.toml: one pinned artifact. `wheels` is what pp4.wheelcache.ensure_wheels takes."""
+
+    project: str
+    version: str
+    source_dir: str  # folder inside the artifact, e.g. "exllamav3/exllamav3_ext"
+    wheels: tuple[WheelPin, ...]
+    path: Path
+    sha256: str  # of the lock file's bytes
+
+    @property
+    def wheel(self) -> WheelPin:
+        return self.wheels[0]
+
+
+def load_lock(path: Path = LOCK_PATH) -> SourceLock:
+    data = path.read_bytes()
+    try:
+        doc = tomllib.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+        raise Exl3Error(f"source lock {path} is not valid TOML: {e}") from None
+    try:
+        wheels = tuple(
+            WheelPin(name=w["name"], version=w["version"], filename=w["filename"], sha256=w["sha256"].lower())
+            for w in doc["wheel"]
+        )
+        lock = SourceLock(project=str(doc["project"]), version=str(doc["version"]),
+                          source_dir=str(doc["source_dir"]).strip("/"), wheels=wheels, path=path,
+                          sha256=hashlib.sha256(data).hexdigest())
+    except (KeyError, TypeError) as e:
+        raise Exl3Error(f"source lock {path} lacks the field {e}: see toolchain/exllamav3.toml for the format") from None
+    if len(wheels) != 1:
+        raise Exl3Error(f"source lock {path} must pin exactly one artifact, it pins {len(wheels)}")
+    w = wheels[0]
+    if not re.fullmatch(r"[0-9a-f]{64}", w.sha256):
+        raise Exl3Error(f"source lock {path}: {w.filename} has a malformed sha256 {w.sha256!r}")
+    if not w.filename.endswith(".whl") or "/" in w.filename:
+        raise Exl3Error(f"source lock {path}: malformed wheel filename {w.filename!r}")
+    return lock
+
+
+# ------------------------------------------------------------------------------------------------
+# writing a tree: only what differs, the stamp last
+
+
+@contextmanager
+def _locked(directory: Path):
+    """One writer per sources folder (two configures at once would otherwise interleave)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / ".lock", "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _tree_files(root: Path) -> dict[str, Path]:
+    """relative posix path -> path, for every regular file (or link to one) below root."""
+    found = {}
+    for dirpath, _dirnames, filenames in os.walk(root):
+        for name in filenames:
+            p = Path(dirpath, name)
+            found[p.relative_to(root).as_posix()] = p
+    return found
+
+
+def _file_state(path: Path) -> list[int]:
+    st = path.stat()
+    return [st.st_size, st.st_mtime_ns, st.st_ino]
+
+
+def _stamp_holds(root: Path, stamp: Path, inputs: dict) -> bool:
+    """The tree below root is exactly what a completed sync left, for these inputs (by stat)."""
+    try:
+        doc = json.loads(stamp.read_text())
+    except (OSError, ValueError):
+        return False
+    if doc.get("inputs") != inputs:
+        return False
+    recorded = doc.get("files", {})
+    present = _tree_files(root)
+    if set(present) != set(recorded):
+        return False
+    try:
+        return all(_file_state(present[rel]) == state for rel, state in recorded.items())
+    except OSError:
+        return False
+
+
+def _sync_tree(root: Path, files: dict[str, bytes], stamp: Path, inputs: dict) -> int:
+    """Make root hold exactly `files`; returns how many files were written or removed.
+
+    Before anything is changed the stamp goes, and it comes back last, so an interrupted sync is
+    never taken as complete. Files whose bytes are already right are not touched (same inode, same
+    mtime); when nothing differs, nothing is written, the stamp included.
+    """
+    present = _tree_files(root) if root.is_dir() else {}
+    extra = sorted(rel for rel in present if rel not in files)
+    stale = [rel for rel in sorted(files) if rel not in present or not _holds(present[rel], files[rel])]
+    if extra or stale:
+        stamp.unlink(missing_ok=True)
+        root.mkdir(parents=True, exist_ok=True)
+        for rel in stale:
+            write_if_changed(root / rel, files[rel])
+        for rel in extra:
+            present[rel].unlink()
+        for dirpath, _dirnames, filenames in os.walk(root, topdown=False):
+            if not filenames and not os.listdir(dirpath) and Path(dirpath) != root:
+                os.rmdir(dirpath)
+    state = {rel: _file_state(root / rel) for rel in sorted(files)}
+    write_if_changed(stamp, json.dumps({"inputs": inputs, "files": state}, indent=1, sort_keys=True) + "\n")
+    return len(extra) + len(stale)
+
+
+def _holds(path: Path, data: bytes) -> bool:
+    try:
+        return path.stat().st_size == len(data) and path.read_bytes() == data
+    except OSError:
+        return False
+
+
+def is_complete(tree: Path) -> bool:
+    """A tree made here (dest_dir/stock or dest_dir/facc) whose last sync finished."""
+    return (tree / STAMP_NAME).is_file()
+
+
+# ------------------------------------------------------------------------------------------------
+# sources: the pinned release, or a user's checkout
+
+
+def _wheel_members(wheel: Path, source_dir: str) -> dict[str, bytes]:
+    prefix = source_dir.rstrip("/") + "/"
+    out: dict[str, bytes] = {}
+    with zipfile.ZipFile(wheel) as zf:
+        for info in zf.infolist():
+            if info.is_dir() or not info.filename.startswith(prefix):
+                continue
+            rel = info.filename[len(prefix):]
+            if rel.startswith("/") or ".." in rel.split("/"):
+                raise Exl3Error(f"{wheel}: unsafe member name {info.filename!r}")
+            out[rel] = zf.read(info)
+    if not out:
+        raise Exl3Error(f"{wheel} holds nothing under {prefix}: not the artifact the lock describes")
+    return out
+
+
+def fetch_sources(cache_root: Path | None, dest_dir: Path, wheel_dir: Path | None = None,
+                  lock: SourceLock | None = None) -> Path:
+    """The pinned release's extension sources, unpacked below dest_dir; returns their folder.
+
+    The wheel comes from pp4's wheel cache, where it is admitted only after its sha256 matches the
+    lock (pip download --require-hashes, or wheel_dir / $PP4_WHEELHOUSE without an index); it is
+    hashed again before it is unpacked. Returns dest_dir/stock/exllamav3_ext.
+    """
+    lock = lock or load_lock()
+    cache_root = cache_root or paths.cache_dir()
+    tree = dest_dir / "stock"
+    root = tree / EXT_DIR_NAME
+    stamp = tree / STAMP_NAME
+    inputs = {"project": lock.project, "version": lock.version, "artifact": lock.wheel.filename,
+              "sha256": lock.wheel.sha256, "source_dir": lock.source_dir}
+    if _stamp_holds(root, stamp, inputs):
+        return root
+    with _locked(tree):
+        if _stamp_holds(root, stamp, inputs):
+            return root
+        try:
+            wheel = ensure_wheels(lock, paths.wheel_cache_dir(cache_root), paths.tmp_dir(cache_root), wheel_dir)[lock.wheel.name]
+        except WheelError as e:
+            raise Exl3Error(f"exllamav3 {lock.version} sources: {e}") from None
+        actual = sha256_file(wheel)
+        if actual != lock.wheel.sha256:
+            raise Exl3Error(
+                f"{wheel} (the cached {lock.wheel.filename}) has sha256 {actual}, but {lock.path.name} pins "
+                f"{lock.wheel.sha256}: the cache entry is corrupt. Delete it and run again."
+            )
+        _sync_tree(root, _wheel_members(wheel, lock.source_dir), stamp, inputs)
+    return root
+
+
+def checkout_sources(path: Path) -> Path:
+    """The extension's folder in a user's exllamav3 checkout (--exl3-source PATH).
+
+    PATH may be the repository (exllamav3/exllamav3_ext inside it), the package folder, or the
+    extension's folder itself.
+    """
+    path = path.expanduser().absolute()
+    for candidate in (path / "exllamav3" / EXT_DIR_NAME, path / EXT_DIR_NAME, path):
+        if (candidate / "bindings.cpp").is_file():
+            return candidate
+    raise Exl3Error(
+        f"--exl3-source {path}: no exllamav3 extension sources there (looked for exllamav3/{EXT_DIR_NAME}/bindings.cpp, "
+        f"{EXT_DIR_NAME}/bindings.cpp and bindings.cpp). Pass the root of an exllamav3 checkout."
+    )
+
+
+def sources_sha256(root: Path) -> str:
+    """Content hash of an extension's sources: every C/C++/CUDA file below root (pp4.pin's suffixes).
+
+    The sha256 of `sha256sum`-style lines ("<sha256>  <relative path>\\n") sorted by path, so that
+    `cd ROOT && find . -type f ... | sed 's|^./||' | LC_ALL=C sort | xargs sha256sum | sha256sum` agrees.
+    """
+    lines = []
+    for rel, p in sorted(_tree_files(root).items()):
+        if p.suffix in SOURCE_SUFFIXES:
+            lines.append(f"{sha256_file(p)}  {rel}\n")
+    return hashlib.sha256("".join(lines).encode()).hexdigest()
+
+
+def _git(path: Path, *args: str) -> str | None:
+    try:
+        proc = subprocess.run(["git", "-C", str(path), *args], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return proc.stdout if proc.returncode == 0 else None
+
+
+def _checkout_version(ext_root: Path) -> str | None:
+    version_py = ext_root.parent / "version.py"
+    try:
+        m = re.search(r"""__version__\s*=\s*["']([^"']+)["']""", version_py.read_text())
+    except OSError:
+        return None
+    return m.group(1) if m else None
+
+
+def source_provenance(source_root: Path) -> dict:
+    """What the stock sources are, for the build record: the pin of a fetched tree, else the git state."""
+    source_root = source_root.absolute()
+    prov: dict = {"exllamav3_sources": str(source_root), "sources_sha256": sources_sha256(source_root)}
+    stamp = source_root.parent / STAMP_NAME
+    try:
+        inputs = json.loads(stamp.read_text())["inputs"]
+    except (OSError, ValueError, KeyError):
+        inputs = None
+    if inputs and source_root.name == EXT_DIR_NAME and source_root.parent.name == "stock":
+        prov.update(exllamav3=inputs["version"], origin="pinned", artifact=inputs["artifact"],
+                    artifact_sha256=inputs["sha256"])
+        return prov
+    prov.update(exllamav3=_checkout_version(source_root), origin="checkout")
+    top = _git(source_root, "rev-parse", "--show-toplevel")
+    commit = _git(source_root, "rev-parse", "HEAD")
+    if top is None or commit is None:
+        prov.update(git_commit=None, git_dirty=None)
+    else:
+        status = _git(source_root, "status", "--porcelain")
+        prov.update(git_root=top.strip(), git_commit=commit.strip(),
+                    git_dirty=None if status is None else bool(status.strip()))
+    return prov
+
+
+# ------------------------------------------------------------------------------------------------
+# translation units and flags (upstream: exllamav3/util/cuda_flags.py extension_sources, cuda_cflags)
+
+
+def _is_hipify_output(filename: str) -> bool:
+    return "_hip." in filename or filename.endswith(".hip") or filename.startswith("hip_")
+
+
+def select_sources(root: Path) -> tuple[str, ...]:
+    """The translation units of a CUDA build, as upstream picks them: every .c/.cpp/.cu below the
+    extension's folder, less rocm/ and hipify's outputs, sorted. Paths relative to root."""
+    found = []
+    for dirpath, _dirnames, filenames in os.walk(root):
+        for name in filenames:
+            rel = Path(dirpath, name).relative_to(root).as_posix()
+            if not name.endswith((".c", ".cpp", ".cu")) or _is_hipify_output(name):
+                continue
+            if rel.startswith("rocm/"):
+                continue
+            found.append(rel)
+    return tuple(sorted(found))
+
+
+@functools.lru_cache(maxsize=None)
+def nvcc_has_compress_mode(nvcc: str) -> bool:
+    """Upstream's test: nvcc --help mentions --compress-mode (CUDA 12.8 and later)."""
+    try:
+        out = subprocess.run([nvcc, "--help"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return "--compress-mode" in out
+
+
+def cuda_flags(nvcc: Path | None = None) -> tuple[str, ...]:
+    """nvcc flags of upstream's CUDA build. Without an nvcc to ask, compression is assumed (pp4's
+    pinned CUDA 13.0 has it)."""
+    compress = nvcc is None or nvcc_has_compress_mode(str(nvcc))
+    return CUDA_FLAGS + ((COMPRESS_FLAG,) if compress else ())
+
+
+# ------------------------------------------------------------------------------------------------
+# the facc variant: a patched copy
+
+
+def facc_sources(source_root: Path, work_dir: Path, patch: Path = FACC_PATCH) -> Path:
+    """A copy of the stock sources with the patch applied: work_dir/facc/exllamav3_ext.
+
+    The patch is applied in memory to the stock bytes and the result synced into the copy, so a
+    re-run writes nothing, and a source edit or patch change is carried over on the next run.
+    """
+    files = {rel: p.read_bytes() for rel, p in _tree_files(source_root).items()}
+    patched = apply_patch_to_files(patch, {f"{EXT_DIR_NAME}/{rel}": data for rel, data in files.items()})
+    prefix = EXT_DIR_NAME + "/"
+    if any(not rel.startswith(prefix) for rel in patched):
+        bad = sorted(rel for rel in patched if not rel.startswith(prefix))
+        raise Exl3Error(f"{_shown(patch)}: touches {bad[0]}, outside {EXT_DIR_NAME}/")
+    tree = work_dir / "facc"
+    root = tree / EXT_DIR_NAME
+    inputs = {"patch": _shown(patch), "patch_sha256": sha256_file(patch),
+              "source_sha256": sources_sha256(source_root)}
+    with _locked(tree):
+        _sync_tree(root, {rel[len(prefix):]: data for rel, data in patched.items()}, tree / STAMP_NAME, inputs)
+    return root
+
+
+def exl3_extension(variant: str, source_root: Path, work_dir: Path | None = None, nvcc: Path | None = None,
+                   provenance: dict | None = None) -> Extension:
+    """The Extension record of one variant.
+
+    source_root: the stock extension sources (fetch_sources() or checkout_sources()).
+    work_dir: where the facc variant's patched copy goes (work_dir/facc/); needed for facc only.
+    nvcc: asked whether it has --compress-mode, as upstream does; None assumes it has.
+    provenance: of the stock sources; default source_provenance(source_root).
+    """
+    try:
+        v = VARIANTS[variant]
+    except KeyError:
+        raise Exl3Error(f"unknown exllamav3 variant {variant!r}: one of {', '.join(VARIANTS)}") from None
+    source_root = source_root.absolute()
+    prov = dict(provenance if provenance is not None else source_provenance(source_root))
+    prov["variant"] = v.name
+    spec_files = [Path(__file__).resolve(), LOCK_PATH]
+    root = source_root
+    if v.patch is not None:
+        if work_dir is None:
+            raise Exl3Error(f"the {v.name} variant needs a work_dir for its patched copy of the sources")
+        root = facc_sources(source_root, work_dir.absolute(), v.patch)
+        prov.update(patch=_shown(v.patch), patch_sha256=sha256_file(v.patch),
+                    patched_sources_sha256=sources_sha256(root))
+        spec_files.append(v.patch)
+    if v.internals_tag is not None:
+        prov["pybind11_internals"] = f"{PYBIND11_INTERNALS_MACRO}={v.internals_tag}"
+    sources = select_sources(root)
+    if not sources:
+        raise Exl3Error(f"{root}: no translation units (.cpp/.cu) found")
+    # A file added to or removed from the tree changes the source list: its folders' mtimes say so.
+    spec_files += sorted({(root / s).parent for s in sources})
+    return Extension(
+        target=v.target,
+        module=v.module,
+        root=root,
+        sources=sources,
+        include_dirs=INCLUDE_DIRS,
+        cxx_flags=CXX_FLAGS + v.defines,
+        cuda_flags=cuda_flags(nvcc) + v.defines,
+        ld_flags=LD_FLAGS,
+        spec_files=tuple(spec_files),
+        # Both variants' objects may be shared where no input names these (docs/reuse.md).
+        erasable_defines=("TORCH_EXTENSION_NAME", PYBIND11_INTERNALS_MACRO),
+        provenance=prov,
+    )
+
+
+# ------------------------------------------------------------------------------------------------
+# a strict unified-diff applier: exact context, no fuzz, whole hunks or an error
+
+
+class PatchError(Exl3Error):
+    """A patch is malformed or does not apply."""
+
+
+@attrs.frozen
+class Hunk:
+    index: int  # 1-based, within its file
+    old_start: int
+    old_len: int
+    new_start: int
+    new_len: int
+    old: tuple[bytes, ...]  # lines with their line ends
+    new: tuple[bytes, ...]
+
+
+@attrs.frozen
+class FilePatch:
+    path: str  # with a/ b/ stripped, relative to the tree the patch applies to
+    hunks: tuple[Hunk, ...]
+
+
+_HUNK_HEADER = re.compile(rb"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
+
+
+def _shown(path: Path) -> str:
+    path = Path(path).absolute()
+    return path.relative_to(REPO_ROOT).as_posix() if path.is_relative_to(REPO_ROOT) else str(path)
+
+
+def _lines(data: bytes) -> list[bytes]:
+    parts = data.split(b"\n")
+    out = [p + b"\n" for p in parts[:-1]]
+    if parts[-1]:
+        out.append(parts[-1])
+    return out
+
+
+def _strip_prefix(name: bytes, patch: Path, lineno: int) -> str:
+    name = name.split(b"\t")[0].strip()
+    text = name.decode("utf-8", "surrogateescape")
+    if text == "/dev/null":
+        raise PatchError(f"{_shown(patch)}:{lineno}: creating or deleting files is not supported")
+    if "/" not in text:
+        raise PatchError(f"{_shown(patch)}:{lineno}: file name {text!r} lacks the a/ or b/ prefix")
+    rel = text.split("/", 1)[1]
+    if rel.startswith("/") or ".." in rel.split("/"):
+        raise PatchError(f"{_shown(patch)}:{lineno}: unsafe file name {text!r}")
+    return rel
+
+
+def parse_patch(patch: Path) -> list[FilePatch]:
+    """A unified diff (diff -u / git diff): files, hunks; anything malformed raises PatchError."""
+    lines = _lines(Path(patch).read_bytes())
+    files: list[FilePatch] = []
+    i = 0
+    while i < len(lines):
+        if not lines[i].startswith(b"--- "):
+            i += 1  # headers (diff, index, comments) between files are ignored
+            continue
+        if i + 1 >= len(lines) or not lines[i + 1].startswith(b"+++ "):
+            raise PatchError(f"{_shown(patch)}:{i + 1}: '---' line without a '+++' line after it")
+        _strip_prefix(lines[i][4:], patch, i + 1)
+        path = _strip_prefix(lines[i + 1][4:], patch, i + 2)
+        i += 2
+        hunks: list[Hunk] = []
+        while i < len(lines) and lines[i].startswith(b"@@"):
+            m = _HUNK_HEADER.match(lines[i])
+            if not m:
+                raise PatchError(f"{_shown(patch)}:{i + 1}: malformed hunk header {lines[i].rstrip()!r}")
+            old_start, new_start = int(m.group(1)), int(m.group(3))
+            old_len = int(m.group(2)) if m.group(2) is not None else 1
+            new_len = int(m.group(4)) if m.group(4) is not None else 1
+            header_line = i + 1
+            i += 1
+            old: list[bytes] = []
+            new: list[bytes] = []
+            while len(old) < old_len or len(new) < new_len:
+                if i >= len(lines):
+                    raise PatchError(f"{_shown(patch)}:{header_line}: hunk {len(hunks) + 1} of {path} ends early")
+                line = lines[i]
+                tag, body = line[:1], line[1:]
+                if line in (b"\n", b"\r\n"):  # an empty context line whose leading space was lost
+                    tag, body = b" ", line
+                if tag == b" ":
+                    old.append(body)
+                    new.append(body)
+                elif tag == b"-":
+                    old.append(body)
+                elif tag == b"+":
+                    new.append(body)
+                elif tag == b"\\":
+                    pass
+                else:
+                    raise PatchError(f"{_shown(patch)}:{i + 1}: unexpected line in hunk {len(hunks) + 1} of {path}")
+                i += 1
+                if i < len(lines) and lines[i].startswith(b"\\"):  # "\ No newline at end of file"
+                    if tag in (b" ", b"-") and old:
+                        old[-1] = old[-1].rstrip(b"\n")
+                    if tag in (b" ", b"+") and new:
+                        new[-1] = new[-1].rstrip(b"\n")
+                    i += 1
+            if len(old) != old_len or len(new) != new_len:
+                raise PatchError(f"{_shown(patch)}:{header_line}: hunk {len(hunks) + 1} of {path} has other line counts than its header")
+            hunks.append(Hunk(len(hunks) + 1, old_start, old_len, new_start, new_len, tuple(old), tuple(new)))
+        if not hunks:
+            raise PatchError(f"{_shown(patch)}:{i}: no hunks for {path}")
+        files.append(FilePatch(path, tuple(hunks)))
+    if not files:
+        raise PatchError(f"{_shown(patch)}: no file changes found (is it a unified diff?)")
+    paths_seen = [f.path for f in files]
+    if len(set(paths_seen)) != len(paths_seen):
+        raise PatchError(f"{_shown(patch)}: a file appears twice; give each file one set of hunks")
+    return files
+
+
+def _find(lines: list[bytes], block: tuple[bytes, ...], expected: int, lowest: int) -> int | None:
+    """Where block occurs exactly, nearest to the expected index and not before lowest."""
+    n = len(block)
+    for pos in sorted(range(lowest, len(lines) - n + 1), key=lambda p: (abs(p - expected), p)):
+        if tuple(lines[pos:pos + n]) == block:
+            return pos
+    return None
+
+
+def _apply_hunks(lines: list[bytes], hunks: tuple[Hunk, ...], reverse: bool = False) -> tuple[list[bytes] | None, Hunk | None]:
+    """The patched lines, or (None, the first hunk that does not apply)."""
+    out: list[bytes] = []
+    pos = 0
+    for h in hunks:
+        old, new = (h.new, h.old) if reverse else (h.old, h.new)
+        start, length = (h.new_start, h.new_len) if reverse else (h.old_start, h.old_len)
+        expected = start if length == 0 else start - 1
+        at = _find(lines, old, expected, pos)
+        if at is None:
+            return None, h
+        out += lines[pos:at]
+        out += new
+        pos = at + len(old)
+    out += lines[pos:]
+    return out, None
+
+
+def _not_applying(patch: Path, path: str, hunk: Hunk) -> PatchError:
+    return PatchError(
+        f"{_shown(patch)}: hunk {hunk.index} of {path} (at line {hunk.old_start}) does not apply: "
+        "the source changed; update the patch"
+    )
+
+
+def apply_patch_to_files(patch: Path, files: dict[str, bytes]) -> dict[str, bytes]:
+    """files (relative path -> bytes, pristine) with the patch applied; PatchError if any hunk fails."""
+    out = dict(files)
+    for fp in parse_patch(patch):
+        if fp.path not in files:
+            raise PatchError(f"{_shown(patch)}: {fp.path} does not exist in the sources; update the patch")
+        new, failed = _apply_hunks(_lines(files[fp.path]), fp.hunks)
+        if new is None:
+            raise _not_applying(patch, fp.path, failed)
+        out[fp.path] = b"".join(new)
+    return out
+
+
+def apply_patch(patch: Path, tree: Path) -> list[str]:
+    """Apply a patch to the files below tree, in place; returns the files it changed.
+
+    Strict: every hunk must match exactly (an offset is allowed, fuzz is not). Idempotent: a file
+    that already holds the patched text is left alone (the whole patch reverses cleanly on it), so a
+    second run changes nothing. Nothing is written unless every file's hunks apply.
+    """
+    pending: dict[Path, bytes] = {}
+    for fp in parse_patch(patch):
+        target = tree / fp.path
+        try:
+            lines = _lines(target.read_bytes())
+        except FileNotFoundError:
+            raise PatchError(f"{_shown(patch)}: {fp.path} does not exist below {tree}; update the patch") from None
+        already, _ = _apply_hunks(lines, fp.hunks, reverse=True)
+        if already is not None:
+            continue  # holds the patched text already
+        new, failed = _apply_hunks(lines, fp.hunks)
+        if new is None:
+            raise _not_applying(patch, fp.path, failed)
+        pending[target] = b"".join(new)
+    for target, data in pending.items():
+        write_if_changed(target, data)
+    return sorted(p.relative_to(tree).as_posix() for p in pending)
