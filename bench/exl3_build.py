@@ -12,7 +12,8 @@ their ratios compare like with like:
                   (which builds p2p too) for the reuse counts
     pp4-audit     ninja certify (audit of all three modules)
     pp4-noop-all  ninja, everything built
-    pp4-restore   rm -rf the build directory, configure, ninja exl3 exl3-facc with the warm store
+    pp4-all-cold  python configure.py && ninja: p2p, stock and facc at once, empty store
+    pp4-restore   rm -rf the build directory, configure, ninja (everything) with the warm store
 
     python bench/exl3_build.py --work DIR --cuda-home /usr/local/cuda --arch 9.0 -j 16 \
         --phases torch-cold,pp4-cold,pp4-noop,pp4-facc,pp4-audit,pp4-noop-all,pp4-restore --json OUT.json
@@ -116,6 +117,14 @@ def main() -> int:
             results["pp4-configure"] = timed(configure, build_root, env, log)
             results[phase] = timed(ninja + ["exl3"], build_root, env, log)
             shutil.copy(build_root / "build" / ".ninja_log", work / "pp4-ninja_log.txt")
+        elif phase == "pp4-all-cold":
+            shutil.rmtree(build_root, ignore_errors=True)
+            shutil.rmtree(work / "store", ignore_errors=True)
+            build_root.mkdir()
+            results["pp4-configure"] = timed(configure, build_root, env, log)
+            results[phase] = timed(ninja, build_root, env, log)
+            results["reuse"] = reuse_counts(build_root, env, ninja)
+            shutil.copy(build_root / "build" / ".ninja_log", work / "pp4-ninja_log.txt")
         elif phase == "pp4-noop":
             results[phase] = timed(ninja + ["exl3"], build_root, env, log)
         elif phase == "pp4-noop-all":
@@ -129,7 +138,8 @@ def main() -> int:
             shutil.rmtree(build_root / "build")
             (build_root / "build.ninja").unlink()
             results["pp4-configure-again"] = timed(configure, build_root, env, log)
-            results[phase] = timed(ninja + ["exl3", "exl3-facc"], build_root, env, log)
+            results[phase] = timed(ninja, build_root, env, log)
+            results["restore-reuse"] = reuse_counts(build_root, env, ninja)
         else:
             raise SystemExit(f"unknown phase {phase}")
         print(json.dumps(results), flush=True)
