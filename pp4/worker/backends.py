@@ -19,15 +19,23 @@ class BackendUnavailable(RuntimeError):
 
 
 class TorchBackend:
-    """Plain torch: cuBLAS GEMMs, torch's fused rms_norm/softmax, memory-efficient SDPA."""
+    """Plain torch: cuBLAS GEMMs (fp32 output where it matters), torch's fused rms_norm and softmax."""
 
     name = "torch"
 
-    def __init__(self, device: torch.device):
+    ATTENTION = ("gemm", "sdpa")
+
+    def __init__(self, device: torch.device, attention: str = "gemm"):
+        if attention not in self.ATTENTION:
+            raise BackendUnavailable(f"unknown attention {attention!r} (choose gemm or sdpa)")
         self.device = device
         self.is_cuda = device.type == "cuda"
+        self.attention_kind = attention
         if self.is_cuda:
             self._check_fp32_out_mm()
+            # Split-K partial sums in fp32, not fp16/bf16: accuracy over a few percent of speed.
+            torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
+            torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
 
     def _check_fp32_out_mm(self) -> None:
         a = torch.zeros(2, 8, dtype=torch.float16, device=self.device)
@@ -61,7 +69,9 @@ class TorchBackend:
         """Rotary embedding in place, rotate-half convention.
 
         qk [B, T, heads, D]; cos = [cos, cos], sin_signed = [-sin, sin], each
-        [B, T, 1, D] fp32: out = x*cos + swap_halves(x)*sin_signed.  Three kernels.
+        [B, T, 1, D] in the model dtype (as HF Llama applies it; mixed fp16/fp32
+        operands would take torch's slow non-vectorised path):
+        out = x*cos + swap_halves(x)*sin_signed.  Three kernels.
         """
         d = qk.shape[-1]
         swapped = qk.unflatten(-1, (2, d // 2)).flip(-2).flatten(-2)
@@ -69,16 +79,38 @@ class TorchBackend:
         qk.addcmul_(swapped, sin_signed)
 
     def attention(self, q, k, v, mask, scale: float):
-        """q [B, kvh, L, D] (query heads folded into L), k/v [B, kvh, S, D], additive mask.
+        """q [B, kvh, L, D] (query heads folded into L), k/v [B, kvh, S, D], mask [B, 1, L, S]
+        additive fp32 -> [B, kvh, L, D].
 
-        Pinned to the memory-efficient kernel on CUDA: deterministic, takes an
-        arbitrary additive mask, and cannot silently switch algorithm between
-        eager and graph capture.
+        Two cuBLAS batched GEMMs around an fp32 softmax.  torch's fused attention
+        kernels tile over queries, so with L <= 20 they put only B*kvh blocks on the
+        whole cache (~50 us on an H200 for 1088 slots); the GEMMs tile over the slots.
+        Scores and softmax stay fp32; probabilities enter the second GEMM as 16-bit,
+        as they do inside flash/efficient attention.
         """
+        if self.attention_kind == "sdpa":
+            return self._attention_sdpa(q, k, v, mask, scale)
+        B, H, L, D = q.shape
+        S = k.shape[2]
+        q3, k3, v3 = q.reshape(B * H, L, D), k.reshape(B * H, S, D), v.reshape(B * H, S, D)
+        if self.is_cuda:
+            scores = torch.bmm(q3, k3.transpose(1, 2), out_dtype=torch.float32)
+        else:
+            scores = torch.bmm(q3.float(), k3.float().transpose(1, 2))
+        scores = torch.add(mask, scores.view(B, H, L, S), alpha=scale)  # mask + scale * q.k
+        probs = torch.softmax(scores, dim=-1).to(q.dtype)
+        return torch.bmm(probs.view(B * H, L, S), v3).view(B, H, L, D)
+
+    def attention_mask_dtype(self, model_dtype):
+        """gemm adds the mask to fp32 scores; torch's SDPA wants it in the query dtype."""
+        return torch.float32 if self.attention_kind == "gemm" else model_dtype
+
+    def _attention_sdpa(self, q, k, v, mask, scale: float):
+        """torch's fused attention (memory-efficient kernel on CUDA); kept for A/B runs."""
         if self.is_cuda:
             from torch.nn.attention import SDPBackend, sdpa_kernel
 
-            with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION]):
+            with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
                 return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
 
@@ -98,7 +130,7 @@ class Exl3Backend(TorchBackend):
 
     name = "exl3"
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, attention: str = "gemm"):
         try:
             self.ext = importlib.import_module(EXL3_MODULE)
         except ImportError as exc:
@@ -113,9 +145,9 @@ class Exl3Backend(TorchBackend):
         )
 
 
-def make_backend(name: str, device: torch.device) -> TorchBackend:
+def make_backend(name: str, device: torch.device, attention: str = "gemm") -> TorchBackend:
     if name == "torch":
-        return TorchBackend(device)
+        return TorchBackend(device, attention)
     if name == "exl3":
-        return Exl3Backend(device)
+        return Exl3Backend(device, attention)
     raise BackendUnavailable(f"unknown backend {name!r} (choose torch or exl3)")

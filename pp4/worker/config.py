@@ -112,8 +112,8 @@ class CellKey:
 def cache_length(context: int, max_depth: int = max(DEPTHS)) -> int:
     """KV slots per request: context + query block + fed-back drafts, rounded to 64.
 
-    Rounding keeps every attention-mask row 16-element aligned, which the
-    memory-efficient attention kernel needs to read the mask in place.
+    Rounding keeps K/V blocks and mask rows aligned for the GEMMs (and 16-element
+    aligned, which torch's memory-efficient attention needs to read a mask in place).
     """
     need = context + QUERY_BLOCK + max_depth - 1
     return -(-need // 64) * 64
@@ -132,6 +132,11 @@ class ModelSettings:
     # Gumbel noise is computed on a second CUDA stream so its many small launches
     # overlap the first pass's weight reads; it joins before the first head.
     overlap_noise: bool = True
+    # "gemm": attention as two batched GEMMs around an fp32 softmax (default, fast for a
+    # few query rows); "sdpa": torch's fused kernel, for A/B comparison.
+    attention: str = "gemm"
+    # Chunks each vocabulary shard's row is reduced in (None: automatic; 1: one block per row).
+    head_chunks: int | None = None
 
     @property
     def cache_len(self) -> int:

@@ -25,7 +25,7 @@ import attrs
 import torch
 
 from pp4.worker import sampling
-from pp4.worker.config import GREEDY, MAX_BATCH, QUERY_BLOCK, SAMPLED, SWITCH, CellKey
+from pp4.worker.config import MAX_BATCH, QUERY_BLOCK, SAMPLED, SWITCH, CellKey
 from pp4.worker.model import TensorParallelDraft
 
 

@@ -26,14 +26,24 @@ DOMAIN_GUMBEL_ROW = 0x03707344
 DOMAIN_SECOND = 0x9E3779B9
 
 
-def mix32(x):
-    """Bijective 32-bit mixer on a Python int or an int64 tensor holding [0, 2**32)."""
-    x = x ^ (x >> 16)
+def first_shift(x):
+    """The mixer's first step.  It distributes over xor -- first_shift(a ^ b) ==
+    first_shift(a) ^ first_shift(b) -- so it can be applied to two halves of a key
+    separately (and precomputed for the static half)."""
+    return x ^ (x >> 16)
+
+
+def mix32_after_first_shift(x):
     x = (x * MUL_A) & MASK32
     x = x ^ (x >> 15)
     x = (x * MUL_B) & MASK32
     x = x ^ (x >> 16)
     return x
+
+
+def mix32(x):
+    """Bijective 32-bit mixer on a Python int or an int64 tensor holding [0, 2**32)."""
+    return mix32_after_first_shift(first_shift(x))
 
 
 def split64(value: int) -> tuple[int, int]:

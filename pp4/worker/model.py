@@ -4,7 +4,8 @@ Logical (unsharded) tensors use Llama names and layouts (``--weights DIR`` reads
 exactly these from safetensors; docs/worker.md lists them).  Each rank holds:
 
 * ``qkv``     [(hq + 2*hkv) * D, H]  its query heads, then its K heads, then its V heads (fused)
-* ``o``       [H, hq * D]            the input columns of its heads (row-parallel)
+* ``o``       [H, hq * D]            the input columns of its heads (row-parallel), in
+                                     (group member, KV head) order -- see shard_weights
 * ``gate_up`` [2 * m, H]             its gate channels, then its up channels (fused)
 * ``down``    [H, m]                 the input columns of its channels (row-parallel)
 * ``head``    [vs, H]                its vocabulary rows; ``embed`` likewise plus one zero row
@@ -207,6 +208,10 @@ def shard_weights(source, g: Geometry, rank: int, dtype, device) -> RankWeights:
     def rows(a: int, n: int) -> slice:
         return slice(a * n, (a + 1) * n)
 
+    # o's input columns are stored in (group member, KV head) order -- query head
+    # kv*group + member -- the order attention_partial lays its output out in.
+    o_order = torch.tensor([(kv * g.group + member) * d + j for member in range(g.group)
+                            for kv in range(hkv) for j in range(d)], dtype=torch.int64, device=device)
     layers = []
     for i in range(g.layers):
         p = f"layers.{i}."
@@ -221,7 +226,7 @@ def shard_weights(source, g: Geometry, rank: int, dtype, device) -> RankWeights:
             LayerShard(
                 attn_norm=source.block(p + "attn_norm.weight", slice(0, H)),
                 qkv=qkv,
-                o=source.block(p + "attn.o.weight", slice(0, H), rows(rank, hq * d)).contiguous(),
+                o=source.block(p + "attn.o.weight", slice(0, H), rows(rank, hq * d))[:, o_order].contiguous(),
                 mlp_norm=source.block(p + "mlp_norm.weight", slice(0, H)),
                 gate_up=gate_up,
                 down=source.block(p + "mlp.down.weight", slice(0, H), rows(rank, m)).contiguous(),
@@ -252,9 +257,9 @@ class StepView:
 
     positions: torch.Tensor  # [B, T] int64 absolute positions (= KV slots)
     batch_rows: torch.Tensor  # [B, T] int64 row index (for the KV scatter)
-    cos: torch.Tensor  # [B, T, 1, D] fp32
-    sin_signed: torch.Tensor  # [B, T, 1, D] fp32
-    mask: torch.Tensor  # [B, 1, T*group, S] additive, model dtype
+    cos: torch.Tensor  # [B, T, 1, D] model dtype
+    sin_signed: torch.Tensor  # [B, T, 1, D] model dtype
+    mask: torch.Tensor  # [B, 1, T*group, S] additive fp32 (0 or -inf)
 
 
 @attrs.define
@@ -284,7 +289,7 @@ class RankShard:
     """One logical TP rank: its weights, its KV cache, and the partial results it computes."""
 
     def __init__(self, weights: RankWeights, g: Geometry, backend: TorchBackend, cache_len: int,
-                 dtype: torch.dtype, device: torch.device):
+                 dtype: torch.dtype, device: torch.device, head_chunks: int | None = None):
         self.w, self.g, self.backend = weights, g, backend
         self.rank = weights.rank
         self.vocab_offset = weights.rank * g.rank_vocab
@@ -298,6 +303,11 @@ class RankShard:
         # Gumbel log-exponentials for [depth, row, this rank's vocab], rewritten every sampling call.
         self.noise = torch.zeros(max(DEPTHS), MAX_BATCH, g.rank_vocab, dtype=torch.float32, device=device)
         self.scale = 1.0 / math.sqrt(g.head_dim)
+        self.vocab_chunks = sampling.vocab_chunks(g.rank_vocab)
+        if head_chunks is not None:
+            if head_chunks < 1 or g.rank_vocab % head_chunks:
+                raise ValueError(f"--head-chunks {head_chunks} must divide the shard vocabulary {g.rank_vocab}")
+            self.vocab_chunks = head_chunks
 
     # ---------------------------------------------------------------- partial results
     def embed_partial(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -317,8 +327,9 @@ class RankShard:
         cache[:, step.batch_rows, :, step.positions] = qkv[:, :, hq:].view(B, T, 2, hkv, d)
         # Fold the query heads sharing a KV head into the query length: plain MHA over hkv heads.
         q = qkv[:, :, :hq].view(B, T, hkv, g.group, d).permute(0, 2, 1, 3, 4).reshape(B, hkv, T * g.group, d)
-        att = be.attention(q, cache[0, :B], cache[1, :B], step.mask, self.scale)
-        att = att.view(B, hkv, T, g.group, d).permute(0, 2, 1, 3, 4).reshape(B * T, hq * d)
+        att = be.attention(q, cache[0, :B], cache[1, :B], step.mask, self.scale)  # [B, hkv, T*group, D]
+        # -> rows (b, t), columns (member, kv head, D), the order o's columns are stored in.
+        att = att.view(B, hkv, T, g.group, d).permute(0, 2, 3, 1, 4).reshape(B * T, hq * d)
         return be.linear(att, lw.o)
 
     def mlp_partial(self, layer: int, x: torch.Tensor) -> torch.Tensor:
@@ -333,7 +344,7 @@ class RankShard:
         logits = be.linear_fp32(n, self.w.head, self.w.head_fp32_cpu)  # [B, vs] fp32
         B = logits.shape[0]
         scores = sampling.selection_scores(logits, mode, self.noise[depth, :B], t1_mask, torch)
-        return sampling.shard_stats(logits, scores, self.vocab_offset, torch)
+        return sampling.shard_stats(logits, scores, self.vocab_offset, self.vocab_chunks, torch)
 
     def write_gumbel_noise(self, keys: torch.Tensor) -> None:
         """keys [D, B] -> self.noise[:D, :B] (the vocabulary hash half is precomputed)."""
@@ -381,7 +392,7 @@ class TensorParallelDraft:
             raise NotImplementedError("only --ranks colocated is implemented")
         self.settings, self.g, self.device = settings, g, device
         self.dtype = TORCH_DTYPES[settings.dtype]
-        self.backend = make_backend(settings.backend, device)
+        self.backend = make_backend(settings.backend, device, settings.attention)
         self.cache_len = settings.cache_len
         if settings.weights_dir:
             source = SafetensorsSource(settings.weights_dir, g, self.dtype, device)
@@ -390,7 +401,7 @@ class TensorParallelDraft:
         self.weights_fingerprint = source.fingerprint()
         self.ranks = [
             RankShard(shard_weights(source, g, r, self.dtype, device), g, self.backend, self.cache_len,
-                      self.dtype, device)
+                      self.dtype, device, settings.head_chunks)
             for r in range(TP_RANKS)
         ]
         self.collective = ColocatedSum()
@@ -403,16 +414,17 @@ class TensorParallelDraft:
         self.key_slots = torch.arange(S, dtype=torch.int64, device=dev)
         self.batch_rows = torch.arange(MAX_BATCH, dtype=torch.int64, device=dev)[:, None]
         self.row_depth = sampling.row_depth_table(MAX_BATCH, max(DEPTHS), torch, dev)
-        self.mask_zero = torch.zeros(1, 1, g.group, 1, dtype=self.dtype, device=dev)
+        mask_dtype = self.backend.attention_mask_dtype(self.dtype)
+        self.mask_zero = torch.zeros(1, 1, g.group, 1, dtype=mask_dtype, device=dev)
         self.zero_f32 = torch.zeros((), dtype=torch.float32, device=dev)
-        # Rotary table in float64 on the host, stored fp32: [slot, (cos|sin_signed), D].
+        # Rotary table in float64 on the host, stored in the model dtype: [slot, (cos|sin_signed), D].
         half = g.head_dim // 2
         inv = [g.rope_theta ** (-2.0 * i / g.head_dim) for i in range(half)]
         pos = torch.arange(S, dtype=torch.float64)[:, None]
         ang = pos * torch.tensor(inv, dtype=torch.float64)[None, :]
         cos, sin = torch.cos(ang), torch.sin(ang)
         table = torch.stack([torch.cat([cos, cos], -1), torch.cat([-sin, sin], -1)], dim=1)
-        self.rope_table = table.to(torch.float32).to(dev)
+        self.rope_table = table.to(self.dtype).to(dev)
 
     # ---------------------------------------------------------------- geometry of a call
     def call_positions(self, positions: torch.Tensor) -> CallPositions:
@@ -451,6 +463,8 @@ class TensorParallelDraft:
             "dtype": self.settings.dtype,
             "weights": self.weights_fingerprint,
             "backend": self.backend.name,
+            "attention": self.settings.attention,
+            "head_chunks": self.ranks[0].vocab_chunks,
             "cache_len": self.cache_len,
             "query_block": QUERY_BLOCK,
         }

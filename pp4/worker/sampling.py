@@ -1,11 +1,12 @@
 """The draft head's token choice: T0/T1 masks, Gumbel noise, per-shard statistics, merge.
 
 Each rank holds vocabulary rows [r*vs, (r+1)*vs) and produces fp32 logits for them
-only.  Rather than gathering logits, a rank reduces its shard to four numbers per
-row (ShardStats) and the merge combines those -- exactly what two GPUs would
+only.  Rather than gathering logits, a rank reduces its shard to a few numbers per
+row (ShardStats: its best score, that token's id and logit, and the logsumexp of
+each chunk of its row) and the merge combines those -- what two GPUs would
 exchange.  The merge is exact: the chosen token is the global maximum of the
-selection score with ties going to the lowest global id, and its probability is
-exp(logit - logsumexp over both shards).
+selection score with ties going to the lowest global id (max across shards), and
+its probability is exp(logit - logsumexp over both shards).
 
 T1 rows use Gumbel-max sampling at temperature 1: argmax(logit_v + G_v) with
 G_v = -log(-log(u_v)).  u_v is a counter hash of (row seed, row, depth, global
@@ -42,8 +43,12 @@ def mask_name(mask: list[bool]) -> str:
 
 # ---------------------------------------------------------------------------- gumbel
 def vocab_premix(global_ids):
-    """Per-vocabulary-id half of the Gumbel hash; computed once per rank at set-up."""
-    return hashing.mix32(global_ids ^ hashing.DOMAIN_GUMBEL_VOCAB)
+    """Per-vocabulary-id half of the Gumbel hash; computed once per rank at set-up.
+
+    Stored with the element mixer's first xorshift already applied (it distributes
+    over xor), which saves two passes over [D, B, vocab] per call.
+    """
+    return hashing.first_shift(hashing.mix32(global_ids ^ hashing.DOMAIN_GUMBEL_VOCAB))
 
 
 def row_depth_table(max_batch: int, max_depth: int, torch, device):
@@ -56,10 +61,13 @@ def row_depth_table(max_batch: int, max_depth: int, torch, device):
 
 
 def row_depth_keys(seeds, table):
-    """Noise keys [depth, row] from the per-row 64-bit seeds [B] (int64, any sign)."""
+    """Noise keys [depth, row] from the per-row 64-bit seeds [B] (int64, any sign).
+
+    Returned with the element mixer's first xorshift applied (see vocab_premix).
+    """
     lo = seeds & hashing.MASK32
     hi = (seeds >> 32) & hashing.MASK32  # arithmetic shift, then mask: the top word
-    return hashing.mix32(hashing.mix32(lo[None, :] ^ table) ^ hi[None, :])
+    return hashing.first_shift(hashing.mix32(hashing.mix32(lo[None, :] ^ table) ^ hi[None, :]))
 
 
 def gumbel_log_exponential(keys, premix, torch, out=None):
@@ -69,7 +77,8 @@ def gumbel_log_exponential(keys, premix, torch, out=None):
     ``logit - log(E)``.  E is computed as -log1p(u - 1), with u - 1 formed exactly,
     so E is accurate (and never 0) for u close to 1 as well as close to 0.
     """
-    h = hashing.mix32(premix[None, None, :] ^ keys[:, :, None])
+    # == mix32(vocab hash ^ row-depth key): both halves carry the first xorshift already.
+    h = hashing.mix32_after_first_shift(premix[None, None, :] ^ keys[:, :, None])
     # u = (s + 0.5) * 2**-23 with s the top 23 bits; u - 1 is exact in float32.
     u_minus_1 = torch.sub(h >> 9, 2.0**23 - 0.5).mul_(2.0**-23)
     exp1 = torch.log1p(u_minus_1).neg_()
@@ -84,7 +93,7 @@ class ShardStats:
     best_score: object  # fp32 [B]: max of the selection score in this shard
     best_id: object  # int64 [B]: global vocabulary id of that maximum (lowest on ties)
     best_logit: object  # fp32 [B]: the logit of that token
-    logsumexp: object  # fp32 [B]: log sum exp of the shard's logits
+    chunk_logsumexp: object  # fp32 [B, C]: log sum exp of the shard's logits, per chunk
 
 
 def selection_scores(logits, mode: str, log_exp_noise=None, t1_mask=None, torch=None):
@@ -103,15 +112,34 @@ def selection_scores(logits, mode: str, log_exp_noise=None, t1_mask=None, torch=
     raise ValueError(f"unknown mode {mode!r}")
 
 
-def shard_stats(logits, scores, vocab_offset: int, torch) -> ShardStats:
-    # torch.max along a dim returns the first maximal index: lowest id inside the shard.
-    best_score, best_local = torch.max(scores, dim=-1)
-    best_logit = logits.gather(1, best_local[:, None])
-    # log_softmax is one fused kernel; logit - log_softmax(logit) at any index is the
-    # shard's logsumexp (exact up to fp32 rounding), and saves a separate reduction.
-    log_probs = torch.log_softmax(logits, dim=-1)
-    lse = (best_logit - log_probs.gather(1, best_local[:, None])).squeeze(1)
-    return ShardStats(best_score, best_local + vocab_offset, best_logit.squeeze(1), lse)
+def vocab_chunks(shard_vocab: int, max_chunks: int = 128, min_length: int = 256) -> int:
+    """How many equal chunks a shard's row is reduced in (1 if none fits).
+
+    torch reduces a row with one thread block, so a [B, 64128] row max or softmax
+    runs on B blocks (~15 us each on an H200).  Viewing the row as [C, L] chunks puts
+    B*C blocks to work; a second, tiny reduction combines the chunks, exactly.
+    """
+    for c in range(min(max_chunks, shard_vocab // min_length), 1, -1):
+        if shard_vocab % c == 0:
+            return c
+    return 1
+
+
+def shard_stats(logits, scores, vocab_offset: int, chunks: int, torch) -> ShardStats:
+    B, V = logits.shape
+    length = V // chunks
+    # torch.max along a dim returns the first maximal index, so the lowest id wins a tie
+    # inside a chunk, and the lowest chunk wins a tie between chunk maxima.
+    chunk_best, chunk_arg = torch.max(scores.view(B, chunks, length), dim=-1)
+    best_score, best_chunk = torch.max(chunk_best, dim=-1)
+    best_local = torch.add(chunk_arg.gather(1, best_chunk[:, None]).squeeze(1), best_chunk, alpha=length)
+    best_logit = logits.gather(1, best_local[:, None]).squeeze(1)
+    # log_softmax is one fused kernel per chunk row; logit - log_softmax(logit) at any
+    # index of a chunk is that chunk's logsumexp (exact up to fp32 rounding).
+    by_chunk = logits.view(B, chunks, length)
+    chunk_lse = by_chunk[:, :, 0] - torch.log_softmax(by_chunk, dim=-1)[:, :, 0]
+    best_id = best_local + vocab_offset if vocab_offset else best_local  # rank 0: no kernel
+    return ShardStats(best_score, best_id, best_logit, chunk_lse)
 
 
 def merge_shard_stats(stats: list[ShardStats], tokens_out, confidence_out, torch) -> None:
@@ -126,8 +154,12 @@ def merge_shard_stats(stats: list[ShardStats], tokens_out, confidence_out, torch
     pick1 = s1.best_score > s0.best_score
     torch.where(pick1, s1.best_id, s0.best_id, out=tokens_out)
     chosen_logit = torch.where(pick1, s1.best_logit, s0.best_logit)
-    total_lse = torch.logaddexp(s0.logsumexp, s1.logsumexp)
-    torch.exp(chosen_logit - total_lse, out=confidence_out)
+    # p = exp(l - logsumexp over every chunk of both shards) = 1 / sum_c exp(lse_c - l).
+    # No overflow: a greedy choice is the maximum logit (each term <= chunk length), and
+    # a sampled one is within 19.5 of it (the 23-bit uniforms bound the Gumbel noise to
+    # [-2.8, 16.7]), so every term stays below e^26 * chunk length.
+    all_lse = torch.cat([s0.chunk_logsumexp, s1.chunk_logsumexp], dim=1)
+    torch.reciprocal(torch.exp(all_lse - chosen_logit[:, None]).sum(dim=-1), out=confidence_out)
 
 
 def write_q_payload(mode: str, confidence, q_out, t1_mask, zero, torch) -> None:

@@ -1,0 +1,169 @@
+"""Timing complete worker calls, the copy-bandwidth ceiling, and per-cell statistics.
+
+A timed call is what the worker does for one request batch: copy the request
+inputs (query tokens, context lengths, seeds, T0/T1 mask) from pinned host memory
+into the static inputs, then replay the cell's graph.  CUDA events bracket that on
+an idle GPU (each call is synchronised before the next), so host gaps inside the
+call are included.  Collectives between two GPUs, transport of inputs and proposals
+between target and draft, and target verification are outside the timing.
+"""
+from __future__ import annotations
+
+import time
+
+import attrs
+import torch
+
+from pp4.worker import sampling
+from pp4.worker.config import QUERY_BLOCK, SWITCH, CellKey
+from pp4.worker.draft import DraftWorker
+
+
+@attrs.define
+class CellTiming:
+    cell: str
+    samples_ms: list[float]
+    median_ms: float
+    p20_ms: float
+    p80_ms: float
+    iqr_over_median: float
+    floor_ms: float | None = None  # weights read once per pass at the copy bandwidth
+    floor_with_kv_ms: float | None = None  # plus the K/V slots attention reads
+    ratio: float | None = None  # median / floor_ms
+
+    def summary(self) -> dict:
+        d = attrs.asdict(self)
+        d.pop("samples_ms")
+        return d
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Linear-interpolation percentile (numpy's default), q in [0, 100]."""
+    v = sorted(values)
+    if not v:
+        raise ValueError("no samples")
+    pos = (len(v) - 1) * q / 100.0
+    lo = int(pos)
+    hi = min(lo + 1, len(v) - 1)
+    return v[lo] + (v[hi] - v[lo]) * (pos - lo)
+
+
+def cell_stats(cell: str, samples_ms: list[float]) -> CellTiming:
+    med = percentile(samples_ms, 50)
+    iqr = percentile(samples_ms, 75) - percentile(samples_ms, 25)
+    return CellTiming(cell, samples_ms, med, percentile(samples_ms, 20), percentile(samples_ms, 80),
+                      iqr / med if med > 0 else float("nan"))
+
+
+@attrs.define
+class CopyBandwidth:
+    bytes_per_s: float
+    median_ms: float
+    bytes_moved: int  # read + written per copy
+
+    def as_dict(self) -> dict:
+        return attrs.asdict(self)
+
+
+def measure_copy_bandwidth(device: torch.device, nbytes: int, reps: int = 20) -> CopyBandwidth:
+    """Device-to-device copy of ``nbytes``; counts bytes read plus bytes written."""
+    n = nbytes // 4
+    src = torch.arange(n, dtype=torch.int32, device=device)  # not zeros: no special-cased data
+    dst = torch.empty_like(src)
+    times = []
+    for i in range(reps + 3):
+        if device.type == "cuda":
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            dst.copy_(src)
+            b.record()
+            b.synchronize()
+            ms = a.elapsed_time(b)
+        else:
+            t0 = time.perf_counter()
+            dst.copy_(src)
+            ms = (time.perf_counter() - t0) * 1e3
+        if i >= 3:
+            times.append(ms)
+    if not torch.equal(dst[-16:], src[-16:]):
+        raise RuntimeError("copy-bandwidth probe copied wrong data")
+    med = percentile(times, 50)
+    moved = 2 * n * 4
+    del src, dst
+    return CopyBandwidth(moved / (med * 1e-3), med, moved)
+
+
+class InputStager:
+    """Pinned host copies of the timing fixture's inputs; ``stage`` is part of every call."""
+
+    def __init__(self, worker: DraftWorker, states: list):
+        dev = worker.model.device
+        pin = dev.type == "cuda"
+        B = len(states)
+        self.worker = worker
+        self.tokens = torch.stack([s.query_tokens for s in states]).to(torch.int64)
+        self.ctx = torch.tensor([s.context_length for s in states], dtype=torch.int64)
+        self.seeds = torch.tensor([s.seed for s in states], dtype=torch.int64)
+        self.mask = torch.tensor(sampling.alternating_masks(B)[0], dtype=torch.bool)
+        if pin:
+            self.tokens, self.ctx, self.seeds, self.mask = (t.pin_memory() for t in
+                                                            (self.tokens, self.ctx, self.seeds, self.mask))
+
+    def stage(self, cell: CellKey) -> None:
+        inp, B = self.worker.inputs, cell.batch
+        inp.query_tokens[:B].copy_(self.tokens[:B], non_blocking=True)
+        inp.context_lengths[:B].copy_(self.ctx[:B], non_blocking=True)
+        inp.seeds[:B].copy_(self.seeds[:B], non_blocking=True)
+        if cell.mode == SWITCH:
+            inp.t1_mask[:B].copy_(self.mask[:B], non_blocking=True)
+
+
+def time_cells(runners: dict, stager: InputStager, cells: list[CellKey], repetitions: int, calls: int,
+               warmup: int, device: torch.device, log=print) -> dict[str, list[float]]:
+    """Interleave every cell, ``calls`` timed calls each, over ``repetitions`` passes whose
+    cell order reverses each time (so drift and order effects hit every cell alike)."""
+    cuda = device.type == "cuda"
+    samples: dict[str, list[float]] = {c.name: [] for c in cells}
+
+    def one_call(cell: CellKey) -> float:
+        runner = runners[cell]
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            stager.stage(cell)
+            runner.run()
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end)
+        t0 = time.perf_counter()
+        stager.stage(cell)
+        runner.run()
+        return (time.perf_counter() - t0) * 1e3
+
+    for cell in cells:
+        for _ in range(warmup):
+            one_call(cell)
+    for rep in range(repetitions):
+        order = cells if rep % 2 == 0 else list(reversed(cells))
+        t0 = time.perf_counter()
+        for cell in order:
+            for _ in range(calls):
+                samples[cell.name].append(one_call(cell))
+        log(f"  repetition {rep + 1}/{repetitions} ({'forward' if rep % 2 == 0 else 'reversed'} order): "
+            f"{time.perf_counter() - t0:.1f} s")
+    return samples
+
+
+def weight_floor(model, cell: CellKey, bandwidth: CopyBandwidth) -> tuple[float, float, dict]:
+    """(weights floor ms, weights + KV floor ms, byte counts) for one call of ``cell``.
+
+    A depth-D call makes D passes; each reads every weight once.  Embedding rows:
+    the query block's B*5 then B per later pass.
+    """
+    passes = cell.depth
+    w = model.weight_bytes_per_pass() * passes
+    emb = model.embedding_bytes(cell.batch * QUERY_BLOCK + cell.batch * (cell.depth - 1))
+    kv = model.kv_bytes_per_pass(cell.batch) * passes
+    bw = bandwidth.bytes_per_s
+    counts = {"passes": passes, "weight_bytes": w, "embedding_bytes": emb, "kv_bytes": kv}
+    return (w + emb) / bw * 1e3, (w + emb + kv) / bw * 1e3, counts

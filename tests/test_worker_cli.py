@@ -1,0 +1,179 @@
+"""CLI argument errors, guards, timing statistics and a full CPU run of ``python -m pp4.worker``."""
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from pp4.worker import cli, guards
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PREFIX = "python -m pp4.worker: error: "
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--batch-sizes", "1,5"], "--batch-sizes: each batch size must be between 1 and 4, got 5"),
+        (["--batch-sizes", "one"], "--batch-sizes: expected comma-separated integers, got 'one'"),
+        (["--depths", "3,4"], "--depths: each depth must be 4 or 5, got 3"),
+        (["--layers", "6"], "--layers must be between 1 and 5, got 6"),
+        (["--layers", "0"], "--layers must be between 1 and 5, got 0"),
+        (["--context", "8"], "--context must be at least 32, got 8"),
+        (["--max-rss", "12X"], "--max-rss: cannot parse '12X' (use a number with K, M, G or T, e.g. 48G)"),
+        (["--reference", "a.json", "--write-reference", "b.json"], "use either --reference or --write-reference, not both"),
+        (["--calls", "0"], "--calls must be at least 1, got 0"),
+        (["--vocab", "1001"], "geometry: vocab (1001) must split evenly over 2 ranks"),
+        (["--heads", "30"], "geometry: heads (30) must be a multiple of kv_heads (8)"),
+        (["--export-weights", "x", "--weights", "y"],
+         "--export-weights writes the synthetic weights; it cannot be combined with --weights"),
+    ],
+)
+def test_argument_errors_have_exact_messages(argv, message, capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(argv)
+    assert exc.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == PREFIX + message
+
+
+def test_argparse_rejects_unknown_choices(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["--backend", "triton"])
+    assert "invalid choice: 'triton'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--ranks", "pair"], "pp4.worker: --ranks pair needs 2 CUDA GPUs (one per rank, NCCL all-reduce); found 0"),
+        (["--backend", "exl3"], "`python configure.py && ninja`"),
+    ],
+)
+def test_environment_errors_are_clear(argv, message, capsys):
+    pytest.importorskip("torch")
+    import torch
+
+    if torch.cuda.device_count() >= 2 and "pair" in argv:
+        pytest.skip("this machine has two GPUs")
+    rc = cli.main(["--device", "cpu", "--geometry", "tiny", "--context", "32", *argv])
+    assert rc == guards.EXIT_ENVIRONMENT
+    assert message in capsys.readouterr().err
+
+
+def test_cuda_requested_without_gpu(capsys):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible")
+    assert cli.main(["--geometry", "tiny"]) == guards.EXIT_ENVIRONMENT
+    assert ("pp4.worker: --device cuda: no CUDA GPU is visible (use --device cpu for the eager CPU path)"
+            in capsys.readouterr().err)
+
+
+def test_parse_size():
+    assert guards.parse_size("48G") == 48 * 2**30
+    assert guards.parse_size("1.5M") == int(1.5 * 2**20)
+    assert guards.parse_size("512") == 512
+    assert guards.parse_size("2GiB") == 2 * 2**30
+    with pytest.raises(ValueError, match="cannot parse '-1G'"):
+        guards.parse_size("-1G")
+
+
+def test_private_caches(tmp_path, monkeypatch):
+    for var in guards.CACHE_VARIABLES:
+        monkeypatch.delenv(var, raising=False)
+    base, created = guards.setup_private_caches(str(tmp_path / "c"))
+    assert not created
+    for var, sub in guards.CACHE_VARIABLES.items():
+        assert os.environ[var] == os.path.join(base, sub) and os.path.isdir(os.environ[var])
+    assert oct(os.stat(base).st_mode & 0o777) == oct(0o700)
+
+
+def test_gpu_lock_waits_then_fails_with_clear_message(tmp_path):
+    first = guards.GpuLock(str(tmp_path), "GPU-test", 1.0).acquire()
+    t0 = time.monotonic()
+    with pytest.raises(guards.GuardError) as exc:
+        guards.GpuLock(str(tmp_path), "GPU-test", 0.5).acquire()
+    assert time.monotonic() - t0 >= 0.5
+    msg = str(exc.value)
+    assert msg.startswith(f"GPU GPU-test is locked by another run (pid {os.getpid()} on ")
+    assert msg.endswith(f"waited 0.5 s for {tmp_path}/GPU-test.lock (raise --lock-timeout to wait longer)")
+    first.release()
+    with guards.GpuLock(str(tmp_path), "GPU-test", 0.5) as again:
+        assert again.fd is not None
+    with guards.GpuLock(str(tmp_path), "GPU-other", 0.0):  # another card is independent
+        pass
+
+
+def test_rss_guard_trips_and_interrupts_the_main_thread():
+    g = guards.RssGuard(limit_bytes=1, interval_s=0.01, grace_s=60)
+    with pytest.raises(guards.RssLimitExceeded) as exc:
+        with g:
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < 10:
+                time.sleep(0.05)
+    assert g.tripped.is_set() and exc.value.exit_code == guards.EXIT_RSS
+    assert "exceeds --max-rss 0.00 GiB; run stopped" in str(exc.value)
+
+
+def test_rss_guard_quiet_under_limit():
+    with guards.RssGuard(limit_bytes=1 << 50, interval_s=0.01) as g:
+        time.sleep(0.1)
+    assert not g.tripped.is_set() and g.peak > 0
+
+
+def test_cli_stops_cleanly_on_rss_limit():
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    p = subprocess.run([sys.executable, "-m", "pp4.worker", "--device", "cpu", "--geometry", "tiny",
+                        "--context", "32", "--max-rss", "1M"], capture_output=True, text=True, cwd=ROOT,
+                       env=env, timeout=120)
+    assert p.returncode == guards.EXIT_RSS, p.stderr
+    assert "pp4.worker: resident memory" in p.stderr and "exceeds --max-rss 0.00 GiB; run stopped" in p.stderr
+    assert "Traceback" not in p.stderr
+
+
+def test_percentiles_and_stats():
+    from pp4.worker import timing
+
+    vals = [float(v) for v in range(1, 11)]
+    assert timing.percentile(vals, 50) == 5.5
+    assert timing.percentile(vals, 20) == pytest.approx(2.8)
+    t = timing.cell_stats("c", vals)
+    assert t.median_ms == 5.5 and t.p80_ms == pytest.approx(8.2)
+    assert t.iqr_over_median == pytest.approx((7.75 - 3.25) / 5.5)
+
+
+def test_full_cpu_run_writes_json(tmp_path, capsys):
+    pytest.importorskip("torch")
+    js, ref, states_dir = tmp_path / "w.json", tmp_path / "ref.json", tmp_path / "states"
+    common = ["--device", "cpu", "--geometry", "tiny", "--context", "32", "--batch-sizes", "2",
+              "--depths", "4", "--calls", "2", "--repetitions", "2", "--warmup", "1", "--copy-bytes", "8M"]
+    rc = cli.main(common + ["--capture-states", str(states_dir), "--write-reference", str(ref),
+                            "--json", str(js), "--plot", str(tmp_path / "w.png")])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "gate passed" in out and "B2-D4-switch" in out and "Outside the timing" in out
+    doc = json.loads(js.read_text())
+    assert doc["gate"]["ok"] and doc["states"] == {**doc["states"], "synthetic": 12, "captured": 12}
+    assert len(doc["timing"]["cells"]) == 3 and doc["backend"] == "torch"
+    assert all(len(v) == 4 for v in doc["timing"]["samples_ms"].values())
+    assert doc["timing"]["cells"][0]["passes"] == 4
+    assert (states_dir / "manifest.json").exists()
+    # a second run loads the same states from the files and reproduces every digest
+    rc = cli.main(common + ["--states", str(states_dir), "--reference", str(ref), "--gate-only"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "all digests match" in out
+
+
+def test_gate_failure_exits_nonzero_without_timing(tmp_path, capsys):
+    pytest.importorskip("torch")
+    ref = tmp_path / "ref.json"
+    ref.write_text(json.dumps({"format": "pp4.worker.reference/1", "made_with": {}, "config_sha256": "x",
+                               "cells": {}}))
+    rc = cli.main(["--device", "cpu", "--geometry", "tiny", "--context", "32", "--batch-sizes", "1",
+                   "--depths", "4", "--reference", str(ref), "--json", str(tmp_path / "w.json")])
+    out = capsys.readouterr().out
+    assert rc == guards.EXIT_GATE
+    assert "GATE FAILED" in out and "another configuration" in out and "median ms" not in out
+    assert "timing" not in json.loads((tmp_path / "w.json").read_text())
