@@ -99,7 +99,7 @@ class Audit:
                 if record is None:
                     problems.append(f"action {obj['action_key'][:16]} is not in the store {self.store.root}"
                                     if obj["status"] == "reused" else None)
-                elif record.object_sha256 != obj["object_sha256"]:
+                elif record.object_sha256 != obj["object_sha256"] and self._stored_for(record, obj):
                     problems.append(f"the store's object for action {obj['action_key'][:16]} has sha256 "
                                     f"{record.object_sha256}, certificate says {obj['object_sha256']}")
             problems = [p for p in problems if p]
@@ -110,6 +110,16 @@ class Audit:
             self.per_object.append((status, obj["output"], detail))
             for p in problems:
                 self.fail(f"{obj['output']}: {p}")
+
+    @staticmethod
+    def _stored_for(record, obj: dict) -> bool:
+        """Whether the store's record for an action is this object's own. A compiled object's twin
+        (the same unit of another variant, compiled at the same time) may have stored it instead:
+        then the two objects differ only in the source paths they embed, and neither is wrong."""
+        if obj["status"] == "reused":
+            return True
+        stored_for = (record.payload.get("compiled_for") or {}).get("output", "")
+        return os.path.abspath(obj["output"]) == stored_for or obj["output"] == stored_for
 
     def recompile(self, n: int, scratch: Path) -> list[str]:
         """Recompile n reused objects from their stored commands; one line of result each."""

@@ -160,6 +160,12 @@ class Reuser:
                    "uses_erasable": uses, "shadows": shadows, "toolchain": self.toolchain_id,
                    "compiled_for": {"output": os.path.abspath(args.output), "root": root},
                    "duration_s": round(duration, 3)}
+        existing = self.store.lookup(akey)
+        if existing is not None:
+            # Its twin (the same unit of another variant) stored this action first. Both objects
+            # are valid; they may differ in the source paths they embed (docs/reuse.md).
+            twin = (existing.payload.get("compiled_for") or {}).get("output")
+            return dict(result, not_stored=f"the store already holds this action's object, compiled for {twin}")
         try:
             record = self.store.put(akey, args.output, payload)
         except StoreError as e:
