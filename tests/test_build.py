@@ -163,7 +163,7 @@ def test_pin_mismatch_is_refused(fixture_build):
 def test_limits_are_applied_to_compiles(fixture_build, tmp_path):
     """The launcher really applies affinity, nice and the address-space cap to the compiler process."""
     work, _, _ = fixture_build
-    limits = json.loads((work / "build" / "limits.json").read_text())
+    limits = json.loads((work / "build" / "pp4.json").read_text())["limits"]
     probe = tmp_path / "probe.sh"
     probe.write_text("#!/bin/sh\ngrep -E 'Cpus_allowed_list' /proc/self/status\nulimit -v\nnice\necho GPU=[$CUDA_VISIBLE_DEVICES]\n")
     probe.chmod(0o755)
