@@ -23,7 +23,6 @@ rebuilds nothing.
 
 from __future__ import annotations
 
-import fcntl
 import functools
 import hashlib
 import json
@@ -32,17 +31,16 @@ import re
 import subprocess
 import tomllib
 import zipfile
-from contextlib import contextmanager
 from pathlib import Path
 
 import attrs
 
 from pp4 import paths
 from pp4.extensions import PACKAGE_DIR, Extension
-from pp4.files import write_if_changed
+from pp4.files import locked, sha256_file, write_if_changed
 from pp4.locks import WheelPin
 from pp4.pin import SOURCE_SUFFIXES
-from pp4.wheelcache import WheelError, ensure_wheels, sha256_file
+from pp4.wheelcache import WheelError, ensure_wheels
 
 REPO_ROOT = PACKAGE_DIR.parent
 LOCK_PATH = REPO_ROOT / "toolchain" / "exllamav3.toml"
@@ -143,18 +141,6 @@ def load_lock(path: Path = LOCK_PATH) -> SourceLock:
 
 # ------------------------------------------------------------------------------------------------
 # writing a tree: only what differs, the stamp last
-
-
-@contextmanager
-def _locked(directory: Path):
-    """One writer per sources folder (two configures at once would otherwise interleave)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    with open(directory / ".lock", "a+") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _tree_files(root: Path) -> dict[str, Path]:
@@ -264,7 +250,7 @@ def fetch_sources(cache_root: Path | None, dest_dir: Path, wheel_dir: Path | Non
               "sha256": lock.wheel.sha256, "source_dir": lock.source_dir}
     if _stamp_holds(root, stamp, inputs):
         return root
-    with _locked(tree):
+    with locked(tree):  # one writer per sources folder: two configures at once would interleave
         if _stamp_holds(root, stamp, inputs):
             return root
         try:
@@ -412,7 +398,7 @@ def facc_sources(source_root: Path, work_dir: Path, patch: Path = FACC_PATCH) ->
     root = tree / EXT_DIR_NAME
     inputs = {"patch": _shown(patch), "patch_sha256": sha256_file(patch),
               "source_sha256": sources_sha256(source_root)}
-    with _locked(tree):
+    with locked(tree):  # one writer per sources folder: two configures at once would interleave
         _sync_tree(root, {rel[len(prefix):]: data for rel, data in patched.items()}, tree / STAMP_NAME, inputs)
     return root
 

@@ -1,4 +1,4 @@
-"""Writing generated files: only when their content changes, and atomically.
+"""Files: generated ones written only when their content changes, atomically; hashing; folder locks.
 
 A re-run that produces the same content touches nothing, so ninja sees no new mtimes and a second
 `python configure.py && ninja` does no work.
@@ -6,8 +6,28 @@ A re-run that produces the same content touches nothing, so ninja sees no new mt
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import os
+from contextlib import contextmanager
 from pathlib import Path
+
+
+def sha256_file(path: Path | str) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+@contextmanager
+def locked(directory: Path):
+    """One writer at a time for a folder (a .lock file in it, flock'd exclusively)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / ".lock", "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def write_if_changed(path: Path, content: str | bytes) -> bool:

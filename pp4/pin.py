@@ -16,21 +16,13 @@ import json
 import sys
 from pathlib import Path
 
-from pp4.files import write_if_changed
+from pp4.files import sha256_file, write_if_changed
 
 SOURCE_SUFFIXES = {".c", ".cc", ".cpp", ".cxx", ".cu", ".cuh", ".h", ".hh", ".hpp", ".hxx", ".inl", ".inc"}
 
 
 class PinError(Exception):
     """A module does not match its pin, or has none."""
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def tree_files(root: Path, sources: list[str]) -> list[Path]:

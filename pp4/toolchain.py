@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import calendar
 import errno
-import fcntl
 import hashlib
 import json
 import os
@@ -30,12 +29,12 @@ import stat
 import sys
 import time
 import zipfile
-from contextlib import contextmanager
 from pathlib import Path
 
 import attrs
 
 from pp4 import paths
+from pp4.files import locked, sha256_file
 from pp4.locks import LockError, ToolchainLock, lock_for_cuda, supported_releases
 from pp4.torchenv import HeaderFile, TorchError, library_headers, torch_cuda_version
 from pp4.wheelcache import WheelError, ensure_wheels
@@ -167,14 +166,6 @@ def read_manifest(prefix: Path) -> dict | None:
     return doc if isinstance(doc, dict) and doc.get("version") == MANIFEST_VERSION else None
 
 
-def _hash_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def check_prefix(prefix: Path, key: str | None = None, deep: bool = False) -> list[str]:
     """What is wrong with a prefix; empty when it is complete and unmodified.
 
@@ -200,7 +191,7 @@ def check_prefix(prefix: Path, key: str | None = None, deep: bool = False) -> li
             problems.append(f"{p}: not a regular file")
         elif st.st_size != size or stat.S_IMODE(st.st_mode) != mode or st.st_mtime_ns != mtime_ns:
             problems.append(f"{p}: size, mode or mtime differ from the manifest (modified)")
-        elif deep and _hash_file(p) != sha:
+        elif deep and sha256_file(p) != sha:
             problems.append(f"{p}: content does not hash to {sha}")
     for rel, target in links.items():
         p = prefix / rel
@@ -217,17 +208,6 @@ def check_prefix(prefix: Path, key: str | None = None, deep: bool = False) -> li
 
 # ---------------------------------------------------------------------------------------------
 # building a prefix
-
-
-@contextmanager
-def _locked(directory: Path):
-    directory.mkdir(parents=True, exist_ok=True)
-    with open(directory / ".lock", "a+") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def _reusable_files(toolchains: Path, release: str) -> dict[tuple[str, str], Path]:
@@ -281,7 +261,7 @@ def _build(staging: Path, planned: list[_Planned], reusable: dict, manifest_head
             dest.parent.mkdir(parents=True, exist_ok=True)
             donor = reusable.get((item.relpath, item.sha256)) if item.sha256 else None
             # A donor is rehashed: its size and mtime say it is unchanged, but only its bytes prove it.
-            if donor is not None and _hash_file(donor) == item.sha256:
+            if donor is not None and sha256_file(donor) == item.sha256:
                 try:
                     os.link(donor, dest)
                     st = dest.lstat()
@@ -352,7 +332,7 @@ def provision(lock: ToolchainLock, cache_root: Path | None = None, wheel_dir: Pa
     toolchain = Toolchain(prefix=prefix, cuda=lock.cuda, key=key, pinned=True)
     if prefix.is_dir() and not check_prefix(prefix, key):
         return ProvisionResult(toolchain, 0, 0, time.monotonic() - t0)
-    with _locked(toolchains):
+    with locked(toolchains):
         if prefix.is_dir() and not check_prefix(prefix, key):  # another process finished it meanwhile
             return ProvisionResult(toolchain, 0, 0, time.monotonic() - t0)
         if prefix.exists() and not repair:
@@ -405,7 +385,7 @@ def identity(toolchain: Toolchain) -> dict[str, str]:
         if manifest is not None and rel in manifest["files"]:
             out[rel] = manifest["files"][rel][0]
         elif (toolchain.prefix / rel).is_file():
-            out[rel] = _hash_file(toolchain.prefix / rel)
+            out[rel] = sha256_file(toolchain.prefix / rel)
     return out
 
 

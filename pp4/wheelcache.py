@@ -8,7 +8,6 @@ for machines without an index, from a directory of already-downloaded wheels.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import subprocess
@@ -16,19 +15,12 @@ import sys
 import tempfile
 from pathlib import Path
 
+from pp4.files import sha256_file
 from pp4.locks import ToolchainLock, WheelPin
 
 
 class WheelError(Exception):
     """A wheel could not be had, or its bytes do not match the lock."""
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def cached_wheel_path(cache: Path, pin: WheelPin) -> Path:

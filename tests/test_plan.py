@@ -3,7 +3,6 @@ flags are compared one by one. Every difference must be one of those docs/config
 
 from __future__ import annotations
 
-import inspect
 import os
 import re
 import shlex

@@ -7,7 +7,6 @@ import gzip
 import json
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
