@@ -12,12 +12,14 @@ script, with the same options, when configure.py, build.ninja.in or a source lis
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
@@ -189,6 +191,15 @@ def twin_of_an_earlier_module(plans: list[plan.ModulePlan]):
     return defer
 
 
+def compile_tmpdir(builddir: Path) -> Path:
+    """Where compilers write their temporary files. nvcc expands $NAME in TMPDIR, so a build
+    directory whose path holds a $ gets a folder of its own under the system's temporary directory."""
+    if "$" not in str(builddir):
+        return builddir / "tmp"
+    digest = hashlib.sha256(str(builddir).encode()).hexdigest()[:16]
+    return Path(tempfile.gettempdir()) / f"pp4-tmp-{digest}"
+
+
 def default_jobs(cpus: tuple[int, ...]) -> int:
     try:
         with open("/proc/meminfo") as f:
@@ -244,6 +255,9 @@ def main(argv: list[str]) -> int:
     for name, value in (("--builddir", str(builddir)),):
         if "\n" in value:
             raise ConfigureError(f"{name} must not contain a newline")
+    if "$" in args.builddir:
+        raise ConfigureError(f"--builddir {args.builddir}: a `$` in the build directory's name is expanded by nvcc "
+                             "as a shell variable; choose a name without `$`")
 
     tc, toolchain_inputs, toolchain_args = get_toolchain(args)
     archs = args.arch or visible_gpu_archs()
@@ -267,7 +281,7 @@ def main(argv: list[str]) -> int:
         raise ConfigureError(f"--jobs {jobs}: at least one compile must be allowed to run")
     limits = Limits(cpus=cpus, nice=args.nice,
                     address_space=parse_size(args.max_memory) if args.max_memory else None,
-                    nvcc_threads=args.compiler_threads, tmpdir=str(builddir / "tmp"))
+                    nvcc_threads=args.compiler_threads, tmpdir=str(compile_tmpdir(builddir)))
     store_dir = None if args.no_reuse else str((args.store or _default_store(args)).absolute())
     config = {
         "limits": json.loads(limits.to_json()),

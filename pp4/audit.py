@@ -24,7 +24,7 @@ from pathlib import Path
 
 from pp4 import actionkey, certificate, pin
 from pp4.compilerenv import compiler_env
-from pp4.store import Store
+from pp4.store import Store, StoreError
 
 # nvcc names its temporary files tmpxft_<8 hex digits of its pid>_<8 hex digits>-<n>_<name>.
 _TMPXFT = re.compile(rb"tmpxft_([0-9a-f]{8})_[0-9a-f]{8}-\d+_")
@@ -53,7 +53,11 @@ class Audit:
     def __init__(self, cert_path: Path, store_dir: str | None):
         self.cert_path = cert_path
         self.doc, self.digest = certificate.read(cert_path)
-        self.store = Store(store_dir) if store_dir else None
+        self.store_problem = None
+        try:
+            self.store = Store(store_dir) if store_dir else None
+        except StoreError as e:  # unusable store (read-only, no layout): objects that name an action fail below
+            self.store, self.store_problem = None, str(e)
         self.hasher = actionkey.FileHasher()
         self.failures: list[str] = []
         self.per_object: list[tuple[str, str, str]] = []
@@ -94,6 +98,8 @@ class Audit:
                 got = self.hasher.sha256(path)
                 if got != want:
                     problems.append(f"input {path} has sha256 {got}, certificate says {want}")
+            if self.store is None and self.store_problem and obj.get("action_key"):
+                problems.append(f"action {obj['action_key'][:16]} cannot be checked: {self.store_problem}")
             if self.store is not None and obj.get("action_key"):
                 record = self.store.lookup(obj["action_key"])
                 if record is None:

@@ -112,12 +112,12 @@ def validate(extensions: list[Extension]) -> None:
             )
         if ext.module in seen_modules:
             raise ExtensionError(
-                f"extensions {seen_modules[ext.module]} and {ext.target} both build the module {ext.module!r}: "
+                f"extensions {seen_modules[ext.module]} and {_named(ext)} both build the module {ext.module!r}: "
                 "two modules of one name cannot be imported into one process. Give one of them another name."
             )
         if ext.target in seen_targets or ext.target in RESERVED_TARGETS:
             raise ExtensionError(f"extension target name {ext.target!r} is used twice or is reserved")
-        seen_modules[ext.module] = ext.target
+        seen_modules[ext.module] = _named(ext)
         seen_targets.add(ext.target)
         if not ext.sources:
             raise ExtensionError(f"extension {ext.target} has no sources")
@@ -131,9 +131,28 @@ def validate(extensions: list[Extension]) -> None:
                 raise ExtensionError(f"extension {ext.target}: source {src} does not exist") from None
             except PermissionError:
                 raise ExtensionError(f"extension {ext.target}: source {src} is not readable (check its permissions)") from None
+            except IsADirectoryError:
+                raise ExtensionError(f"extension {ext.target}: source {src} is a directory, not a file; "
+                                     "list the source files themselves") from None
+            except OSError as e:
+                raise ExtensionError(f"extension {ext.target}: source {src} cannot be read ({e.strerror})") from None
+        cuda_sources = [src for src in ext.source_paths() if src.suffix == ".cu"]
+        if cuda_sources:  # g++ takes such paths as they are; nvcc does not
+            for path in [*cuda_sources, *(ext.root / inc for inc in ext.include_dirs)]:
+                if "$" in str(path):
+                    raise ExtensionError(
+                        f"extension {ext.target}: the path {path} contains a `$`, which nvcc expands as a shell "
+                        "variable when it runs its sub-tools (the compile would fail on a file that does not "
+                        "exist); move or rename the folder to a path without `$`")
         for inc in ext.include_dirs:
             if not (ext.root / inc).is_dir():
                 raise ExtensionError(f"extension {ext.target}: include directory {ext.root / inc} does not exist")
+
+
+def _named(ext: Extension) -> str:
+    """The target, and the spec file it came from when a user's TOML file describes it."""
+    specs = [str(f) for f in ext.spec_files if f.suffix == ".toml"]
+    return f"{ext.target} ({specs[0]})" if specs else ext.target
 
 
 RESERVED_TARGETS = {"all", "toolchain", "certify", "compdb", "build.ninja", "clean"}

@@ -72,7 +72,14 @@ class Reuser:
     def __init__(self, cfg: ReuseConfig, env: dict[str, str] | None = None):
         self.cfg = cfg
         self.hasher = FileHasher()
-        self.store = Store(cfg.store) if cfg.store else None
+        self.store_problem: str | None = None  # why a configured store cannot be used
+        try:
+            self.store = Store(cfg.store) if cfg.store else None
+        except StoreError as e:  # e.g. a read-only or unwritable place with no store yet
+            self.store = None
+            self.store_problem = str(e)
+            print(f"pp4.reuse: warning: {e} (building without reuse: every object is compiled, none stored)",
+                  file=sys.stderr)
         env = os.environ if env is None else env
         host = actionkey.host_compiler_identity(Path(cfg.state_dir) / "host-compiler.json")
         self.toolchain_id = {"nvcc": cfg.toolchain, "host": host}
@@ -91,7 +98,8 @@ class Reuser:
     def _read_manifest(self, mkey: str) -> list[dict]:
         try:
             doc = json.loads(self._manifest_path(mkey).read_text())
-            return doc["entries"] if doc.get("manifest_key") == mkey else []
+            entries = doc["entries"] if doc.get("manifest_key") == mkey else []
+            return entries if isinstance(entries, list) else []
         except (OSError, ValueError, KeyError, TypeError):
             return []  # missing or damaged: a miss, never trusted
 
@@ -102,6 +110,8 @@ class Reuser:
             return None
         mkey, root, _, erased = self.keys(args)
         for entry in reversed(self._read_manifest(mkey)):
+            if not sound_entry(mkey, entry):
+                continue  # a damaged manifest entry (manifests have no checksum): never trust it
             if entry.get("uses_erasable") and entry.get("erased") != erased:
                 continue  # an input mentions the module name or internals id: values must match
             inputs = [(actionkey.from_src(p, root), sha) for p, sha in entry["inputs"]]
@@ -111,7 +121,11 @@ class Reuser:
             now = actionkey.shadow_candidates([p for p, _ in inputs], args.search_dirs, self.hasher)
             if any(c not in recorded for c in now):
                 continue  # a header appeared that the compiler would now find first
-            record = self.store.lookup(entry["action_key"])
+            try:
+                record = self.store.lookup(entry["action_key"])
+            except StoreError as e:
+                print(f"pp4.reuse: warning: {e} (compiling instead)", file=sys.stderr)
+                return None
             if record is None:
                 continue
             return Hit(entry, record)
@@ -144,7 +158,7 @@ class Reuser:
         sha, _ = hash_file(args.output)
         result = {"action_key": None, "inputs": inputs, "object_sha256": sha, "not_stored": None}
         if self.store is None:
-            return dict(result, not_stored="reuse is off")
+            return dict(result, not_stored=self.store_problem or "reuse is off")
         for p, h in zip(deps, hashes):
             if h is None:
                 return dict(result, not_stored=f"{p} cannot be read")
@@ -160,10 +174,14 @@ class Reuser:
                    "uses_erasable": uses, "shadows": shadows, "toolchain": self.toolchain_id,
                    "compiled_for": {"output": os.path.abspath(args.output), "root": root},
                    "duration_s": round(duration, 3)}
+        entry = {"action_key": akey, "inputs": inputs, "shadows": shadows, "uses_erasable": uses,
+                 "erased": erased if uses else None}
         existing = self.store.lookup(akey)
         if existing is not None:
             # Its twin (the same unit of another variant) stored this action first. Both objects
-            # are valid; they may differ in the source paths they embed (docs/reuse.md).
+            # are valid; they may differ in the source paths they embed (docs/reuse.md). The
+            # manifest may lack the entry (a put killed before the manifest was written): add it.
+            self._add_to_manifest(mkey, entry)
             twin = (existing.payload.get("compiled_for") or {}).get("output")
             return dict(result, not_stored=f"the store already holds this action's object, compiled for {twin}")
         try:
@@ -173,19 +191,24 @@ class Reuser:
             return dict(result, not_stored=str(e))
         if record.object_sha256 != sha:
             return dict(result, not_stored="the object changed while it was being stored")
-        entry = {"action_key": akey, "inputs": inputs, "shadows": shadows, "uses_erasable": uses,
-                 "erased": erased if uses else None}
         self._add_to_manifest(mkey, entry)
         return dict(result, action_key=akey)
 
     def _add_to_manifest(self, mkey: str, entry: dict) -> None:
         path = self._manifest_path(mkey)
-        entries = [e for e in self._read_manifest(mkey) if e.get("action_key") != entry["action_key"]]
+        entries = [e for e in self._read_manifest(mkey)
+                   if isinstance(e, dict) and e.get("action_key") != entry["action_key"]]
         entries = (entries + [entry])[-MANIFEST_ENTRIES:]
-        path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"manifest_key": mkey, "entries": entries}))
-        os.replace(tmp, path)  # two writers at once: one entry may be lost, which is only a future miss
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(json.dumps({"manifest_key": mkey, "entries": entries}))
+            os.replace(tmp, path)  # two writers at once: one entry may be lost, which is only a future miss
+        except OSError as e:  # a full or read-only store: the object is stored, but not findable yet
+            tmp.unlink(missing_ok=True)
+            print(f"pp4.reuse: warning: cannot write the store's manifest {path} ({e.strerror}); "
+                  f"this object will not be reused until it is compiled again with room in the store",
+                  file=sys.stderr)
 
     @contextmanager
     def compile_lock(self, args: CompileArgs):
@@ -239,6 +262,17 @@ class Reuser:
                    object_sha256=hit.record.object_sha256, inputs=hit.entry["inputs"],
                    reused_from=payload.get("compiled_for"), compile_duration_s=payload.get("duration_s"),
                    restore_duration_s=round(seconds, 4), toolchain=self.toolchain_id)
+
+
+def sound_entry(mkey: str, entry) -> bool:
+    """Whether a manifest entry is well formed and its action key follows from its inputs: a flipped
+    byte in a manifest must never lead the lookup to another action's object."""
+    try:
+        return (all(isinstance(p, str) and isinstance(h, str) for p, h in entry["inputs"])
+                and all(isinstance(p, str) for p in entry.get("shadows", []))
+                and actionkey.action_key(mkey, entry["inputs"], entry.get("erased")) == entry["action_key"])
+    except (TypeError, ValueError, KeyError, AttributeError):
+        return False
 
 
 def worth_waiting(source: str) -> bool:
