@@ -113,17 +113,17 @@ def _tree_hash(root: Path, sources: list[str]) -> str:
 
 
 def build_record(config: dict, modules: list[dict], certificate: Path, digest: str) -> dict:
-    prefix = config["reuse"]["toolchain"]
+    identity = config["reuse"]["toolchain"]  # content hashes of nvcc, cicc, ptxas, ...
     tc_prefix = None
-    for m in modules:
-        plan = json.loads((certificate.parent / m["target"] / "plan.json").read_text())
+    if modules:  # every module of a build uses the one toolchain configure chose
+        plan = json.loads((certificate.parent / modules[0]["target"] / "plan.json").read_text())
         tc_prefix = plan["toolchain"]["prefix"]
     manifest = read_manifest(Path(tc_prefix)) if tc_prefix else None
     return {
         "format": 1,
         "modules": [{k: m[k] for k in ("target", "module", "file", "sha256")} for m in modules],
         "compiler_wheels": manifest["wheels"] if manifest else None,
-        "toolchain": {"prefix": tc_prefix, "files": prefix},
+        "toolchain": {"prefix": tc_prefix, "files": identity},
         "source_trees": [{"target": m["target"], "root": m["root"], "sha256": m["tree_sha256"],
                           "provenance": m["provenance"]} for m in modules],
         "certificate": {"file": str(certificate), "sha256": digest},

@@ -9,7 +9,6 @@ from __future__ import annotations
 import io
 import os
 import shlex
-from pathlib import Path
 
 import attrs
 from ninja import ninja_syntax
