@@ -120,7 +120,13 @@ def main(argv: list[str] | None = None) -> int:
             return EXIT_OK
         report = store.verify(repair=args.repair)
         print(format_verify(report))
-        return EXIT_OK if report.ok else EXIT_DAMAGE
+        # The reuse rule's manifests (an index from commands to actions) live in the store too.
+        from pp4.reuse import verify_manifests
+
+        manifest_damage = verify_manifests(root, args.repair)
+        for path, detail, repaired in manifest_damage:
+            print(f"  DAMAGE manifest-invalid: {path}: {detail} [{'repaired' if repaired else 'left in place'}]")
+        return EXIT_OK if report.ok and not manifest_damage else EXIT_DAMAGE
     except StoreError as exc:
         print(f"pp4.cache: error: {exc}", file=sys.stderr)
         return EXIT_ERROR

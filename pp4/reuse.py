@@ -197,7 +197,7 @@ class Reuser:
     def _add_to_manifest(self, mkey: str, entry: dict) -> None:
         path = self._manifest_path(mkey)
         entries = [e for e in self._read_manifest(mkey)
-                   if isinstance(e, dict) and e.get("action_key") != entry["action_key"]]
+                   if sound_entry(mkey, e) and e.get("action_key") != entry["action_key"]]
         entries = (entries + [entry])[-MANIFEST_ENTRIES:]
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         try:
@@ -262,6 +262,34 @@ class Reuser:
                    object_sha256=hit.record.object_sha256, inputs=hit.entry["inputs"],
                    reused_from=payload.get("compiled_for"), compile_duration_s=payload.get("duration_s"),
                    restore_duration_s=round(seconds, 4), toolchain=self.toolchain_id)
+
+
+def verify_manifests(store_root: Path, repair: bool) -> list[tuple[str, str, bool]]:
+    """Damage in the store's manifests: (path, what is wrong, repaired). Repair drops the entries
+    whose action key does not follow from their inputs, and removes unreadable manifests."""
+    damage = []
+    for path in sorted((Path(store_root) / "manifests").glob("*/*.json")):
+        mkey = path.stem
+        try:
+            doc = json.loads(path.read_text())
+            entries = doc["entries"]
+            if doc.get("manifest_key") != mkey or not isinstance(entries, list):
+                raise ValueError("its manifest key or entry list is wrong")
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            if repair:
+                path.unlink(missing_ok=True)
+            damage.append((str(path), f"unreadable manifest ({e})", repair))
+            continue
+        good = [e for e in entries if sound_entry(mkey, e)]
+        if len(good) == len(entries):
+            continue
+        if repair:
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps({"manifest_key": mkey, "entries": good}))
+            os.replace(tmp, path)
+        damage.append((str(path), f"{len(entries) - len(good)} entries whose action key does not follow from "
+                                  "their inputs", repair))
+    return damage
 
 
 def sound_entry(mkey: str, entry) -> bool:
