@@ -6,6 +6,7 @@ it inside the checkout); tests that need a cache of their own take the wheels fr
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import sys
@@ -53,6 +54,16 @@ def toolchain(shared_cache, lock):
     from pp4.toolchain import provision
 
     return provision(lock, shared_cache).toolchain
+
+
+def content_snapshot(root: Path) -> dict[str, tuple]:
+    """snapshot() plus each regular file's sha256: a rewrite with equal size and mtime shows too."""
+    snap = snapshot(root)
+    for rel in snap:
+        p = root / rel
+        if p.is_file() and not p.is_symlink():
+            snap[rel] += (hashlib.sha256(p.read_bytes()).hexdigest(),)
+    return snap
 
 
 def snapshot(root: Path) -> dict[str, tuple]:

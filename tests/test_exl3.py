@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import snapshot
+from conftest import content_snapshot
 from pp4 import exl3, extensions, paths, plan
 from pp4.torchflags import torch_build_flags
 
@@ -49,15 +49,6 @@ def stock_root(sources_dir) -> Path:
 @pytest.fixture(scope="session")
 def cached_wheel(shared_cache, source_lock, stock_root) -> Path:
     return paths.wheel_cache_dir(shared_cache) / f"{source_lock.wheel.sha256}.whl"
-
-
-def _content_snapshot(root: Path) -> dict[str, tuple]:
-    snap = snapshot(root)
-    for rel in snap:
-        p = root / rel
-        if p.is_file() and not p.is_symlink():
-            snap[rel] += (hashlib.sha256(p.read_bytes()).hexdigest(),)
-    return snap
 
 
 def _copy_tree(src: Path, dst: Path) -> Path:
@@ -127,14 +118,14 @@ def test_only_the_extension_sources_are_unpacked(stock_root, cached_wheel):
 def test_unpack_is_idempotent(tmp_path, shared_cache):
     dest = tmp_path / "dest"
     root = exl3.fetch_sources(shared_cache, dest)
-    before = _content_snapshot(dest)
+    before = content_snapshot(dest)
     assert exl3.fetch_sources(shared_cache, dest) == root
-    assert _content_snapshot(dest) == before  # the stamp's fast path
+    assert content_snapshot(dest) == before  # the stamp's fast path
     # The full path (no stamp) also writes only what differs: every source keeps its inode and mtime.
     stamp = "stock/" + exl3.STAMP_NAME
     (dest / stamp).unlink()
     exl3.fetch_sources(shared_cache, dest)
-    after = _content_snapshot(dest)
+    after = content_snapshot(dest)
     assert {k: v for k, v in after.items() if k != stamp} == {k: v for k, v in before.items() if k != stamp}
     assert after[stamp][4] == before[stamp][4]  # the same record, written again
 
@@ -161,11 +152,11 @@ def test_interrupted_unpack_is_not_taken_as_complete(tmp_path, shared_cache, mon
     assert len(exl3.select_sources(root)) == 194
 
     # Damage after completion (an edited file, a stray unit): the stamp no longer holds, the next run repairs.
-    before = _content_snapshot(root)
+    before = content_snapshot(root)
     (root / "add.cu").write_text("// edited\n")
     (root / "stray.cu").write_text("int stray;\n")
     exl3.fetch_sources(shared_cache, dest)
-    after = _content_snapshot(root)
+    after = content_snapshot(root)
     assert set(after) == set(before)
     assert after["add.cu"][4] == before["add.cu"][4]
     untouched = {k: v for k, v in after.items() if k != "add.cu"}
@@ -244,8 +235,8 @@ def test_facc_patch_applies_to_the_pinned_sources(stock_root, tmp_path):
     root = exl3.facc_sources(stock_root, tmp_path)
     assert root == tmp_path / "facc" / exl3.EXT_DIR_NAME and exl3.is_complete(tmp_path / "facc")
     assert exl3.sources_sha256(stock_root) == stock_key, "the stock sources were changed"
-    files = _content_snapshot(root)
-    assert files.keys() == _content_snapshot(stock_root).keys()
+    files = content_snapshot(root)
+    assert files.keys() == content_snapshot(stock_root).keys()
     changed = {rel for rel in files if (root / rel).read_bytes() != (stock_root / rel).read_bytes()}
     assert changed == {"hgemm_f16acc.cu", "turing/fa75.cu", "quant/exl3_gemm_inner.cuh",
                        "quant/exl3_gemv_kernel.cuh", "quant/exl3_moe_coop_kernel.cuh"}
@@ -261,25 +252,25 @@ def test_facc_patch_applies_to_the_pinned_sources(stock_root, tmp_path):
     if shutil.which("patch"):  # the system's patch agrees byte for byte
         copy = _copy_tree(stock_root, tmp_path / "sys" / exl3.EXT_DIR_NAME)
         subprocess.run(["patch", "-s", "-p1", "-i", str(exl3.FACC_PATCH)], cwd=copy.parent, check=True)
-        assert _content_snapshot(copy).keys() == _content_snapshot(root).keys()
-        assert all((copy / r).read_bytes() == (root / r).read_bytes() for r in _content_snapshot(root))
+        assert content_snapshot(copy).keys() == content_snapshot(root).keys()
+        assert all((copy / r).read_bytes() == (root / r).read_bytes() for r in content_snapshot(root))
 
 
 def test_reapplying_the_patch_touches_nothing(stock_root, tmp_path):
     exl3.facc_sources(stock_root, tmp_path)
-    before = _content_snapshot(tmp_path)
+    before = content_snapshot(tmp_path)
     exl3.facc_sources(stock_root, tmp_path)
     exl3.exl3_extension("facc", stock_root, work_dir=tmp_path)
-    assert _content_snapshot(tmp_path) == before
+    assert content_snapshot(tmp_path) == before
     # In place on a tree: the first run changes the five files, the second none.
     tree = _copy_tree(stock_root, tmp_path / "inplace" / exl3.EXT_DIR_NAME).parent
     assert exl3.apply_patch(exl3.FACC_PATCH, tree) == [
         "exllamav3_ext/hgemm_f16acc.cu", "exllamav3_ext/quant/exl3_gemm_inner.cuh",
         "exllamav3_ext/quant/exl3_gemv_kernel.cuh", "exllamav3_ext/quant/exl3_moe_coop_kernel.cuh",
         "exllamav3_ext/turing/fa75.cu"]
-    once = _content_snapshot(tree)
+    once = content_snapshot(tree)
     assert exl3.apply_patch(exl3.FACC_PATCH, tree) == []
-    assert _content_snapshot(tree) == once
+    assert content_snapshot(tree) == once
 
 
 def test_a_broken_hunk_gives_the_exact_error(stock_root, tmp_path):
@@ -298,11 +289,11 @@ def test_a_broken_hunk_gives_the_exact_error(stock_root, tmp_path):
         exl3.facc_sources(changed, tmp_path / "work")
     assert str(e.value) == expected
     assert not exl3.is_complete(tmp_path / "work" / "facc")
-    before = _content_snapshot(changed.parent)
+    before = content_snapshot(changed.parent)
     with pytest.raises(exl3.PatchError) as e:
         exl3.apply_patch(exl3.FACC_PATCH, changed.parent)
     assert str(e.value) == expected
-    assert _content_snapshot(changed.parent) == before, "a failing patch must write nothing"
+    assert content_snapshot(changed.parent) == before, "a failing patch must write nothing"
 
 
 def test_patch_offsets_are_allowed_fuzz_is_not(tmp_path):

@@ -14,19 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, snapshot
+from conftest import REPO, content_snapshot, snapshot
 from pp4 import toolchain as tc
 from pp4.locks import LockError, load_lock, lock_for_cuda, supported_releases
 from pp4.wheelcache import WheelError, ensure_wheels
-
-
-def _content_snapshot(root: Path) -> dict[str, tuple]:
-    snap = snapshot(root)
-    for rel in snap:
-        p = root / rel
-        if p.is_file() and not p.is_symlink():
-            snap[rel] += (hashlib.sha256(p.read_bytes()).hexdigest(),)
-    return snap
 
 
 # --------------------------------------------------------------------------- locks
@@ -158,10 +149,10 @@ def test_provisioned_nvcc_works_with_no_environment(toolchain, tmp_path):
 def test_reprovisioning_touches_no_file(tmp_path, wheelhouse):
     cache = tmp_path / "cache"
     _provision(cache, wheelhouse)
-    before = _content_snapshot(cache)
+    before = content_snapshot(cache)
     out = _provision(cache, wheelhouse)
     assert "0 files written, 0 hard-linked" in out
-    after = _content_snapshot(cache)
+    after = content_snapshot(cache)
     changed = [k for k in set(before) | set(after) if before.get(k) != after.get(k)]
     assert changed == []
     assert len(after) > 1800
