@@ -38,7 +38,7 @@ import attrs
 from pp4 import paths
 from pp4.extensions import PACKAGE_DIR, Extension
 from pp4.files import locked, sha256_file, write_if_changed
-from pp4.locks import WheelPin
+from pp4.locks import WheelPin, wheel_pins
 from pp4.pin import SOURCE_SUFFIXES
 from pp4.wheelcache import WheelError, ensure_wheels
 
@@ -120,10 +120,7 @@ def load_lock(path: Path = LOCK_PATH) -> SourceLock:
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
         raise Exl3Error(f"source lock {path} is not valid TOML: {e}") from None
     try:
-        wheels = tuple(
-            WheelPin(name=w["name"], version=w["version"], filename=w["filename"], sha256=w["sha256"].lower())
-            for w in doc["wheel"]
-        )
+        wheels = wheel_pins(doc["wheel"])
         lock = SourceLock(project=str(doc["project"]), version=str(doc["version"]),
                           source_dir=str(doc["source_dir"]).strip("/"), wheels=wheels, path=path,
                           sha256=hashlib.sha256(data).hexdigest())

@@ -53,6 +53,12 @@ def supported_releases(lock_dir: Path = LOCK_DIR) -> list[str]:
     return sorted(found, key=lambda r: tuple(int(x) for x in r.split(".")))
 
 
+def wheel_pins(entries: list[dict]) -> tuple[WheelPin, ...]:
+    """The [[wheel]] tables of a lock file (toolchain or source lock) as pins; KeyError when one lacks a field."""
+    return tuple(WheelPin(name=w["name"], version=w["version"], filename=w["filename"], sha256=w["sha256"].lower())
+                 for w in entries)
+
+
 def load_lock(path: Path) -> ToolchainLock:
     data = path.read_bytes()
     try:
@@ -60,10 +66,7 @@ def load_lock(path: Path) -> ToolchainLock:
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
         raise LockError(f"toolchain lock {path} is not valid TOML: {e}") from None
     try:
-        wheels = tuple(
-            WheelPin(name=w["name"], version=w["version"], filename=w["filename"], sha256=w["sha256"].lower())
-            for w in doc["wheel"]
-        )
+        wheels = wheel_pins(doc["wheel"])
         lock = ToolchainLock(
             cuda=str(doc["cuda"]),
             platform=str(doc["platform"]),
