@@ -84,13 +84,20 @@ class Reuser:
         host = actionkey.host_compiler_identity(Path(cfg.state_dir) / "host-compiler.json")
         self.toolchain_id = {"nvcc": cfg.toolchain, "host": host}
         self.env_id = actionkey.output_env(dict(env))
+        self._keys: dict[tuple[str, ...], tuple] = {}
 
     # -- keys -------------------------------------------------------------------------------
 
     def keys(self, args: CompileArgs) -> tuple[str, str | None, list[str], dict]:
-        root = self.cfg.root_for(args.source)
-        normalized, erased = actionkey.normalize(args, root, self.cfg.erasable)
-        return actionkey.manifest_key(normalized, self.toolchain_id, self.env_id), root, normalized, erased
+        """Manifest key, source root, normalized command, erased defines; computed once per command
+        (a compile asks for them at lookup, at its lock and when it stores)."""
+        cached = self._keys.get(args.argv)
+        if cached is None:
+            root = self.cfg.root_for(args.source)
+            normalized, erased = actionkey.normalize(args, root, self.cfg.erasable)
+            mkey = actionkey.manifest_key(normalized, self.toolchain_id, self.env_id)
+            cached = self._keys[args.argv] = (mkey, root, normalized, erased)
+        return cached
 
     def _manifest_path(self, mkey: str) -> Path:
         return Path(self.cfg.store) / "manifests" / mkey[:2] / f"{mkey}.json"
