@@ -6,8 +6,10 @@ A compile is identified in two steps, as ccache's direct mode does:
   that change what a compiler produces;
 - each manifest entry then names the inputs (every file of the full dependency file of the compile
   that made it, with its sha256): the entry matches when every input still has those bytes and no
-  new header shadows one of them on the include search path. The *action key* hashes the manifest
-  key and those inputs, and names the stored object.
+  new header shadows one of them on the include search path. The inputs outside the extension's
+  tree are kept as a shared, content-addressed input set (pp4.inputsets). The *action key* hashes
+  the manifest key, the unit's own inputs and the names of its input sets, and names the stored
+  object.
 
 Normalization makes a command independent of where its tree lives: the object and dependency-file
 paths become $OUT and $DEP, an extension's source root becomes $SRC. The "erasable" defines (the
@@ -117,13 +119,16 @@ def output_env(env: dict[str, str]) -> dict[str, str]:
 
 
 def manifest_key(normalized: list[str], toolchain_id: dict, env: dict[str, str]) -> str:
-    doc = {"argv": normalized, "toolchain": toolchain_id, "env": env, "format": 1}
+    # format 2: entries name their shared inputs through input sets (pp4.inputsets)
+    doc = {"argv": normalized, "toolchain": toolchain_id, "env": env, "format": 2}
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 
-def action_key(mkey: str, inputs: list[list[str]], erased: dict[str, str] | None) -> str:
-    """erased is None when no input mentions an erasable identifier: then its value cannot matter."""
-    doc = {"manifest": mkey, "inputs": inputs, "erased": erased}
+def action_key(mkey: str, inputs: list[list[str]], input_sets: list[str], erased: dict[str, str] | None) -> str:
+    """inputs: the unit's own inputs with their sha256; input_sets: the names (content hashes) of
+    the sets holding the others. erased is None when no input mentions an erasable identifier:
+    then its value cannot matter."""
+    doc = {"manifest": mkey, "inputs": inputs, "input_sets": input_sets, "erased": erased}
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 

@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from pp4 import actionkey, certificate, pin
+from pp4 import actionkey, certificate, inputsets, pin
 from pp4.compilerenv import compiler_env
 from pp4.store import Store, StoreError
 
@@ -82,11 +82,23 @@ class Audit:
             if sha != m["sha256"] or by_target.get(m["target"], {}).get("sha256") != m["sha256"]:
                 self.fail(f"module {module}: sha256 {sha} differs from the certificate/build record ({m['sha256']})")
             try:
-                pin.check(module)
+                pin.check(module, sha)
             except pin.PinError as e:
                 self.fail(str(e))
 
+    def check_input_sets(self) -> dict[str, list[str]]:
+        """Each shared input set once: its name must be its content's hash, its files their bytes."""
+        problems = {}
+        for sid, entries in self.doc.get("input_sets", {}).items():
+            if entries is None or inputsets.set_id(entries) != sid:
+                problems[sid] = [f"the certificate's input set {sid[:16]} does not hash to its name"]
+                continue
+            problems[sid] = [f"input {p} has sha256 {got}, certificate says {want}"
+                             for p, want in entries if (got := self.hasher.sha256(p)) != want]
+        return problems
+
     def check_objects(self) -> None:
+        set_problems = self.check_input_sets()
         for obj in self.doc["objects"]:
             problems = []
             sha = self.hasher.sha256(obj["output"])
@@ -98,6 +110,8 @@ class Audit:
                 got = self.hasher.sha256(path)
                 if got != want:
                     problems.append(f"input {path} has sha256 {got}, certificate says {want}")
+            for sid in obj.get("input_sets", []):
+                problems += set_problems.get(sid, [f"input set {sid[:16]} is not in the certificate"])
             if self.store is None and self.store_problem and obj.get("action_key"):
                 problems.append(f"action {obj['action_key'][:16]} cannot be checked: {self.store_problem}")
             if self.store is not None and obj.get("action_key"):
@@ -186,7 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     inputs = len(audit.hasher._hashes)
     print(f"certificate {args.certificate}: sha256 {audit.digest}")
     print(f"  {len(objs)} objects: {reused} reused, {len(objs) - reused} compiled, {failed} failed; "
-          f"{len(audit.doc['modules'])} modules; {inputs} files hashed in {time.monotonic() - t0:.2f} s")
+          f"{len(audit.doc['modules'])} modules; {inputs} files hashed in {time.monotonic() - t0:.2f} s "
+          f"({time.process_time():.2f} CPU-s with start-up)")
     if args.objects:
         for status, out, detail in audit.per_object:
             print(f"  {status:8} {out}  {detail}")

@@ -123,9 +123,15 @@ def main(argv: list[str] | None = None) -> int:
         # The reuse rule's manifests (an index from commands to actions) live in the store too.
         from pp4.reuse import verify_manifests
 
+        from pp4 import inputsets
+
         manifest_damage = verify_manifests(root, args.repair)
         for path, detail, repaired in manifest_damage:
             print(f"  DAMAGE manifest-invalid: {path}: {detail} [{'repaired' if repaired else 'left in place'}]")
+        set_damage = inputsets.verify(Path(root) / "inputsets", args.repair)
+        for path, detail, repaired in set_damage:
+            print(f"  DAMAGE inputset-invalid: {path}: {detail} [{'removed' if repaired else 'left in place'}]")
+        manifest_damage += set_damage
         return EXIT_OK if report.ok and not manifest_damage else EXIT_DAMAGE
     except StoreError as exc:
         print(f"pp4.cache: error: {exc}", file=sys.stderr)

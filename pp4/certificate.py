@@ -4,7 +4,11 @@
 
 The certificate is a gzip-compressed JSON manifest of every object: its action key, its inputs with
 their sha256, whether it was compiled or reused (and from which action, compiled for which output),
-its sha256, the toolchain and the compile duration. Its hash is the sha256 of the uncompressed JSON.
+its sha256, the toolchain and the compile duration. Inputs outside an extension's tree are listed
+once per distinct set, in "input_sets" (name -> [path, sha256] pairs; the name is the sha256 of the
+set's canonical text, pp4.inputsets), and each object names its sets: 194 EXL3 units share a few
+sets of 1,400 torch and CUDA headers instead of repeating them. Its hash is the sha256 of the
+uncompressed JSON.
 Beside it, build-record.json names every built module's sha256, the compiler wheels' hashes, each
 source tree's hash and the certificate's hash.
 """
@@ -19,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from pp4 import pin, reuse
+from pp4 import inputsets, pin, reuse
 from pp4.store import hash_file
 from pp4.toolchain import read_manifest
 
@@ -48,11 +52,17 @@ def read(certificate: Path) -> tuple[dict, str]:
                                f"(delete it first, so that ninja writes it again)") from None
 
 
+def object_inputs(doc: dict, obj: dict) -> list[tuple[str, str | None]]:
+    """Every input of one object, as (absolute path, sha256): its own and those of its sets."""
+    own = [(p.replace("$SRC", obj["root"]) if obj.get("root") else p, h) for p, h in obj["inputs"]]
+    return own + [(p, h) for sid in obj.get("input_sets", []) for p, h in doc["input_sets"][sid]]
+
+
 def write(config_path: Path, actions_path: Path, out: Path) -> str:
     config = json.loads(config_path.read_text())
     state_dir = config["reuse"]["state_dir"]
     actions = json.loads(actions_path.read_text())["actions"]
-    objects, problems = [], []
+    objects, problems, sets = [], [], {}
     for action in actions:
         ev_path = reuse.event_path(state_dir, action["output"])
         try:
@@ -67,14 +77,20 @@ def write(config_path: Path, actions_path: Path, out: Path) -> str:
             "output": action["output"], "target": action["target"], "source": action["source"],
             "status": ev["status"], "action_key": ev.get("action_key"), "not_stored": ev.get("not_stored"),
             "reused_from": ev.get("reused_from"), "root": ev.get("root"),
-            "inputs": ev["inputs"], "object_sha256": sha, "object_size": size,
+            "inputs": ev["inputs"], "input_sets": ev.get("input_sets", []), "object_sha256": sha, "object_size": size,
             "toolchain": ev.get("toolchain"), "compile_duration_s": ev.get("compile_duration_s"),
         })
+        for sid in ev.get("input_sets", []):
+            if sid not in sets:
+                sets[sid] = inputsets.read(Path(state_dir) / "inputsets", sid)
+                if sets[sid] is None:
+                    problems.append(f"{action['output']}: its input set {sid} is missing or damaged in "
+                                    f"{Path(state_dir) / 'inputsets'}: rebuild it (delete the object first)")
     if problems:
         raise CertificateError("cannot certify this build:\n  " + "\n  ".join(problems))
     modules = _modules(actions, out)
-    doc = {"format": 1, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-           "objects": objects, "modules": modules}
+    doc = {"format": 2, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+           "objects": objects, "input_sets": sets, "modules": modules}
     raw = canonical(doc)
     digest = hashlib.sha256(raw).hexdigest()
     out.parent.mkdir(parents=True, exist_ok=True)

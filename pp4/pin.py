@@ -60,8 +60,9 @@ def write(plan_path: Path, module: Path, out: Path) -> dict:
     return pin
 
 
-def check(module: Path) -> dict:
-    """The pin of a module after checking both its bytes and its sources; PinError otherwise."""
+def check(module: Path, module_sha256: str | None = None) -> dict:
+    """The pin of a module after checking both its bytes and its sources; PinError otherwise.
+    module_sha256: the module's hash where the caller has just computed it."""
     pin_file = pin_path_for(module)
     try:
         pin = json.loads(pin_file.read_text())
@@ -69,7 +70,7 @@ def check(module: Path) -> dict:
         raise PinError(f"{module} has no pin file {pin_file}: build it with ninja, which writes the pin after linking") from None
     except ValueError as e:
         raise PinError(f"pin file {pin_file} is damaged ({e}): rebuild with ninja") from None
-    actual = sha256_file(module)
+    actual = module_sha256 or sha256_file(module)
     if actual != pin["sha256"]:
         raise PinError(
             f"{module} has sha256 {actual}, but its pin says {pin['sha256']}: the module was changed after it "

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import attrs
 
-from pp4 import actionkey
+from pp4 import actionkey, inputsets
 from pp4.actionkey import CompileArgs, FileHasher
 from pp4.compilerenv import compiler_env
 from pp4.launch import Limits, apply, command_for
@@ -72,6 +72,9 @@ class Reuser:
     def __init__(self, cfg: ReuseConfig, env: dict[str, str] | None = None):
         self.cfg = cfg
         self.hasher = FileHasher()
+        self.sets = inputsets.SetChecker(self.hasher)
+        self.state_sets = Path(cfg.state_dir) / "inputsets"
+        self.store_sets = Path(cfg.store) / "inputsets" if cfg.store else None
         self.store_problem: str | None = None  # why a configured store cannot be used
         try:
             self.store = Store(cfg.store) if cfg.store else None
@@ -121,11 +124,15 @@ class Reuser:
                 continue  # a damaged manifest entry (manifests have no checksum): never trust it
             if entry.get("uses_erasable") and entry.get("erased") != erased:
                 continue  # an input mentions the module name or internals id: values must match
-            inputs = [(actionkey.from_src(p, root), sha) for p, sha in entry["inputs"]]
-            if any(self.hasher.sha256(p) != sha for p, sha in inputs):
+            own = [(actionkey.from_src(p, root), sha) for p, sha in entry["inputs"]]
+            if any(self.hasher.sha256(p) != sha for p, sha in own):
                 continue
+            if not all(self.sets.matches(self.store_sets, sid) for sid in entry["input_sets"]):
+                continue  # a shared header changed (or the set is gone or damaged)
             recorded = {actionkey.from_src(p, root) for p in entry.get("shadows", [])}
-            now = actionkey.shadow_candidates([p for p, _ in inputs], args.search_dirs, self.hasher)
+            now = set(actionkey.shadow_candidates([p for p, _ in own], args.search_dirs, self.hasher))
+            for sid in entry["input_sets"]:
+                now.update(self.sets.shadows(self.store_sets, sid, tuple(args.search_dirs)))
             if any(c not in recorded for c in now):
                 continue  # a header appeared that the compiler would now find first
             try:
@@ -150,6 +157,10 @@ class Reuser:
         except (CorruptObject, ObjectMissing):
             return False
         deps = [actionkey.from_src(p, root) for p, _ in hit.entry["inputs"]]
+        for sid in hit.entry["input_sets"]:
+            deps += self.sets.paths(self.store_sets, sid)
+            # the build's own copy, for its events and certificate
+            inputsets.write(self.state_sets, self.sets.load(self.store_sets, sid))
         Path(args.depfile).write_text(actionkey.format_depfile(args.output, deps))
         return True
 
@@ -157,13 +168,14 @@ class Reuser:
 
     def store_compile(self, args: CompileArgs, started: float, duration: float) -> dict:
         """Store a fresh object. Returns the event fields: action key (None when not stored, with
-        the reason), the inputs with their hashes, the object's sha256."""
+        the reason), the own inputs with their hashes and the input sets, the object's sha256."""
         mkey, root, normalized, erased = self.keys(args)
         deps = [os.path.abspath(p) for p in actionkey.parse_depfile(Path(args.depfile).read_text())]
         hashes = [self.hasher.sha256(p) for p in deps]
-        inputs = [[actionkey.to_src(p, root), sha] for p, sha in zip(deps, hashes)]
+        own, shared = inputsets.split([[actionkey.to_src(p, root), sha] for p, sha in zip(deps, hashes)])
+        sets = [inputsets.write(self.state_sets, shared)]
         sha, _ = hash_file(args.output)
-        result = {"action_key": None, "inputs": inputs, "object_sha256": sha, "not_stored": None}
+        result = {"action_key": None, "inputs": own, "input_sets": sets, "object_sha256": sha, "not_stored": None}
         if self.store is None:
             return dict(result, not_stored=self.store_problem or "reuse is off")
         for p, h in zip(deps, hashes):
@@ -175,13 +187,13 @@ class Reuser:
             except OSError:
                 return dict(result, not_stored=f"{p} vanished during the compile")
         uses = any(self.hasher.mentions(p, name.encode()) for p in deps for name in self.cfg.erasable)
-        akey = actionkey.action_key(mkey, inputs, erased if uses else None)
+        akey = actionkey.action_key(mkey, own, sets, erased if uses else None)
         shadows = [actionkey.to_src(c, root) for c in actionkey.shadow_candidates(deps, args.search_dirs, self.hasher)]
-        payload = {"manifest_key": mkey, "command": normalized, "inputs": inputs, "erased": erased,
+        payload = {"manifest_key": mkey, "command": normalized, "inputs": own, "input_sets": sets, "erased": erased,
                    "uses_erasable": uses, "shadows": shadows, "toolchain": self.toolchain_id,
                    "compiled_for": {"output": os.path.abspath(args.output), "root": root},
                    "duration_s": round(duration, 3)}
-        entry = {"action_key": akey, "inputs": inputs, "shadows": shadows, "uses_erasable": uses,
+        entry = {"action_key": akey, "inputs": own, "input_sets": sets, "shadows": shadows, "uses_erasable": uses,
                  "erased": erased if uses else None}
         existing = self.store.lookup(akey)
         if existing is not None:
@@ -191,6 +203,13 @@ class Reuser:
             self._add_to_manifest(mkey, entry)
             twin = (existing.payload.get("compiled_for") or {}).get("output")
             return dict(result, not_stored=f"the store already holds this action's object, compiled for {twin}")
+        try:
+            # the set first: an entry or record must never name a set the store lacks
+            inputsets.write(self.store_sets, shared)
+        except OSError as e:
+            print(f"pp4.reuse: warning: cannot write an input set into the store ({e.strerror}); "
+                  "the object was built, it is just not stored", file=sys.stderr)
+            return dict(result, not_stored=f"cannot write its input set ({e.strerror})")
         try:
             record = self.store.put(akey, args.output, payload)
         except StoreError as e:
@@ -267,6 +286,7 @@ class Reuser:
         payload = hit.record.payload
         self.event(args, status="reused", via=via, action_key=hit.entry["action_key"],
                    object_sha256=hit.record.object_sha256, inputs=hit.entry["inputs"],
+                   input_sets=hit.entry["input_sets"],
                    reused_from=payload.get("compiled_for"), compile_duration_s=payload.get("duration_s"),
                    restore_duration_s=round(seconds, 4), toolchain=self.toolchain_id)
 
@@ -304,8 +324,10 @@ def sound_entry(mkey: str, entry) -> bool:
     byte in a manifest must never lead the lookup to another action's object."""
     try:
         return (all(isinstance(p, str) and isinstance(h, str) for p, h in entry["inputs"])
+                and all(isinstance(s, str) for s in entry["input_sets"])
                 and all(isinstance(p, str) for p in entry.get("shadows", []))
-                and actionkey.action_key(mkey, entry["inputs"], entry.get("erased")) == entry["action_key"])
+                and actionkey.action_key(mkey, entry["inputs"], entry["input_sets"], entry.get("erased"))
+                == entry["action_key"])
     except (TypeError, ValueError, KeyError, AttributeError):
         return False
 
@@ -373,7 +395,7 @@ def _compile(cfg: ReuseConfig, reuser: Reuser, args: CompileArgs, argv: list[str
 
 
 def prepass(cfg: ReuseConfig, actions_file: Path, stamp: Path) -> int:
-    t0 = time.monotonic()
+    t0, cpu0 = time.monotonic(), time.process_time()
     actions = json.loads(actions_file.read_text())["actions"]
     reuser = Reuser(cfg)
     restored = checked = 0
@@ -402,13 +424,17 @@ def prepass(cfg: ReuseConfig, actions_file: Path, stamp: Path) -> int:
         except (OSError, ValueError):
             continue
         deps.update(actionkey.from_src(p, doc.get("root")) for p, _ in doc.get("inputs", []))
+        for sid in doc.get("input_sets", []):
+            deps.update(reuser.sets.paths(reuser.state_sets, sid))
     stamp.parent.mkdir(parents=True, exist_ok=True)
     Path(str(stamp) + ".d").write_text(actionkey.format_depfile(str(stamp), sorted(deps)))
+    cpu = time.process_time() - cpu0
     stamp.write_text(json.dumps({"checked": checked, "restored": restored,
-                                 "seconds": round(time.monotonic() - t0, 3)}) + "\n")
+                                 "seconds": round(time.monotonic() - t0, 3), "cpu_seconds": round(cpu, 3),
+                                 "input_sets": len(reuser.sets._sets)}) + "\n")
     if checked:
         print(f"pp4.reuse: {restored} of {checked} missing objects restored from the store "
-              f"in {time.monotonic() - t0:.2f} s")
+              f"in {time.monotonic() - t0:.2f} s ({cpu:.2f} CPU-s)")
     return 0
 
 

@@ -24,6 +24,7 @@ import pytest
 
 from conftest import REPO
 from pp4 import actionkey, audit
+from pp4 import certificate as pp4_certificate
 from pp4.store import Store
 from test_build import FIXTURE, ninja_bin, run
 
@@ -89,8 +90,8 @@ def assert_no_wrong_object(work: Path, reference: dict[str, bytes], builddir: st
         assert diff == [], f"WRONG OBJECT {path}: differs from a fresh compile at bytes {diff}"
     cert = certificate(work, builddir)
     for o in cert["objects"]:
-        for p, sha in o["inputs"]:
-            assert actionkey.FileHasher().sha256(actionkey.from_src(p, o.get("root"))) == sha
+        for p, sha in pp4_certificate.object_inputs(cert, o):
+            assert actionkey.FileHasher().sha256(p) == sha
 
 
 def wait_for(predicate, timeout: float, what: str):

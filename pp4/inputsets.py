@@ -1,0 +1,128 @@
+"""Input sets: the inputs of a compile that lie outside its extension's tree, stored once by hash.
+
+An EXL3 unit names about 1,400 inputs, nearly all of them the same torch, CUDA, Python and system
+headers as its neighbours'. Written out in full into every manifest entry, store record, event and
+certificate object, those lists made a restore, a variant's reuse checks and an audit parse, hash
+and compare some 270,000 entries per variant. Kept as a set, named by the sha256 of its canonical
+text, each distinct list is written once, and read, checked against the files and searched for
+shadowing headers once per process. An action key still covers every byte of every input: it
+hashes the set's name, which is the hash of the set's content, which holds every input's sha256.
+
+Sets live in a directory of their own in the store (for manifests) and in the build's state
+directory (for events and the certificate). A set whose bytes do not hash to its name is never used.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+from pp4.actionkey import FileHasher, shadow_candidates
+
+SRC = "$SRC"  # inputs under the extension's own source root; they stay inline
+
+
+def split(inputs: list[list[str]]) -> tuple[list[list[str]], list[list[str]]]:
+    """(own, shared): inputs under the extension's root ($SRC paths) keep their order; the rest
+    form the shared set."""
+    own = [list(i) for i in inputs if i[0].startswith(SRC)]
+    shared = [list(i) for i in inputs if not i[0].startswith(SRC)]
+    return own, shared
+
+
+def canonical(shared: list[list[str]]) -> bytes:
+    return json.dumps(sorted(map(list, shared)), separators=(",", ":")).encode()
+
+
+def set_id(shared: list[list[str]]) -> str:
+    return hashlib.sha256(canonical(shared)).hexdigest()
+
+
+def path_of(directory: str | Path, sid: str) -> Path:
+    return Path(directory) / sid[:2] / f"{sid}.json"
+
+
+def write(directory: str | Path, shared: list[list[str]]) -> str:
+    """Store a set (once: an existing file with this name has these bytes) and return its name."""
+    data = canonical(shared)
+    sid = hashlib.sha256(data).hexdigest()
+    path = path_of(directory, sid)
+    if not _intact(path, sid):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        try:
+            tmp.write_bytes(data)
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+    return sid
+
+
+def read(directory: str | Path, sid: str) -> list[list[str]] | None:
+    """The set, or None when it is missing or its bytes do not hash to its name."""
+    try:
+        data = path_of(directory, sid).read_bytes()
+    except OSError:
+        return None
+    if hashlib.sha256(data).hexdigest() != sid:
+        return None
+    try:
+        doc = json.loads(data)
+    except ValueError:
+        return None
+    if not (isinstance(doc, list) and all(isinstance(e, list) and len(e) == 2 and isinstance(e[0], str)
+                                          and (e[1] is None or isinstance(e[1], str)) for e in doc)):
+        return None
+    return doc
+
+
+def _intact(path: Path, sid: str) -> bool:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest() == sid
+    except OSError:
+        return False
+
+
+class SetChecker:
+    """Per-process answers about sets: their content, whether every file still has its recorded
+    bytes, and which headers would now shadow one of theirs. Each is worked out once per set."""
+
+    def __init__(self, hasher: FileHasher):
+        self.hasher = hasher
+        self._sets: dict[str, list[list[str]] | None] = {}
+        self._match: dict[str, bool] = {}
+        self._shadows: dict[tuple[str, tuple[str, ...]], list[str]] = {}
+
+    def load(self, directory: str | Path, sid: str) -> list[list[str]] | None:
+        if sid not in self._sets:
+            self._sets[sid] = read(directory, sid)
+        return self._sets[sid]
+
+    def matches(self, directory: str | Path, sid: str) -> bool:
+        if sid not in self._match:
+            entries = self.load(directory, sid)
+            self._match[sid] = entries is not None and all(self.hasher.sha256(p) == h for p, h in entries)
+        return self._match[sid]
+
+    def paths(self, directory: str | Path, sid: str) -> list[str]:
+        return [p for p, _ in self.load(directory, sid) or []]
+
+    def shadows(self, directory: str | Path, sid: str, search_dirs: tuple[str, ...]) -> list[str]:
+        key = (sid, tuple(search_dirs))
+        if key not in self._shadows:
+            self._shadows[key] = shadow_candidates(self.paths(directory, sid), key[1], self.hasher)
+        return self._shadows[key]
+
+
+def verify(directory: str | Path, repair: bool) -> list[tuple[str, str, bool]]:
+    """Damaged sets in a directory: (path, what is wrong, removed). A removed set only turns the
+    entries that name it into misses."""
+    damage = []
+    for path in sorted(Path(directory).glob("*/*.json")):
+        if read(directory, path.stem) is None:
+            if repair:
+                path.unlink(missing_ok=True)
+            damage.append((str(path), "its bytes do not hash to its name", repair))
+    return damage
