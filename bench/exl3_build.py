@@ -12,7 +12,8 @@ and adds to it (one entry per phase name; a phase run again keeps its earlier re
     torch-noop         a new process calling load() again on torch-cold's directory
     torch-facc         load() of the facc variant (exllamav3_ext_facc), empty build directory
     ccache-cold        load() with ccache wrapping nvcc (PYTORCH_NVCC) and the C++ compiler (CXX: a g++
-                       link to ccache), empty cache (WORK/ccache), empty build directory
+                       script running ccache with torch's own $CXX or c++), empty cache (WORK/ccache),
+                       empty build directory
     ccache-rebuild     the same, warm cache, a new empty build directory
     ccache-noop        a new process calling load() again on ccache-rebuild's directory
     ccache-facc        load() of the facc variant, warm cache (stock objects in it), new build directory
@@ -313,11 +314,17 @@ class Bench:
     # -- environments ------------------------------------------------------------------------
 
     def torch_env(self) -> dict:
-        """Plain torch: no compiler wrapper (torch 2.14 puts ccache or sccache in front of the
-        compilers by itself when one is on PATH, unless TORCH_NO_COMPILER_WRAPPER is set)."""
-        env = {k: v for k, v in self.env.items() if not k.startswith("CCACHE_") and k not in ("PYTORCH_NVCC", "CXX")}
+        """Plain torch, with the environment's compilers (CXX, and CC, which torch gives nvcc as
+        -ccbin), and no compiler wrapper: torch >= 2.10 puts ccache or sccache in front of the
+        compilers by itself when one is on PATH, unless TORCH_NO_COMPILER_WRAPPER is set."""
+        env = {k: v for k, v in self.env.items() if not k.startswith("CCACHE_") and k != "PYTORCH_NVCC"}
         env["TORCH_NO_COMPILER_WRAPPER"] = "1"
         return env
+
+    def real_cxx(self) -> str:
+        """The C++ compiler plain torch runs: $CXX, else c++ (torch.utils.cpp_extension.get_cxx_compiler)."""
+        cxx = self.env.get("CXX") or "c++"
+        return shutil.which(cxx, path=self.env.get("PATH")) or cxx
 
     @property
     def ccache(self) -> Path:
@@ -329,11 +336,19 @@ class Bench:
 
     def ccache_env(self) -> dict:
         env = self.torch_env()
-        link_dir = self.work / "ccache-bin"
-        link_dir.mkdir(exist_ok=True)
-        _symlink(link_dir / "g++", self.ccache)  # masquerade: ccache runs the next g++ on PATH
+        # CXX: a g++ that runs `ccache REAL_CXX ...`, REAL_CXX being the compiler plain torch runs
+        # (a script, not a link to ccache: a masquerading ccache would look g++ up on PATH, which
+        # need not be $CXX). torch takes $CXX as one word, so a wrapper has to be a file.
+        wrap_dir = self.work / "ccache-bin"
+        wrap_dir.mkdir(exist_ok=True)
+        wrapper = wrap_dir / "g++"
+        text = f'#!/bin/sh\nexec {shlex.quote(str(self.ccache))} {shlex.quote(self.real_cxx())} "$@"\n'
+        if wrapper.is_symlink() or not wrapper.exists() or wrapper.read_text() != text:
+            wrapper.unlink(missing_ok=True)
+            wrapper.write_text(text)
+            wrapper.chmod(0o755)
         nvcc = str(self.nvcc or "nvcc")
-        env.update(PYTORCH_NVCC=f"{shlex.quote(str(self.ccache))} {shlex.quote(nvcc)}", CXX=str(link_dir / "g++"),
+        env.update(PYTORCH_NVCC=f"{shlex.quote(str(self.ccache))} {shlex.quote(nvcc)}", CXX=str(wrapper),
                    CCACHE_DIR=str(self.work / "ccache"), CCACHE_BASEDIR=str(self.work / "ccache-src"),
                    CCACHE_MAXSIZE=self.args.ccache_maxsize)
         if self.args.ccache_log:
@@ -537,6 +552,8 @@ class Bench:
             "jobs": self.args.jobs, "arch": self.args.arch, "cuda_home": str(self.args.cuda_home),
             "nvcc": _first_line([str(self.nvcc), "--version"], last=True) if self.nvcc else None,
             "gxx": _first_line(["g++", "--version"]), "ccache_on_path": shutil.which("ccache", path=self.env["PATH"]),
+            "CXX": os.environ.get("CXX"), "CC": os.environ.get("CC"), "cxx_torch_runs": self.real_cxx(),
+            "cxx_version": _first_line([self.real_cxx(), "--version"]),
             "limit_units": self.args.limit_units, "units": self.units})
         self.results.save()
         for phase in phases:
@@ -691,7 +708,8 @@ def render_table(doc: dict) -> str:
     if calls:
         c = calls[-1]
         out.append(f"Last call: {c.get('host')}, {c.get('nproc')} cores, -j {c.get('jobs')}, arch {c.get('arch')}, "
-                   f"nvcc: {c.get('nvcc')}, g++: {c.get('gxx')}")
+                   f"nvcc: {c.get('nvcc')}; C++ compiler (torch's, and ccache's): {c.get('cxx_torch_runs')} "
+                   f"({c.get('cxx_version')}); CC (nvcc's -ccbin): {c.get('CC')}")
     torch_v = next((r.get("torch") for r in phases.values() if isinstance(r, dict) and r.get("torch")), None)
     if torch_v:
         out.append(f"torch {torch_v}")
