@@ -6,8 +6,8 @@
 #   bash bench/h200_table.sh CALL [RESULTS_JSON]    (device tool; writes into $OUT)
 #
 #   CALL 1: torch-cold, pp4-cold, pp4-noop
-#        2: ccache-cold, ccache-rebuild, ccache-noop, torch-noop, pp4-restore-stock, pp4-noop
-#        3: pp4-facc, pp4-audit
+#        2: pp4-restore-stock, pp4-facc, pp4-audit, pp4-noop-all
+#        3: ccache-cold, ccache-rebuild, ccache-noop, torch-noop
 #        4: ccache-facc, torch-facc (torch-facc only if the deadline allows)
 #        rest: every phase still missing, in that order, as far as time allows
 # RESULTS_JSON: results.json of the earlier calls, taken only when /tmp/w has none (a fresh machine:
@@ -42,8 +42,8 @@ collect() {
 trap collect EXIT
 case $CALL in
   1) PHASES=torch-cold,pp4-cold,pp4-noop; EXTRA=() ;;
-  2) PHASES=ccache-cold,ccache-rebuild,ccache-noop,torch-noop,pp4-restore-stock,pp4-noop; EXTRA=() ;;
-  3) PHASES=pp4-facc,pp4-audit; EXTRA=() ;;
+  2) PHASES=pp4-restore-stock,pp4-facc,pp4-audit,pp4-noop-all; EXTRA=() ;;
+  3) PHASES=ccache-cold,ccache-rebuild,ccache-noop,torch-noop; EXTRA=() ;;
   4) PHASES=ccache-facc,torch-facc; EXTRA=() ;;
   rest) PHASES=all; EXTRA=(--skip-done) ;;
   *) echo "unknown call $CALL: 1, 2, 3, 4 or rest" >&2; exit 2 ;;
