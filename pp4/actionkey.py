@@ -194,11 +194,21 @@ def parse_depfile(text: str) -> list[str]:
     return list(dict.fromkeys(deps))
 
 
-def format_depfile(output: str, deps: list[str]) -> str:
-    def esc(p: str) -> str:
-        return p.replace("\\", "\\\\").replace(" ", "\\ ").replace("#", "\\#").replace("$", "$$")
+def _depfile_escape(p: str) -> str:
+    return p.replace("\\", "\\\\").replace(" ", "\\ ").replace("#", "\\#").replace("$", "$$")
 
-    return esc(output) + ": " + " \\\n  ".join(esc(d) for d in deps) + "\n"
+
+def depfile_body(deps: list[str]) -> str:
+    """The prerequisites part of a dependency file; bodies of several lists join with DEPFILE_JOIN."""
+    return DEPFILE_JOIN.join(_depfile_escape(d) for d in deps)
+
+
+DEPFILE_JOIN = " \\\n  "
+
+
+def format_depfile(output: str, deps: list[str] | None = None, bodies: list[str] | None = None) -> str:
+    parts = ([depfile_body(deps)] if deps else []) + [b for b in bodies or [] if b]
+    return _depfile_escape(output) + ": " + DEPFILE_JOIN.join(parts) + "\n"
 
 
 def shadow_candidates(inputs: list[str], search_dirs: tuple[str, ...], hasher: FileHasher) -> list[str]:

@@ -19,7 +19,7 @@ import json
 import os
 from pathlib import Path
 
-from pp4.actionkey import FileHasher, shadow_candidates
+from pp4.actionkey import FileHasher, depfile_body, shadow_candidates
 
 SRC = "$SRC"  # inputs under the extension's own source root; they stay inline
 
@@ -94,6 +94,7 @@ class SetChecker:
         self._sets: dict[str, list[list[str]] | None] = {}
         self._match: dict[str, bool] = {}
         self._shadows: dict[tuple[str, tuple[str, ...]], list[str]] = {}
+        self._depfile_bodies: dict[str, str] = {}
 
     def load(self, directory: str | Path, sid: str) -> list[list[str]] | None:
         if sid not in self._sets:
@@ -108,6 +109,13 @@ class SetChecker:
 
     def paths(self, directory: str | Path, sid: str) -> list[str]:
         return [p for p, _ in self.load(directory, sid) or []]
+
+    def depfile_body(self, directory: str | Path, sid: str) -> str:
+        """The set's paths, escaped for a dependency file: every restored object of a build that
+        shares the set writes the same 1,400 names."""
+        if sid not in self._depfile_bodies:
+            self._depfile_bodies[sid] = depfile_body(self.paths(directory, sid))
+        return self._depfile_bodies[sid]
 
     def shadows(self, directory: str | Path, sid: str, search_dirs: tuple[str, ...]) -> list[str]:
         key = (sid, tuple(search_dirs))

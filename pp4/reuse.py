@@ -74,6 +74,7 @@ class Reuser:
         self.hasher = FileHasher()
         self.sets = inputsets.SetChecker(self.hasher)
         self.state_sets = Path(cfg.state_dir) / "inputsets"
+        self._in_state: set[str] = set()  # sets this process made sure the build's state dir holds
         self.store_sets = Path(cfg.store) / "inputsets" if cfg.store else None
         self.store_problem: str | None = None  # why a configured store cannot be used
         try:
@@ -157,11 +158,12 @@ class Reuser:
         except (CorruptObject, ObjectMissing):
             return False
         deps = [actionkey.from_src(p, root) for p, _ in hit.entry["inputs"]]
+        bodies = [self.sets.depfile_body(self.store_sets, sid) for sid in hit.entry["input_sets"]]
         for sid in hit.entry["input_sets"]:
-            deps += self.sets.paths(self.store_sets, sid)
-            # the build's own copy, for its events and certificate
-            inputsets.write(self.state_sets, self.sets.load(self.store_sets, sid))
-        Path(args.depfile).write_text(actionkey.format_depfile(args.output, deps))
+            if sid not in self._in_state:  # the build's own copy, for its events and certificate
+                inputsets.write(self.state_sets, self.sets.load(self.store_sets, sid))
+                self._in_state.add(sid)
+        Path(args.depfile).write_text(actionkey.format_depfile(args.output, deps, bodies))
         return True
 
     # -- store ------------------------------------------------------------------------------
@@ -417,6 +419,7 @@ def prepass(cfg: ReuseConfig, actions_file: Path, stamp: Path) -> int:
     # The stamp's dependencies: every input of every compile seen so far, so that an edit of any of
     # them runs the prepass again before the compiles that ninja will then find out of date.
     deps: set[str] = set()
+    set_ids: set[str] = set()
     for action in actions:
         ev = event_path(cfg.state_dir, action["output"])
         try:
@@ -424,8 +427,9 @@ def prepass(cfg: ReuseConfig, actions_file: Path, stamp: Path) -> int:
         except (OSError, ValueError):
             continue
         deps.update(actionkey.from_src(p, doc.get("root")) for p, _ in doc.get("inputs", []))
-        for sid in doc.get("input_sets", []):
-            deps.update(reuser.sets.paths(reuser.state_sets, sid))
+        set_ids.update(doc.get("input_sets", []))
+    for sid in set_ids:
+        deps.update(reuser.sets.paths(reuser.state_sets, sid))
     stamp.parent.mkdir(parents=True, exist_ok=True)
     Path(str(stamp) + ".d").write_text(actionkey.format_depfile(str(stamp), sorted(deps)))
     cpu = time.process_time() - cpu0
