@@ -1,0 +1,153 @@
+#!/usr/bin/env python3
+"""The reuse prepass at EXL3 scale on a machine that cannot compile EXL3: pp4 checkouts side by side.
+
+An EXL3 rebuild restores 194 objects (264 with the facc objects the rule allows) whose units name
+about 1,400 inputs each, nearly all the same torch headers, in a few dozen distinct combinations (the
+H200 run counted 41). This bench builds that shape without a compiler: real header files from torch's
+include tree as the shared inputs (NSETS overlapping sets of SHARED headers), a real source and
+project headers per unit, and objects of random bytes (the prepass copies and hashes them; their
+content does not change its cost). Each unit is stored through the checkout's own Reuser, exactly as
+a compile would store it, then the objects are deleted and the checkout's prepass restores them all,
+twice (the second on a warm page cache and warm store is reported).
+
+    python bench/prepass_scale.py [--units 264] [--sets 41] [--shared 1400] [--against REV ...]
+
+--against REV runs the same units through pp4 at that git revision (a worktree under /tmp) in the
+same run, so the figures compare like with like on one machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def child(work: Path, units: int, nsets: int, shared_n: int, object_kib: int) -> dict:
+    import torch  # noqa: F401 - only to find its headers; pp4 itself never imports it here
+
+    from pp4 import reuse
+    from pp4.actionkey import parse_compile
+
+    inc = Path(torch.__file__).parent / "include"
+    api = inc / "torch" / "csrc" / "api" / "include"
+    pool = sorted(str(p) for p in inc.rglob("*.h"))
+    rnd = random.Random(7)
+    rnd.shuffle(pool)
+    base, spare = pool[:shared_n], pool[shared_n:]
+    sets = []
+    for k in range(nsets):  # overlapping sets: each swaps a few headers of the base for others
+        s = list(base)
+        for j in range(5):
+            s[(k * 5 + j) % shared_n] = spare[(k * 5 + j) % len(spare)]
+        sets.append(s)
+    src = work / "src"
+    (src / "include").mkdir(parents=True)
+    project = []
+    for j in range(40):
+        p = src / "include" / f"h{j}.cuh"
+        p.write_text(f"#pragma once\n#define H{j} {j}\n")
+        project.append(str(p))
+    build = work / "build"
+    state = build / ".pp4"
+    store = work / "store"
+    config = {"limits": {"address_space": None, "cpus": None, "nice": 0, "nvcc_threads": 1, "tmpdir": str(build / "tmp")},
+              "reuse": {"erasable": ["PYBIND11_STDLIB", "TORCH_EXTENSION_NAME"], "roots": [str(src)],
+                        "state_dir": str(state), "store": str(store),
+                        "toolchain": {"bin/nvcc": "0" * 64}}}
+    build.mkdir()
+    (build / "pp4.json").write_text(json.dumps(config))
+    cfg = reuse.ReuseConfig.load(build / "pp4.json")
+    actions = []
+    old = time.time() - 3600
+    for p in project:
+        os.utime(p, (old, old))
+    reuser = reuse.Reuser(cfg)
+    for i in range(units):
+        unit = src / f"unit{i}.cu"
+        unit.write_text(f"// unit {i}\n")
+        os.utime(unit, (old, old))
+        out, dep = build / "obj" / f"unit{i}.cu.o", build / "obj" / f"unit{i}.cu.o.d"
+        out.parent.mkdir(exist_ok=True)
+        argv = ["nvcc", "-c", str(unit), "-o", str(out), "-MD", "-MF", str(dep), "-I", str(src / "include"),
+                "-isystem", str(inc), "-isystem", str(api), "-O3", "--use_fast_math", "-std=c++17"]
+        deps = [str(unit)] + rnd.sample(project, 8) + sets[i % nsets]
+        dep.write_text(f"{out}: " + " \\\n  ".join(deps) + "\n")
+        out.write_bytes(rnd.randbytes(object_kib * 1024))
+        args = parse_compile(argv)
+        stored = reuser.store_compile(args, time.time() + 10, 30.0)
+        assert stored["action_key"], stored
+        reuser.event(args, status="compiled", compile_duration_s=30.0, toolchain=reuser.toolchain_id, **stored)
+        actions.append({"argv": argv, "output": str(out)})
+    actions_file = build / "actions.json"
+    actions_file.write_text(json.dumps({"actions": actions}))
+    runs = []
+    for _ in range(2):
+        for a in actions:
+            Path(a["output"]).unlink()
+        stamp = state / "prepass.stamp"
+        cpu0, t0 = time.process_time(), time.monotonic()
+        reuse.prepass(cfg, actions_file, stamp)
+        runs.append({"cpu_s": round(time.process_time() - cpu0, 3), "wall_s": round(time.monotonic() - t0, 3),
+                     "restored": sum(Path(a["output"]).exists() for a in actions)})
+        for a in actions:
+            Path(a["output"] + reuse.MARKER_SUFFIX).unlink(missing_ok=True)
+    return {"units": units, "sets": nsets, "shared_inputs": shared_n, "object_kib": object_kib, "runs": runs}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--units", type=int, default=264)
+    ap.add_argument("--sets", type=int, default=41)
+    ap.add_argument("--shared", type=int, default=1400)
+    ap.add_argument("--object-kib", type=int, default=500)
+    ap.add_argument("--against", action="append", default=[], metavar="REV")
+    ap.add_argument("--child", type=Path, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        print(json.dumps(child(args.child, args.units, args.sets, args.shared, args.object_kib)))
+        return 0
+    checkouts = [("HEAD (this checkout)", REPO)]
+    tmp = Path(tempfile.mkdtemp(prefix="pp4-prepass-"))
+    try:
+        for rev in args.against:
+            wt = tmp / f"rev-{rev}"
+            subprocess.run(["git", "-C", str(REPO), "worktree", "add", "-q", "--detach", str(wt), rev], check=True)
+            checkouts.append((rev, wt))
+        results = []
+        for name, path in checkouts:
+            work = tmp / f"work-{len(results)}"
+            work.mkdir()
+            proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child", str(work),
+                                   "--units", str(args.units), "--sets", str(args.sets), "--shared", str(args.shared),
+                                   "--object-kib", str(args.object_kib)],
+                                  env=dict(os.environ, PYTHONPATH=str(path)), capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise SystemExit(f"{name}: {proc.stderr[-3000:]}")
+            doc = json.loads(proc.stdout.strip().splitlines()[-1])
+            results.append((name, doc))
+        print(f"prepass restoring {args.units} objects ({args.shared} shared inputs in {args.sets} sets, "
+              f"{args.object_kib} KiB each); warm run:")
+        first = results[0][1]["runs"][1]["cpu_s"]
+        for name, doc in results:
+            r = doc["runs"][1]
+            print(f"  {name:24} {r['cpu_s']:7.3f} CPU-s {r['wall_s']:7.3f} s wall, {r['restored']} restored, "
+                  f"{r['cpu_s'] / first:.2f}x HEAD's CPU")
+    finally:
+        for _, path in checkouts[1:]:
+            subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(path)], capture_output=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
