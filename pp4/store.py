@@ -475,7 +475,9 @@ class Store:
         if os.environ.get(TEST_PAUSE_ENV) != step:
             return
         marker = os.environ.get(TEST_PAUSE_MARKER_ENV) or str(self.root / f"test-paused-at-{step}")
-        Path(marker).write_text(str(os.getpid()))
+        # Written whole, then renamed: a test polling for the marker must never read it half-written.
+        Path(marker + ".tmp").write_text(str(os.getpid()))
+        os.replace(marker + ".tmp", marker)
         time.sleep(300)
 
     # ------------------------------------------------------------ lookup
