@@ -120,19 +120,18 @@ def main(argv: list[str] | None = None) -> int:
             return EXIT_OK
         report = store.verify(repair=args.repair)
         print(format_verify(report))
-        # The reuse rule's manifests (an index from commands to actions) live in the store too.
-        from pp4.reuse import verify_manifests
-
+        # The reuse rule's manifests (an index from commands to actions) and the input sets they
+        # name live in the store too.
         from pp4 import inputsets
+        from pp4.reuse import verify_manifests
 
         manifest_damage = verify_manifests(root, args.repair)
         for path, detail, repaired in manifest_damage:
             print(f"  DAMAGE manifest-invalid: {path}: {detail} [{'repaired' if repaired else 'left in place'}]")
-        set_damage = inputsets.verify(Path(root) / "inputsets", args.repair)
+        set_damage = inputsets.verify(inputsets.directory(root), args.repair)
         for path, detail, repaired in set_damage:
             print(f"  DAMAGE inputset-invalid: {path}: {detail} [{'removed' if repaired else 'left in place'}]")
-        manifest_damage += set_damage
-        return EXIT_OK if report.ok and not manifest_damage else EXIT_DAMAGE
+        return EXIT_OK if report.ok and not manifest_damage and not set_damage else EXIT_DAMAGE
     except StoreError as exc:
         print(f"pp4.cache: error: {exc}", file=sys.stderr)
         return EXIT_ERROR

@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from pp4 import inputsets, pin, reuse
+from pp4 import actionkey, inputsets, pin, reuse
 from pp4.store import hash_file
 from pp4.toolchain import read_manifest
 
@@ -54,7 +54,7 @@ def read(certificate: Path) -> tuple[dict, str]:
 
 def object_inputs(doc: dict, obj: dict) -> list[tuple[str, str | None]]:
     """Every input of one object, as (absolute path, sha256): its own and those of its sets."""
-    own = [(p.replace("$SRC", obj["root"]) if obj.get("root") else p, h) for p, h in obj["inputs"]]
+    own = [(actionkey.from_src(p, obj.get("root")), h) for p, h in obj["inputs"]]
     return own + [(p, h) for sid in obj.get("input_sets", []) for p, h in doc["input_sets"][sid]]
 
 
@@ -63,6 +63,7 @@ def write(config_path: Path, actions_path: Path, out: Path) -> str:
     state_dir = config["reuse"]["state_dir"]
     actions = json.loads(actions_path.read_text())["actions"]
     objects, problems, sets = [], [], {}
+    sets_dir = inputsets.directory(state_dir)
     for action in actions:
         ev_path = reuse.event_path(state_dir, action["output"])
         try:
@@ -82,10 +83,10 @@ def write(config_path: Path, actions_path: Path, out: Path) -> str:
         })
         for sid in ev.get("input_sets", []):
             if sid not in sets:
-                sets[sid] = inputsets.read(Path(state_dir) / "inputsets", sid)
+                sets[sid] = inputsets.read(sets_dir, sid)
                 if sets[sid] is None:
                     problems.append(f"{action['output']}: its input set {sid} is missing or damaged in "
-                                    f"{Path(state_dir) / 'inputsets'}: rebuild it (delete the object first)")
+                                    f"{sets_dir}: rebuild it (delete the object first)")
     if problems:
         raise CertificateError("cannot certify this build:\n  " + "\n  ".join(problems))
     modules = _modules(actions, out)

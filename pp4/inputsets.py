@@ -40,6 +40,11 @@ def set_id(shared: list[list[str]]) -> str:
     return hashlib.sha256(canonical(shared)).hexdigest()
 
 
+def directory(root: str | Path) -> Path:
+    """Where the sets of a store or of a build's state directory live."""
+    return Path(root) / "inputsets"
+
+
 def path_of(directory: str | Path, sid: str) -> Path:
     return Path(directory) / sid[:2] / f"{sid}.json"
 
@@ -106,6 +111,10 @@ class SetChecker:
             entries = self.load(directory, sid)
             self._match[sid] = entries is not None and all(self.hasher.sha256(p) == h for p, h in entries)
         return self._match[sid]
+
+    def loaded(self) -> int:
+        """How many distinct sets this process has read."""
+        return len(self._sets)
 
     def paths(self, directory: str | Path, sid: str) -> list[str]:
         return [p for p, _ in self.load(directory, sid) or []]

@@ -73,9 +73,9 @@ class Reuser:
         self.cfg = cfg
         self.hasher = FileHasher()
         self.sets = inputsets.SetChecker(self.hasher)
-        self.state_sets = Path(cfg.state_dir) / "inputsets"
+        self.state_sets = inputsets.directory(cfg.state_dir)
         self._in_state: set[str] = set()  # sets this process made sure the build's state dir holds
-        self.store_sets = Path(cfg.store) / "inputsets" if cfg.store else None
+        self.store_sets = inputsets.directory(cfg.store) if cfg.store else None
         self.store_problem: str | None = None  # why a configured store cannot be used
         try:
             self.store = Store(cfg.store) if cfg.store else None
@@ -133,7 +133,7 @@ class Reuser:
             recorded = {actionkey.from_src(p, root) for p in entry.get("shadows", [])}
             now = set(actionkey.shadow_candidates([p for p, _ in own], args.search_dirs, self.hasher))
             for sid in entry["input_sets"]:
-                now.update(self.sets.shadows(self.store_sets, sid, tuple(args.search_dirs)))
+                now.update(self.sets.shadows(self.store_sets, sid, args.search_dirs))
             if any(c not in recorded for c in now):
                 continue  # a header appeared that the compiler would now find first
             try:
@@ -158,8 +158,9 @@ class Reuser:
         except (CorruptObject, ObjectMissing):
             return False
         deps = [actionkey.from_src(p, root) for p, _ in hit.entry["inputs"]]
-        bodies = [self.sets.depfile_body(self.store_sets, sid) for sid in hit.entry["input_sets"]]
+        bodies = []
         for sid in hit.entry["input_sets"]:
+            bodies.append(self.sets.depfile_body(self.store_sets, sid))
             if sid not in self._in_state:  # the build's own copy, for its events and certificate
                 inputsets.write(self.state_sets, self.sets.load(self.store_sets, sid))
                 self._in_state.add(sid)
@@ -435,7 +436,7 @@ def prepass(cfg: ReuseConfig, actions_file: Path, stamp: Path) -> int:
     cpu = time.process_time() - cpu0
     stamp.write_text(json.dumps({"checked": checked, "restored": restored,
                                  "seconds": round(time.monotonic() - t0, 3), "cpu_seconds": round(cpu, 3),
-                                 "input_sets": len(reuser.sets._sets)}) + "\n")
+                                 "input_sets": reuser.sets.loaded()}) + "\n")
     if checked:
         print(f"pp4.reuse: {restored} of {checked} missing objects restored from the store "
               f"in {time.monotonic() - t0:.2f} s ({cpu:.2f} CPU-s)")
