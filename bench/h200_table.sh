@@ -10,6 +10,7 @@
 #        3: ccache-cold, ccache-rebuild, ccache-noop, torch-noop
 #        4: ccache-facc, torch-facc (torch-facc only if the deadline allows)
 #        rest: every phase still missing, in that order, as far as time allows
+#        5-9: the phases named in PHASES (comma-separated), e.g. PHASES=ccache-cold,pp4-cold
 # RESULTS_JSON: results.json of the earlier calls, taken only when /tmp/w has none (a fresh machine:
 # the table then says that its figures come from more than one machine).
 #
@@ -46,7 +47,8 @@ case $CALL in
   3) PHASES=ccache-cold,ccache-rebuild,ccache-noop,torch-noop; EXTRA=() ;;
   4) PHASES=ccache-facc,torch-facc; EXTRA=() ;;
   rest) PHASES=all; EXTRA=(--skip-done) ;;
-  *) echo "unknown call $CALL: 1, 2, 3, 4 or rest" >&2; exit 2 ;;
+  [5-9]) PHASES=${PHASES:?"calls 5-9 take their phases from PHASES=a,b,..."}; EXTRA=() ;;
+  *) echo "unknown call $CALL: 1, 2, 3, 4, rest, or 5-9 with PHASES=..." >&2; exit 2 ;;
 esac
 if [ "$CALL" != 1 ] && [ ! -f "$W/results.json" ]; then
   echo "WARNING: $W has no results: this is not the machine of the earlier calls; what they built is not here" >&2
@@ -66,4 +68,4 @@ left=$(( BUDGET - ($(date +%s) - start) ))
 SEEDARG=()
 [ -n "$SEED" ] && SEEDARG=(--seed "$SEED")
 $PY "$REPO/bench/exl3_build.py" --work "$W" --cuda-home "$CUDA" --wheel-dir "$REPO/.whl" -j 16 --arch 9.0 \
-  --ccache /tmp/site/bin/ccache --compilers "$COMPILERS" --deadline "$left" --call "${CALL/rest/5}" --phases "$PHASES" ${EXTRA[@]+"${EXTRA[@]}"} ${SEEDARG[@]+"${SEEDARG[@]}"}
+  --ccache /tmp/site/bin/ccache --compilers "$COMPILERS" --deadline "$left" --call "${CALL/rest/10}" --phases "$PHASES" ${EXTRA[@]+"${EXTRA[@]}"} ${SEEDARG[@]+"${SEEDARG[@]}"}

@@ -40,8 +40,8 @@ def test_argument_errors_have_exact_messages(argv, message, capsys):
 
 def test_argparse_rejects_unknown_choices(capsys):
     with pytest.raises(SystemExit):
-        cli.main(["--backend", "triton"])
-    assert "invalid choice: 'triton'" in capsys.readouterr().err
+        cli.main(["--backend", "cutlass"])
+    assert "invalid choice: 'cutlass'" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

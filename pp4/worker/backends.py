@@ -7,9 +7,13 @@ plain-torch one without touching ranks, graphs, the gate or timing.
 from __future__ import annotations
 
 import importlib
+import os
 
 import torch
 import torch.nn.functional as F
+
+from pp4.worker import sampling
+from pp4.worker.config import GREEDY, SAMPLED, SWITCH
 
 EXL3_MODULE = "exllamav3_ext"
 
@@ -24,10 +28,13 @@ class TorchBackend:
     name = "torch"
 
     ATTENTION = ("gemm", "sdpa")
+    # Whether a call needs its rotary factors gathered and its attention masks built up front.
+    reads_position_tables = True
 
     def __init__(self, device: torch.device, attention: str = "gemm"):
         if attention not in self.ATTENTION:
-            raise BackendUnavailable(f"unknown attention {attention!r} (choose gemm or sdpa)")
+            raise BackendUnavailable(f"--backend {self.name} has no attention {attention!r} "
+                                     f"(choose {', '.join(self.ATTENTION)})")
         self.device = device
         self.is_cuda = device.type == "cuda"
         self.attention_kind = attention
@@ -102,8 +109,9 @@ class TorchBackend:
         return torch.bmm(probs.view(B * H, L, S), v3).view(B, H, L, D)
 
     def attention_mask_dtype(self, model_dtype):
-        """gemm adds the mask to fp32 scores; torch's SDPA wants it in the query dtype."""
-        return torch.float32 if self.attention_kind == "gemm" else model_dtype
+        """gemm adds the mask to fp32 scores (fused builds it from positions and never reads
+        it); torch's SDPA wants it in the query dtype."""
+        return model_dtype if self.attention_kind == "sdpa" else torch.float32
 
     def _attention_sdpa(self, q, k, v, mask, scale: float):
         """torch's fused attention (memory-efficient kernel on CUDA); kept for A/B runs."""
@@ -118,6 +126,46 @@ class TorchBackend:
         gate, up = gate_up.split(channels, dim=-1)
         act = F.silu(gate)
         return act.mul_(up)
+
+    # ---------------------------------------------------------------- steps another backend may fuse
+    def embed_partial(self, tokens, vocab_to_local, embed, vocab_offset: int):
+        """Vocab-parallel embedding: own rows, the zero row for ids the other rank owns."""
+        return F.embedding(vocab_to_local[tokens.reshape(-1)], embed)
+
+    def residual_all_reduce(self, x, partials, collective):
+        """x + all_reduce(partials) (x None: the all-reduce alone)."""
+        total = collective.all_reduce(partials)
+        return total if x is None else x + total
+
+    def rope_cache_fold(self, qkv, step, cache, hq: int, hkv: int, group: int):
+        """qkv [B, T, hq + 2*hkv, D]: rotate q and k, write K and V of every position into
+        ``cache`` [2, batch, hkv, S, D] at step.positions, and return q folded to
+        [B, hkv, T*group, D] (the query heads sharing a KV head become query rows)."""
+        B, T, _, d = qkv.shape
+        self.rope_(qkv[:, :, : hq + hkv], step.cos, step.sin_signed)  # q and k heads are adjacent
+        cache[:, step.batch_rows, :, step.positions] = qkv[:, :, hq:].view(B, T, 2, hkv, d)
+        return qkv[:, :, :hq].view(B, T, hkv, group, d).permute(0, 2, 1, 3, 4).reshape(B, hkv, T * group, d)
+
+    def unfold_heads(self, att, T: int, group: int):
+        """[B, hkv, T*group, D] -> rows (b, t), columns (member, kv head, D): o's column order."""
+        B, hkv, _, d = att.shape
+        return att.view(B, hkv, T, group, d).permute(0, 2, 3, 1, 4).reshape(B * T, group * hkv * d)
+
+    def attend(self, q, cache, step, scale: float, T: int, group: int):
+        """q [B, hkv, T*group, D] against the cache -> [B*T, hq*D] in o's column order."""
+        B = q.shape[0]
+        return self.unfold_heads(self.attention(q, cache[0, :B], cache[1, :B], step.mask, scale), T, group)
+
+    # The Gumbel noise of a sampling call is made once per call (sampling.gumbel_log_exponential)
+    # and read here; see RankShard.write_gumbel_noise.
+    def shard_stats(self, logits, mode: str, noise, t1_mask, vocab_offset: int, chunks: int):
+        scores = sampling.selection_scores(logits, mode, noise, t1_mask, torch)
+        return sampling.shard_stats(logits, scores, vocab_offset, chunks, torch)
+
+    def merge_choice(self, stats, proposals, confidences, q_payload, depth: int, mode: str, t1_mask, zero):
+        """Both ranks' ShardStats -> column ``depth`` of the proposals, confidences and q payload."""
+        sampling.merge_shard_stats(stats, proposals[:, depth], confidences[:, depth], torch)
+        sampling.write_q_payload(mode, confidences[:, depth], q_payload[:, depth], t1_mask, zero, torch)
 
 
 class Exl3Backend(TorchBackend):
@@ -145,9 +193,158 @@ class Exl3Backend(TorchBackend):
         )
 
 
+class TritonBackend(TorchBackend):
+    """cuBLAS GEMMs and attention as in the torch backend; every small step between them
+    fused into Triton kernels (pp4/worker/triton_kernels.py): embedding gather, all-reduce
+    + residual add, rms norm, rope + K/V write + query fold, head unfold, silu*mul, and
+    the head's per-chunk statistics and cross-rank merge.
+
+    On a CPU it runs only under TRITON_INTERPRET=1 (the tests); numbers differ from the
+    torch backend's in the last bits (fp32 inside, one rounding), which is why exactness
+    is checked within a backend.
+    """
+
+    name = "triton"
+    MODES = {GREEDY: 0, SAMPLED: 1, SWITCH: 2}
+    # fused: split-KV attention in two Triton kernels, its output written in o's layout;
+    # gemm and sdpa: the torch backend's, for A/B runs.
+    ATTENTION = ("fused", "gemm", "sdpa")
+    ATTENTION_SPLIT = 64  # cache slots per program: 17 splits x B x hkv programs for 1088 slots
+
+    def __init__(self, device: torch.device, attention: str = "fused"):
+        if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise BackendUnavailable("--backend triton needs a CUDA device (or TRITON_INTERPRET=1 on a CPU, "
+                                     "tests only: the interpreter is very slow)")
+        try:
+            from pp4.worker import triton_kernels
+        except ImportError as exc:
+            raise BackendUnavailable(f"--backend triton needs the triton package ({exc}); "
+                                     "pip install triton, or use --backend torch") from exc
+        self.k = triton_kernels
+        super().__init__(device, attention)
+        # rope_cache_fold indexes the table by position; fused attention masks by position.
+        self.reads_position_tables = attention != "fused"
+
+    def rms_norm(self, x, weight, eps: float):
+        H = x.shape[-1]
+        x2 = x if x.dim() == 2 else x.reshape(-1, H)
+        if x2.stride(-1) != 1:
+            x2 = x2.contiguous()
+        out = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
+        self.k.rms_norm_kernel[(x2.shape[0],)](x2, weight, out, x2.stride(0), H, eps,
+                                                BLOCK=triton_block(H))
+        return out.view(x.shape)
+
+    def silu_mul(self, gate_up, channels: int):
+        rows = gate_up.shape[0]
+        out = torch.empty(rows, channels, dtype=gate_up.dtype, device=gate_up.device)
+        n = rows * channels
+        self.k.silu_mul_kernel[(triton_cdiv(n, 1024),)](gate_up, out, channels, n, BLOCK=1024)
+        return out
+
+    def embed_partial(self, tokens, vocab_to_local, embed, vocab_offset: int):
+        B, T = tokens.shape
+        H = embed.shape[1]
+        out = torch.empty(B * T, H, dtype=embed.dtype, device=embed.device)
+        self.k.embed_gather_kernel[(B * T,)](tokens, tokens.stride(0), tokens.stride(1), T, embed, out,
+                                              vocab_offset, embed.shape[0] - 1, H, BLOCK=min(1024, triton_block(H)))
+        return out
+
+    def residual_all_reduce(self, x, partials, collective):
+        if len(partials) != 2:
+            return super().residual_all_reduce(x, partials, collective)
+        p0, p1 = partials
+        out = torch.empty_like(p0)
+        n = p0.numel()
+        self.k.residual_sum_kernel[(triton_cdiv(n, 1024),)](p0 if x is None else x, p0, p1, out, n,
+                                                             HAS_X=x is not None, BLOCK=1024)
+        return out
+
+    def rope_cache_fold(self, qkv, step, cache, hq: int, hkv: int, group: int):
+        B, T, heads, d = qkv.shape
+        q = torch.empty(B, hkv, T * group, d, dtype=qkv.dtype, device=qkv.device)
+        pos = step.positions
+        self.k.rope_cache_fold_kernel[(B * T, hq + hkv)](
+            qkv, pos, pos.stride(0), pos.stride(1), step.rope_table, cache, q,
+            T, cache.shape[1], cache.shape[3], HQ=hq, HKV=hkv, D=d)
+        return q
+
+    def unfold_heads(self, att, T: int, group: int):
+        B, hkv, _, d = att.shape
+        att = att.contiguous()
+        out = torch.empty(B * T, group * hkv * d, dtype=att.dtype, device=att.device)
+        self.k.unfold_attention_kernel[(B * T, group * hkv)](att, out, T, HKV=hkv, GROUP=group, D=d)
+        return out
+
+    def attend(self, q, cache, step, scale: float, T: int, group: int):
+        if self.attention_kind != "fused":
+            return super().attend(q, cache, step, scale, T, group)
+        B, hkv, rows, d = q.shape
+        S = cache.shape[3]
+        block_s = self.ATTENTION_SPLIT
+        nsplit = triton_cdiv(S, block_s)
+        # tl.dot needs 16 rows at least; blocks of 32 rows keep a prefill chunk's tiles small.
+        block_l = min(32, max(16, triton_block(rows)))
+        row_blocks = triton_cdiv(rows, block_l)
+        rows_padded = row_blocks * block_l
+        dev = q.device
+        m = torch.empty(B * hkv, nsplit, rows_padded, dtype=torch.float32, device=dev)
+        l = torch.empty_like(m)
+        acc = torch.empty(B * hkv, nsplit, rows_padded, d, dtype=torch.float32, device=dev)
+        pos = step.positions
+        self.k.attention_split_kernel[(B * hkv, nsplit, row_blocks)](
+            q, cache, pos, pos.stride(0), pos.stride(1), m, l, acc, T, cache.shape[1], S, scale, nsplit,
+            rows_padded, HKV=hkv, GROUP=group, D=d, BLOCK_L=block_l, BLOCK_S=block_s)
+        out = torch.empty(B * T, group * hkv * d, dtype=q.dtype, device=dev)
+        self.k.attention_combine_kernel[(B * T, group * hkv)](
+            m, l, acc, pos, pos.stride(0), pos.stride(1), out, T, nsplit, rows_padded,
+            HKV=hkv, GROUP=group, D=d, BLOCK_S=block_s, BLOCK_SPLIT=triton_block(nsplit))
+        return out
+
+    def shard_stats(self, logits, mode: str, noise, t1_mask, vocab_offset: int, chunks: int):
+        B, V = logits.shape
+        length = V // chunks
+        dev = logits.device
+        score = torch.empty(B, chunks, dtype=torch.float32, device=dev)
+        best_id = torch.empty(B, chunks, dtype=torch.int64, device=dev)
+        best_logit = torch.empty(B, chunks, dtype=torch.float32, device=dev)
+        lse = torch.empty(B, chunks, dtype=torch.float32, device=dev)
+        mode_id = self.MODES[mode]
+        noise_t = noise if mode_id else logits  # unread when greedy
+        t1 = t1_mask if mode == SWITCH else logits
+        self.k.head_chunk_stats_kernel[(B, chunks)](
+            logits, noise_t, noise_t.stride(0), t1, score, best_id, best_logit, lse,
+            V, vocab_offset, chunks, length, MODE=mode_id, BLOCK=triton_block(length))
+        return sampling.ShardStats(score, best_id, best_logit, lse)
+
+    def merge_choice(self, stats, proposals, confidences, q_payload, depth: int, mode: str, t1_mask, zero):
+        if len(stats) != 2:
+            raise ValueError("the merge is written for exactly two vocabulary shards")
+        s0, s1 = stats
+        B, chunks = s0.best_score.shape
+        t1 = t1_mask if mode == SWITCH else s0.best_score
+        self.k.merge_choice_kernel[(B,)](
+            s0.best_score, s0.best_id, s0.best_logit, s0.chunk_logsumexp,
+            s1.best_score, s1.best_id, s1.best_logit, s1.chunk_logsumexp, t1,
+            proposals, confidences, q_payload, depth, proposals.stride(0), q_payload.stride(0), chunks,
+            MODE=self.MODES[mode], BLOCK=triton_block(2 * chunks))
+
+
+def triton_block(n: int) -> int:
+    """The power of two at or above n: Triton's block shapes must be powers of two."""
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+
 def make_backend(name: str, device: torch.device, attention: str = "gemm") -> TorchBackend:
     if name == "torch":
         return TorchBackend(device, attention)
+    if name == "triton":
+        return TritonBackend(device, attention)
     if name == "exl3":
         return Exl3Backend(device, attention)
-    raise BackendUnavailable(f"unknown backend {name!r} (choose torch or exl3)")
+    raise BackendUnavailable(f"unknown backend {name!r} (choose torch, triton or exl3)")

@@ -13,7 +13,7 @@ import time
 
 from pp4.worker import guards
 from pp4.worker.config import (
-    BATCH_SIZES, DEFAULT_GEOMETRY, DEPTHS, DTYPES, MODES, TINY_GEOMETRY, CellKey, Geometry, ModelSettings,
+    BACKENDS, BATCH_SIZES, DEFAULT_GEOMETRY, DEPTHS, DTYPES, MODES, TINY_GEOMETRY, CellKey, Geometry, ModelSettings,
 )
 
 STATE_COUNT = 12  # synthetic, and again captured
@@ -43,11 +43,12 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                    help="cuda: graphs + CUDA-event timing; cpu: eager only, host clock (tests, dry runs)")
     a.add_argument("--gpu", type=int, default=0, help="CUDA device index (default 0)")
-    a.add_argument("--backend", choices=("torch", "exl3"), default="torch")
+    a.add_argument("--backend", choices=BACKENDS, default="torch")
     a.add_argument("--ranks", choices=("colocated", "pair"), default="colocated",
                    help="colocated: both TP ranks on one GPU, one after the other; pair: two GPUs (not yet)")
-    a.add_argument("--attention", choices=("gemm", "sdpa"), default="gemm",
-                   help="gemm: two batched GEMMs around an fp32 softmax (default); sdpa: torch's fused kernel")
+    a.add_argument("--attention", choices=("fused", "gemm", "sdpa"), default=None,
+                   help="fused: split-KV Triton kernels (triton backend's default); gemm: two batched GEMMs "
+                        "around an fp32 softmax (torch backend's default); sdpa: torch's fused kernel")
     a.add_argument("--head-chunks", type=int, default=None,
                    help="chunks each vocabulary shard row is reduced in (default: automatic; 1: one per row)")
     a.add_argument("--no-overlap-noise", action="store_true",
@@ -127,6 +128,10 @@ def validate(args) -> tuple[Geometry, list[int], list[int], int, int]:
         raise UsageError("--export-weights writes the synthetic weights; it cannot be combined with --weights")
     if args.lock_timeout < 0:
         raise UsageError(f"--lock-timeout must not be negative, got {args.lock_timeout}")
+    if args.attention is None:
+        args.attention = "fused" if args.backend == "triton" else "gemm"
+    if args.attention == "fused" and args.backend != "triton":
+        raise UsageError(f"--attention fused needs --backend triton (--backend {args.backend} has gemm and sdpa)")
     base = TINY_GEOMETRY if args.geometry == "tiny" else DEFAULT_GEOMETRY
     overrides = {"layers": args.layers}
     for name in ("hidden", "heads", "kv_heads", "head_dim", "mlp", "vocab"):

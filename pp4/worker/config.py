@@ -9,6 +9,7 @@ import attrs
 QUERY_BLOCK = 5
 DEPTHS = (4, 5)
 MAX_BATCH = 4
+BACKENDS = ("torch", "triton", "exl3")  # kernel sets: pp4/worker/backends.py
 BATCH_SIZES = (1, 2, 3, 4)
 TP_RANKS = 2
 

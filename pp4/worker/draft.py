@@ -98,8 +98,7 @@ class DraftWorker:
             if depth == 0 and sampling_call:
                 self._join_noise()
             stats = [rank.head_stats(hidden_last, mode, depth, t1) for rank in m.ranks]
-            sampling.merge_shard_stats(stats, out.proposals[:, depth], out.confidences[:, depth], torch)
-            sampling.write_q_payload(mode, out.confidences[:, depth], out.q_payload[:, depth], t1, m.zero_f32, torch)
+            m.backend.merge_choice(stats, out.proposals, out.confidences, out.q_payload, depth, mode, t1, m.zero_f32)
             tokens = out.proposals[:, depth : depth + 1]  # fed back: the next pass's input token
 
     # The noise depends only on the seeds, so it runs beside pass 0 on a second stream

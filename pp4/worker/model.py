@@ -260,6 +260,7 @@ class StepView:
     cos: torch.Tensor  # [B, T, 1, D] model dtype
     sin_signed: torch.Tensor  # [B, T, 1, D] model dtype
     mask: torch.Tensor  # [B, 1, T*group, S] additive fp32 (0 or -inf)
+    rope_table: torch.Tensor  # [S, 2, D] the model's whole table (kernels that index it by position)
 
 
 @attrs.define
@@ -267,20 +268,27 @@ class CallPositions:
     """Positions, rotary factors and attention masks for a whole call, built once."""
 
     positions: torch.Tensor  # [B, P]
-    rope: torch.Tensor  # [B, P, 2, D]
-    mask: torch.Tensor  # [B, P, group, S]
+    rope: torch.Tensor | None  # [B, P, 2, D]; None when the backend does not read it
+    mask: torch.Tensor | None  # [B, P, group, S]; likewise
     batch_rows: torch.Tensor  # [B, 1] (expanded per step)
+    rope_table: torch.Tensor  # [S, 2, D]
 
     def step(self, p0: int, p1: int) -> StepView:
         B = self.positions.shape[0]
         T = p1 - p0
-        rope = self.rope[:, p0:p1]
+        if self.rope is None:  # a backend that indexes the tables by position itself
+            cos = sin_signed = mask = None
+        else:
+            rope = self.rope[:, p0:p1]
+            cos, sin_signed = rope[:, :, 0, None, :], rope[:, :, 1, None, :]
+            mask = self.mask[:, p0:p1].flatten(1, 2)[:, None]
         return StepView(
             positions=self.positions[:, p0:p1],
             batch_rows=self.batch_rows.expand(B, T),
-            cos=rope[:, :, 0, None, :],
-            sin_signed=rope[:, :, 1, None, :],
-            mask=self.mask[:, p0:p1].flatten(1, 2)[:, None],
+            cos=cos,
+            sin_signed=sin_signed,
+            mask=mask,
+            rope_table=self.rope_table,
         )
 
 
@@ -312,8 +320,7 @@ class RankShard:
     # ---------------------------------------------------------------- partial results
     def embed_partial(self, tokens: torch.Tensor) -> torch.Tensor:
         """Vocab-parallel embedding: own rows, zeros for ids the other rank owns."""
-        local = self.w.vocab_to_local[tokens.reshape(-1)]
-        return torch.nn.functional.embedding(local, self.w.embed)
+        return self.backend.embed_partial(tokens, self.w.vocab_to_local, self.w.embed, self.vocab_offset)
 
     def attention_partial(self, layer: int, x: torch.Tensor, step: StepView) -> torch.Tensor:
         g, be, lw = self.g, self.backend, self.w.layers[layer]
@@ -321,16 +328,10 @@ class RankShard:
         hq, hkv, d = g.rank_heads, g.rank_kv_heads, g.head_dim
         n = be.rms_norm(x, lw.attn_norm, g.norm_eps)
         qkv = be.linear(n, lw.qkv).view(B, T, hq + 2 * hkv, d)
-        be.rope_(qkv[:, :, : hq + hkv], step.cos, step.sin_signed)  # q and k heads are adjacent
         cache = self.kv[layer]
-        # One scatter writes K and V of every new position: [B, T, 2, hkv, D] into slots.
-        cache[:, step.batch_rows, :, step.positions] = qkv[:, :, hq:].view(B, T, 2, hkv, d)
-        # Fold the query heads sharing a KV head into the query length: plain MHA over hkv heads.
-        q = qkv[:, :, :hq].view(B, T, hkv, g.group, d).permute(0, 2, 1, 3, 4).reshape(B, hkv, T * g.group, d)
-        att = be.attention(q, cache[0, :B], cache[1, :B], step.mask, self.scale)  # [B, hkv, T*group, D]
-        # -> rows (b, t), columns (member, kv head, D), the order o's columns are stored in.
-        att = att.view(B, hkv, T, g.group, d).permute(0, 2, 3, 1, 4).reshape(B * T, hq * d)
-        return be.linear(att, lw.o)
+        # Query heads sharing a KV head are folded into the query length: plain MHA over hkv heads.
+        q = be.rope_cache_fold(qkv, step, cache, hq, hkv, g.group)
+        return be.linear(be.attend(q, cache, step, self.scale, T, g.group), lw.o)
 
     def mlp_partial(self, layer: int, x: torch.Tensor) -> torch.Tensor:
         be, lw = self.backend, self.w.layers[layer]
@@ -343,8 +344,7 @@ class RankShard:
         n = be.rms_norm(hidden_last, self.w.final_norm, self.g.norm_eps)
         logits = be.linear_fp32(n, self.w.head, self.w.head_fp32_cpu)  # [B, vs] fp32
         B = logits.shape[0]
-        scores = sampling.selection_scores(logits, mode, self.noise[depth, :B], t1_mask, torch)
-        return sampling.shard_stats(logits, scores, self.vocab_offset, self.vocab_chunks, torch)
+        return be.shard_stats(logits, mode, self.noise[depth, :B], t1_mask, self.vocab_offset, self.vocab_chunks)
 
     def write_gumbel_noise(self, keys: torch.Tensor) -> None:
         """keys [D, B] -> self.noise[:D, :B] (the vocabulary hash half is precomputed)."""
@@ -429,17 +429,21 @@ class TensorParallelDraft:
     # ---------------------------------------------------------------- geometry of a call
     def call_positions(self, positions: torch.Tensor) -> CallPositions:
         """positions [B, P] (absolute slots) -> rotary factors and causal masks for all of them."""
+        rows = self.batch_rows[: positions.shape[0]]
+        if not self.backend.reads_position_tables:
+            return CallPositions(positions, None, None, rows, self.rope_table)
         allowed = self.key_slots[None, None, :] <= positions[:, :, None]  # [B, P, S]
         mask = torch.where(allowed[:, :, None, :], self.mask_zero, float("-inf"))  # [B, P, group, S]
-        return CallPositions(positions, self.rope_table[positions], mask, self.batch_rows[: positions.shape[0]])
+        return CallPositions(positions, self.rope_table[positions], mask, rows, self.rope_table)
 
     def forward(self, tokens: torch.Tensor, step: StepView) -> torch.Tensor:
         """tokens [B, T] at step.positions -> final hidden states [B*T, H]; writes the KV cache."""
-        ranks, reduce = self.ranks, self.collective.all_reduce
-        x = reduce([r.embed_partial(tokens) for r in ranks])
+        ranks, collective = self.ranks, self.collective
+        add = self.backend.residual_all_reduce
+        x = add(None, [r.embed_partial(tokens) for r in ranks], collective)
         for layer in range(self.g.layers):
-            x = x + reduce([r.attention_partial(layer, x, step) for r in ranks])
-            x = x + reduce([r.mlp_partial(layer, x) for r in ranks])
+            x = add(x, [r.attention_partial(layer, x, step) for r in ranks], collective)
+            x = add(x, [r.mlp_partial(layer, x) for r in ranks], collective)
         return x
 
     # ---------------------------------------------------------------- byte counts for the limit

@@ -1,0 +1,281 @@
+"""Fused Triton kernels for the worker's small per-pass steps (``--backend triton``).
+
+The GEMMs stay in cuBLAS; what these replace is the ~45 small torch kernels per rank
+and pass around them (docs/worker.md, "Where a pass went"): each launch costs a few
+microseconds however little it does, and a pass is dependent launches end to end.
+
+Every kernel is deterministic (no atomics, fixed reduction order), so a graph replays
+bit for bit and equals the eager call, which is what the exactness gate checks within
+a backend.  With ``TRITON_INTERPRET=1`` they run on CPU tensors, which is how the
+tests check them against the torch backend and float64.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def embed_gather_kernel(TOK, tok_stride_b, tok_stride_t, T, EMB, OUT, vocab_offset, shard_vocab, H,
+                        BLOCK: tl.constexpr):
+    """Vocab-parallel embedding: row (b, t) gets this rank's row of its token, else the zero row."""
+    row = tl.program_id(0)
+    b = row // T
+    t = row % T
+    tok = tl.load(TOK + b * tok_stride_b + t * tok_stride_t)
+    local = tok - vocab_offset
+    local = tl.where((local >= 0) & (local < shard_vocab), local, shard_vocab)
+    for c in range(0, H, BLOCK):
+        offs = c + tl.arange(0, BLOCK)
+        m = offs < H
+        tl.store(OUT + row * H + offs, tl.load(EMB + local * H + offs, mask=m), mask=m)
+
+
+@triton.jit
+def residual_sum_kernel(X, P0, P1, OUT, N, HAS_X: tl.constexpr, BLOCK: tl.constexpr):
+    """OUT = X + (P0 + P1): the colocated all-reduce (rank0 + rank1) and the residual add.
+
+    Rounded to the model dtype after the sum and again after the residual add, as the
+    unfused ``x + (p0 + p1)`` is.
+    """
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < N
+    s = (tl.load(P0 + offs, mask=m).to(tl.float32) + tl.load(P1 + offs, mask=m).to(tl.float32))
+    s = s.to(OUT.dtype.element_ty)
+    if HAS_X:
+        s = (tl.load(X + offs, mask=m).to(tl.float32) + s.to(tl.float32)).to(OUT.dtype.element_ty)
+    tl.store(OUT + offs, s, mask=m)
+
+
+@triton.jit
+def rms_norm_kernel(X, W, OUT, x_row_stride, H, eps, BLOCK: tl.constexpr):
+    """One program per row: x * rsqrt(mean(x^2) + eps) * w, in fp32, rounded once."""
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    m = offs < H
+    x = tl.load(X + row * x_row_stride + offs, mask=m, other=0.0).to(tl.float32)
+    inv = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / H + eps)
+    w = tl.load(W + offs, mask=m, other=0.0).to(tl.float32)
+    tl.store(OUT + row * H + offs, (x * inv * w).to(OUT.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def rope_cache_fold_kernel(QKV, POS, pos_stride_b, pos_stride_t, ROPE, CACHE, Q_OUT,
+                           T, cache_batch, cache_len,
+                           HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr):
+    """Rotary embedding of q and k, the K/V cache write and the query fold, in one kernel.
+
+    Grid (B*T, HQ + HKV).  Program (row, h < HQ) rotates query head h and writes it
+    to Q_OUT [B, HKV, T*GROUP, D] at (b, h // GROUP, t*GROUP + h % GROUP): the heads
+    sharing a KV head folded into the query length.  Program (row, HQ + j) rotates
+    K head j and writes it, and V head j unrotated, to cache slot POS[b, t].
+    ROPE is [slot, (cos | sin_signed), D]: out = x*cos + swap_halves(x)*sin_signed.
+    """
+    GROUP: tl.constexpr = HQ // HKV
+    QKV_ROW: tl.constexpr = (HQ + 2 * HKV) * D
+    row = tl.program_id(0)
+    h = tl.program_id(1)
+    b = row // T
+    t = row % T
+    pos = tl.load(POS + b * pos_stride_b + t * pos_stride_t)
+    offs = tl.arange(0, D)
+    swapped = (offs + D // 2) % D
+    cos = tl.load(ROPE + pos * 2 * D + offs).to(tl.float32)
+    sin = tl.load(ROPE + pos * 2 * D + D + offs).to(tl.float32)
+    src = QKV + row * QKV_ROW + h * D
+    x = tl.load(src + offs).to(tl.float32)
+    xs = tl.load(src + swapped).to(tl.float32)
+    y = (x * cos + xs * sin).to(CACHE.dtype.element_ty)
+    if h < HQ:
+        kv = h // GROUP
+        member = h % GROUP
+        dst = Q_OUT + ((b * HKV + kv) * (T * GROUP) + t * GROUP + member) * D
+        tl.store(dst + offs, y)
+    else:
+        j = h - HQ
+        k_dst = CACHE + ((b * HKV + j) * cache_len + pos) * D
+        tl.store(k_dst + offs, y)
+        v = tl.load(QKV + row * QKV_ROW + (HQ + HKV + j) * D + offs)
+        v_dst = CACHE + (((cache_batch + b) * HKV + j) * cache_len + pos) * D
+        tl.store(v_dst + offs, v)
+
+
+@triton.jit
+def unfold_attention_kernel(ATT, OUT, T, HKV: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr):
+    """[B, HKV, T*GROUP, D] -> rows (b, t), columns (member, kv head, D): o's column order."""
+    row = tl.program_id(0)
+    c = tl.program_id(1)  # member * HKV + kv
+    b = row // T
+    t = row % T
+    member = c // HKV
+    kv = c % HKV
+    offs = tl.arange(0, D)
+    v = tl.load(ATT + ((b * HKV + kv) * (T * GROUP) + t * GROUP + member) * D + offs)
+    tl.store(OUT + (row * GROUP * HKV + c) * D + offs, v)
+
+
+@triton.jit
+def silu_mul_kernel(GU, OUT, M, N, BLOCK: tl.constexpr):
+    """OUT[r, j] = silu(GU[r, j]) * GU[r, M + j], computed in fp32, rounded once."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < N
+    r = offs // M
+    j = offs % M
+    g = tl.load(GU + r * 2 * M + j, mask=m, other=0.0).to(tl.float32)
+    u = tl.load(GU + r * 2 * M + M + j, mask=m, other=0.0).to(tl.float32)
+    tl.store(OUT + offs, (g / (1.0 + tl.exp(-g)) * u).to(OUT.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def head_chunk_stats_kernel(LOGITS, NOISE, noise_row_stride, T1, OUT_SCORE, OUT_ID, OUT_LOGIT, OUT_LSE,
+                            V, vocab_offset, CHUNKS, LENGTH,
+                            MODE: tl.constexpr, BLOCK: tl.constexpr):
+    """Per (row, chunk) of one rank's logits: best selection score, its global id and logit,
+    and the chunk's logsumexp.  One program per (row, chunk).
+
+    MODE 0 greedy (score = logit), 1 sampled (logit - log E), 2 switch (per-row T1 mask,
+    ``where`` so that a T0 row's score is its logit bit for bit).  tl.argmax returns the
+    first maximum, so ties go to the lowest id, as the torch path's torch.max does.
+    """
+    b = tl.program_id(0)
+    c = tl.program_id(1)
+    offs = tl.arange(0, BLOCK)
+    m = offs < LENGTH
+    col = c * LENGTH + offs
+    logit = tl.load(LOGITS + b * V + col, mask=m, other=float("-inf"))
+    if MODE == 0:
+        score = logit
+    else:
+        noisy = logit - tl.load(NOISE + b * noise_row_stride + col, mask=m, other=0.0)
+        if MODE == 1:
+            score = noisy
+        else:
+            t1 = tl.load(T1 + b).to(tl.int1)
+            score = tl.where(t1, noisy, logit)
+    score = tl.where(m, score, float("-inf"))
+    best = tl.argmax(score, axis=0)
+    best_score = tl.max(score, axis=0)
+    best_logit = tl.sum(tl.where(offs == best, logit, 0.0), axis=0)
+    top = tl.max(logit, axis=0)
+    lse = top + tl.log(tl.sum(tl.exp(logit - top), axis=0))
+    out = b * CHUNKS + c
+    tl.store(OUT_SCORE + out, best_score)
+    tl.store(OUT_ID + out, (vocab_offset + c * LENGTH + best).to(tl.int64))
+    tl.store(OUT_LOGIT + out, best_logit)
+    tl.store(OUT_LSE + out, lse)
+
+
+@triton.jit
+def merge_choice_kernel(SCORE0, ID0, LOGIT0, LSE0, SCORE1, ID1, LOGIT1, LSE1, T1,
+                        PROPOSALS, CONFIDENCES, Q, depth, out_stride, q_stride, CHUNKS,
+                        MODE: tl.constexpr, BLOCK: tl.constexpr):
+    """One program per row: the exact choice over both ranks' chunk statistics.
+
+    Entry i < CHUNKS is rank 0's chunk i, then rank 1's: ids rise with the index, so
+    tl.argmax's first maximum is the lowest global id among equal scores (ties go to
+    rank 0, as in the torch merge).  The probability is exp(logit - logsumexp over all
+    chunks) = 1 / sum_c exp(lse_c - logit).  Writes the proposal, its confidence and the
+    q payload (the confidence on T1 rows, 0 on T0 rows).
+    """
+    b = tl.program_id(0)
+    i = tl.arange(0, BLOCK)
+    in0 = i < CHUNKS
+    in1 = (i >= CHUNKS) & (i < 2 * CHUNKS)
+    j0 = b * CHUNKS + i
+    j1 = b * CHUNKS + i - CHUNKS
+    score = tl.where(in0, tl.load(SCORE0 + j0, mask=in0, other=float("-inf")),
+                     tl.load(SCORE1 + j1, mask=in1, other=float("-inf")))
+    ids = tl.where(in0, tl.load(ID0 + j0, mask=in0, other=0), tl.load(ID1 + j1, mask=in1, other=0))
+    logits = tl.where(in0, tl.load(LOGIT0 + j0, mask=in0, other=0.0), tl.load(LOGIT1 + j1, mask=in1, other=0.0))
+    lse = tl.where(in0, tl.load(LSE0 + j0, mask=in0, other=float("-inf")),
+                   tl.load(LSE1 + j1, mask=in1, other=float("-inf")))
+    best = tl.argmax(score, axis=0)
+    pick = i == best
+    chosen_id = tl.sum(tl.where(pick, ids, 0), axis=0)
+    chosen_logit = tl.sum(tl.where(pick, logits, 0.0), axis=0)
+    confidence = 1.0 / tl.sum(tl.exp(lse - chosen_logit), axis=0)
+    tl.store(PROPOSALS + b * out_stride + depth, chosen_id)
+    tl.store(CONFIDENCES + b * out_stride + depth, confidence)
+    if MODE == 1:
+        tl.store(Q + b * q_stride + depth, confidence)
+    elif MODE == 2:
+        tl.store(Q + b * q_stride + depth, tl.where(tl.load(T1 + b).to(tl.int1), confidence, 0.0))
+    else:
+        tl.store(Q + b * q_stride + depth, 0.0)
+
+
+@triton.jit
+def attention_split_kernel(Q, CACHE, POS, pos_stride_b, pos_stride_t, M_OUT, L_OUT, ACC_OUT,
+                           T, cache_batch, cache_len, scale, NSPLIT, ROWS_PADDED,
+                           HKV: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr,
+                           BLOCK_L: tl.constexpr, BLOCK_S: tl.constexpr):
+    """Split-KV attention, part 1: program (b*HKV + kv, split, row block) attends BLOCK_L
+    folded query rows of (b, kv) to cache slots [split*BLOCK_S, +BLOCK_S) and writes the
+    split's row maxima, exp-sums and unnormalised outputs (fp32).
+
+    Query row l is position t = l // GROUP; slot s is visible to it iff s <= POS[b, t] (the
+    causal mask the torch path adds).  Scores and softmax are fp32; the probabilities enter
+    the second product as 16-bit, as in the torch path.  A split wholly past the last
+    position reads no K/V.
+    """
+    bh = tl.program_id(0)
+    split = tl.program_id(1)
+    b = bh // HKV
+    kv = bh % HKV
+    rows = T * GROUP
+    l = tl.program_id(2) * BLOCK_L + tl.arange(0, BLOCK_L)
+    row_ok = l < rows
+    pos = tl.load(POS + b * pos_stride_b + (l // GROUP) * pos_stride_t, mask=row_ok, other=-1)
+    last = tl.load(POS + b * pos_stride_b + (T - 1) * pos_stride_t)
+    s0 = split * BLOCK_S
+    out = (bh * NSPLIT + split) * ROWS_PADDED + l
+    if s0 <= last:
+        d = tl.arange(0, D)
+        q = tl.load(Q + (bh * rows + l)[:, None] * D + d[None, :], mask=row_ok[:, None], other=0.0)
+        s = s0 + tl.arange(0, BLOCK_S)
+        s_ok = s < cache_len
+        k = tl.load(CACHE + ((b * HKV + kv) * cache_len + s)[:, None] * D + d[None, :], mask=s_ok[:, None], other=0.0)
+        scores = tl.dot(q, tl.trans(k)) * scale
+        visible = (s[None, :] <= pos[:, None]) & s_ok[None, :]
+        scores = tl.where(visible, scores, float("-inf"))
+        m = tl.max(scores, axis=1)
+        m_safe = tl.where(m == float("-inf"), 0.0, m)
+        p = tl.exp(scores - m_safe[:, None])
+        v = tl.load(CACHE + (((cache_batch + b) * HKV + kv) * cache_len + s)[:, None] * D + d[None, :],
+                    mask=s_ok[:, None], other=0.0)
+        acc = tl.dot(p.to(v.dtype), v)
+        tl.store(M_OUT + out, m)
+        tl.store(L_OUT + out, tl.sum(p, axis=1))
+        tl.store(ACC_OUT + out[:, None] * D + d[None, :], acc)
+    else:
+        tl.store(M_OUT + out, tl.full([BLOCK_L], float("-inf"), tl.float32))
+        tl.store(L_OUT + out, tl.zeros([BLOCK_L], tl.float32))
+
+
+@triton.jit
+def attention_combine_kernel(M_IN, L_IN, ACC_IN, POS, pos_stride_b, pos_stride_t, OUT, T, NSPLIT, ROWS_PADDED,
+                             HKV: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr,
+                             BLOCK_S: tl.constexpr, BLOCK_SPLIT: tl.constexpr):
+    """Split-KV attention, part 2: program (b*T + t, member*HKV + kv) combines the splits of
+    query row t*GROUP + member and writes it, in the model dtype, straight into o's input
+    layout: rows (b, t), columns (member, kv head, D).  Splits are combined in order."""
+    row = tl.program_id(0)
+    c = tl.program_id(1)
+    b = row // T
+    t = row % T
+    member = c // HKV
+    kv = c % HKV
+    bh = b * HKV + kv
+    l = t * GROUP + member
+    j = tl.arange(0, BLOCK_SPLIT)
+    last = tl.load(POS + b * pos_stride_b + (T - 1) * pos_stride_t)
+    used = (j < NSPLIT) & (j * BLOCK_S <= last)
+    src = (bh * NSPLIT + j) * ROWS_PADDED + l
+    m = tl.load(M_IN + src, mask=used, other=float("-inf"))
+    top = tl.max(m, axis=0)
+    w = tl.where(used, tl.exp(m - top), 0.0)
+    total = tl.sum(w * tl.load(L_IN + src, mask=used, other=0.0), axis=0)
+    d = tl.arange(0, D)
+    acc = tl.load(ACC_IN + src[:, None] * D + d[None, :], mask=used[:, None], other=0.0)
+    o = tl.sum(w[:, None] * acc, axis=0) / total
+    tl.store(OUT + (row * GROUP * HKV + c) * D + d, o.to(OUT.dtype.element_ty))

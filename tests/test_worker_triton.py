@@ -1,0 +1,136 @@
+"""The Triton backend's fused kernels on the CPU, through Triton's interpreter.
+
+The kernels are the ones the GPU runs; the interpreter executes them with numpy.  They
+are checked against the float64 unsharded reference, against the torch backend on the
+same weights and states, and by the same bit-for-bit mode checks the gate makes.
+"""
+import os
+
+import pytest
+
+# Before triton is imported anywhere in this process: @triton.jit picks the interpreter then.
+os.environ["TRITON_INTERPRET"] = "1"
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+from pp4.worker import sampling, states as state_io  # noqa: E402
+from pp4.worker.backends import BackendUnavailable, TritonBackend, make_backend  # noqa: E402
+from pp4.worker.config import GREEDY, SAMPLED, SWITCH, TINY_GEOMETRY, CellKey, Geometry, ModelSettings  # noqa: E402
+from pp4.worker.draft import DraftWorker  # noqa: E402
+from pp4.worker.model import TensorParallelDraft  # noqa: E402
+
+import test_worker_model as model_tests  # noqa: E402
+
+CONTEXT = model_tests.CONTEXT
+
+
+def _worker(backend, geometry=TINY_GEOMETRY, context=CONTEXT, attention=None):
+    attention = attention or ("fused" if backend == "triton" else "gemm")
+    settings = ModelSettings(geometry, context=context, backend=backend, attention=attention)
+    return DraftWorker(TensorParallelDraft(settings, torch.device("cpu")))
+
+
+@pytest.fixture(scope="module")
+def pair():
+    tw, pw = _worker("triton"), _worker("torch")
+    states = state_io.synthetic_states(pw, 3) + state_io.capture_states(pw, 3)
+    return tw, pw, states
+
+
+def test_backend_is_named_in_the_fingerprint(pair):
+    tw, pw, _ = pair
+    assert tw.model.backend.name == "triton" and tw.model.fingerprint() != pw.model.fingerprint()
+
+
+def test_matches_unsharded_float64_reference(pair):
+    tw, _, states = pair
+    model_tests.test_sharded_model_matches_unsharded_float64_reference(tw, states)
+
+
+def test_matches_float64_reference_with_several_kv_heads_per_rank():
+    geo = Geometry(hidden=256, heads=8, kv_heads=4, head_dim=32, mlp=512, vocab=1024, layers=2)
+    w = _worker("triton", geo, 32)
+    model_tests.test_sharded_model_matches_unsharded_float64_reference(w, state_io.synthetic_states(w, 2))
+
+
+@pytest.mark.parametrize("depth", [4, 5])
+def test_modes_agree_bit_for_bit(pair, depth):
+    tw, _, states = pair
+    model_tests.test_greedy_equals_switch_all_t0_and_sampled_equals_switch_all_t1(tw, states, depth)
+
+
+def test_agrees_with_the_torch_backend(pair):
+    """Same weights, same states: the KV written by a call and the proposals agree; only
+    the last bits of the 16-bit activations may differ (fp32 inside, one rounding)."""
+    tw, pw, states = pair
+    B, D = 4, 5
+    for w in (tw, pw):
+        for slot, st in enumerate(states[:B]):
+            w.load_request(slot, st)
+    for mode in (GREEDY, SAMPLED):
+        a = model_tests._run(tw, CellKey(B, D, mode))
+        b = model_tests._run(pw, CellKey(B, D, mode))
+        assert torch.equal(a.proposals, b.proposals), (mode, a.proposals, b.proposals)
+        assert torch.allclose(a.confidences, b.confidences, rtol=2e-2)
+    for ra, rb in zip(tw.model.ranks, pw.model.ranks):
+        ka, kb = ra.kv[0][:, :B].float(), rb.kv[0][:, :B].float()
+        assert (ka - kb).abs().max() <= 2e-2 * kb.abs().max()
+        assert (ka != 0).sum() == (kb != 0).sum()  # the same slots written
+
+
+def test_fused_attention_agrees_with_the_gemm_path(pair):
+    """Same backend, attention fused vs torch's GEMMs: the same function of the cache."""
+    tw, _, states = pair
+    gw = _worker("triton", attention="gemm")
+    assert gw.model.fingerprint() != tw.model.fingerprint()
+    for st in states[:3]:
+        for w in (tw, gw):
+            w.load_request(0, st)
+        a, b = model_tests._run(tw, CellKey(1, 4, GREEDY)), model_tests._run(gw, CellKey(1, 4, GREEDY))
+        assert torch.equal(a.proposals, b.proposals)
+        assert torch.allclose(a.confidences, b.confidences, rtol=1e-2)
+
+
+def test_call_is_idempotent(pair):
+    tw, _, states = pair
+    model_tests.test_call_is_idempotent_and_depends_on_the_state(tw, states)
+
+
+def _stats(be, logits, mode, noise, t1, offset, chunks):
+    return be.shard_stats(logits, mode, noise, t1, offset, chunks)
+
+
+@pytest.mark.parametrize("chunks", [1, 4])
+def test_head_choice_with_ties_matches_the_float64_reference(chunks):
+    """Planted ties across chunks and across the two shards: the lowest global id wins."""
+    be = TritonBackend(torch.device("cpu"))
+    gen = torch.Generator().manual_seed(5)
+    B, V = 3, 512
+    full = torch.randn(B, 2 * V, generator=gen) * 3
+    full[0, 7] = full[0, 300] = full[0, V + 2] = full[0].max() + 1  # tie inside and across shards
+    full[1, V + 9] = full[1, V + 100] = full[1].max() + 2  # tie inside rank 1
+    noise = torch.rand(B, 2 * V, generator=gen)
+    t1 = torch.tensor([False, True, True])
+    for mode in (GREEDY, SAMPLED, SWITCH):
+        stats = [_stats(be, full[:, r * V:(r + 1) * V].contiguous(), mode, noise[:, r * V:(r + 1) * V].contiguous(),
+                        t1, r * V, chunks) for r in range(2)]
+        D = 5
+        prop = torch.full((B, D), -7, dtype=torch.int64)
+        conf = torch.full((B, D), float("nan"))
+        q = torch.full((B, 5), float("nan"))
+        be.merge_choice(stats, prop, conf, q, 2, mode, t1, torch.zeros(()))
+        sampled = {GREEDY: [False] * B, SAMPLED: [True] * B, SWITCH: t1.tolist()}[mode]
+        ref = sampling.reference_choice(full.double().tolist(), noise.double().tolist(), sampled)
+        for r, (tok, p) in enumerate(ref):
+            assert prop[r, 2].item() == tok, (mode, r)
+            assert abs(conf[r, 2].item() - p) <= 1e-5 * p
+            assert q[r, 2].item() == (conf[r, 2].item() if sampled[r] else 0.0)
+        assert prop[0, 2].item() == 7 or mode != GREEDY
+        assert torch.isnan(conf[:, [0, 1, 3, 4]]).all()  # only column 2 written
+
+
+def test_needs_cuda_or_the_interpreter(monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET")
+    with pytest.raises(BackendUnavailable, match="--backend triton needs a CUDA device"):
+        make_backend("triton", torch.device("cpu"))
