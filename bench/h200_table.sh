@@ -10,7 +10,7 @@
 #        3: ccache-cold, ccache-rebuild, ccache-noop, torch-noop
 #        4: ccache-facc, torch-facc (torch-facc only if the deadline allows)
 #        rest: every phase still missing, in that order, as far as time allows
-#        5-9: the phases named in PHASES (comma-separated), e.g. PHASES=ccache-cold,pp4-cold
+#        5-9: the phases named in PHASES (comma-separated) that no earlier call measured, as far as time allows
 # RESULTS_JSON: results.json of the earlier calls, taken only when /tmp/w has none (a fresh machine:
 # the table then says that its figures come from more than one machine).
 #
@@ -47,7 +47,7 @@ case $CALL in
   3) PHASES=ccache-cold,ccache-rebuild,ccache-noop,torch-noop; EXTRA=() ;;
   4) PHASES=ccache-facc,torch-facc; EXTRA=() ;;
   rest) PHASES=all; EXTRA=(--skip-done) ;;
-  [5-9]) PHASES=${PHASES:?"calls 5-9 take their phases from PHASES=a,b,..."}; EXTRA=() ;;
+  [5-9]) PHASES=${PHASES:?"calls 5-9 take their phases from PHASES=a,b,..."}; EXTRA=(--skip-done) ;;
   *) echo "unknown call $CALL: 1, 2, 3, 4, rest, or 5-9 with PHASES=..." >&2; exit 2 ;;
 esac
 if [ "$CALL" != 1 ] && [ ! -f "$W/results.json" ]; then
