@@ -5,14 +5,17 @@
 #
 #   OUT=/some/dir bash bench/worker_ab.sh [extra pp4.worker arguments for both]
 #
-# Writes $OUT/triton/ and $OUT/torch/ (the files worker_gpu.sh writes), and $OUT/ab.txt: each
-# backend's median per cell and the ratio torch / triton.  Each run measures its own copy
-# bandwidth, so each ratio to the weight-read floor stands on its own as well.
+# Writes $OUT/ab.txt (each backend's median per cell and the ratio torch / triton) and
+# $OUT/worker-ab.tar.gz: triton/ and torch/ with the files worker_gpu.sh writes (one archive,
+# because the device tool returns at most 8 files).  Each run measures its own copy bandwidth,
+# so each ratio to the weight-read floor stands on its own as well.
 set -u
-OUT=${OUT:-$PWD/worker-out}
+FINAL=${OUT:-$PWD/worker-out}
+OUT=$(mktemp -d /tmp/worker-ab.XXXX)
 PY=${PYTHON:-python3}
 REPO=$(cd "$(dirname "$0")/.." && pwd)
-mkdir -p "$OUT/triton" "$OUT/torch"
+mkdir -p "$FINAL" "$OUT/triton" "$OUT/torch"
+trap 'cp "$OUT/ab.txt" "$FINAL/" 2>/dev/null; tar -czf "$FINAL/worker-ab.tar.gz" -C "$OUT" .' EXIT
 OUT=$OUT/triton STATES=/tmp/pp4-states-triton bash "$REPO/bench/worker_gpu.sh" --backend triton "$@"
 rc_triton=$?
 $PY -m pp4.worker --capture-states /tmp/pp4-states-torch --json "$OUT/torch/worker.json" --plot "$OUT/torch/worker.png" \
