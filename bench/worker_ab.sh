@@ -1,43 +1,63 @@
 #!/usr/bin/env bash
-# The worker's kernel backends side by side on one GPU, in one call: the Triton backend (fused
-# small kernels) with the full session of bench/worker_gpu.sh (states, gate, timing, profile,
-# re-check), then the torch backend's gate and timing on the same machine.
+# Kernel variants of the worker side by side on one GPU, in one call.  The first variant gets
+# the full session of bench/worker_gpu.sh (states, gate, timing, profile, re-check in a fresh
+# process); every other variant its own states, gate and timing, on the same machine.
 #
-#   OUT=/some/dir bash bench/worker_ab.sh [extra pp4.worker arguments for both]
+#   OUT=/some/dir [VARIANTS='name:args|name:args'] bash bench/worker_ab.sh [extra pp4.worker arguments for all]
 #
-# Writes $OUT/ab.txt (each backend's median per cell and the ratio torch / triton) and
-# $OUT/worker-ab.tar.gz: triton/ and torch/ with the files worker_gpu.sh writes (one archive,
-# because the device tool returns at most 8 files).  Each run measures its own copy bandwidth,
-# so each ratio to the weight-read floor stands on its own as well.
+# Default VARIANTS: 'triton:--backend triton|torch:--backend torch'.
+# Writes $OUT/ab.txt (each variant's median per cell, the ratio of each to the first, and each
+# one's ratio to the weight-read floor) and $OUT/worker-ab.tar.gz: one folder per variant with the
+# files worker_gpu.sh writes (one archive, because the device tool returns at most 8 files).
+# Each run measures its own copy bandwidth, so each ratio to the floor stands on its own as well.
 set -u
 FINAL=${OUT:-$PWD/worker-out}
 OUT=$(mktemp -d /tmp/worker-ab.XXXX)
 PY=${PYTHON:-python3}
 REPO=$(cd "$(dirname "$0")/.." && pwd)
-mkdir -p "$FINAL" "$OUT/triton" "$OUT/torch"
+VARIANTS=${VARIANTS:-"triton:--backend triton|torch:--backend torch"}
+mkdir -p "$FINAL"
 trap 'cp "$OUT/ab.txt" "$FINAL/" 2>/dev/null; tar -czf "$FINAL/worker-ab.tar.gz" -C "$OUT" .' EXIT
-OUT=$OUT/triton STATES=/tmp/pp4-states-triton bash "$REPO/bench/worker_gpu.sh" --backend triton "$@"
-rc_triton=$?
-$PY -m pp4.worker --capture-states /tmp/pp4-states-torch --json "$OUT/torch/worker.json" --plot "$OUT/torch/worker.png" \
-  --backend torch "$@" 2>&1 | tee "$OUT/torch/run.log"
-rc_torch=${PIPESTATUS[0]}
-$PY - "$OUT" <<'PYEOF' | tee "$OUT/ab.txt"
+IFS='|' read -ra LIST <<< "$VARIANTS"
+names=()
+rc_all=0
+for i in "${!LIST[@]}"; do
+  name=${LIST[$i]%%:*}
+  read -ra vargs <<< "${LIST[$i]#*:}"
+  names+=("$name")
+  mkdir -p "$OUT/$name"
+  echo "=== variant $name: ${vargs[*]} $*"
+  if [ "$i" -eq 0 ]; then
+    OUT=$OUT/$name STATES=/tmp/pp4-states-$name bash "$REPO/bench/worker_gpu.sh" "${vargs[@]}" "$@"
+    rc=$?
+  else
+    $PY -m pp4.worker --capture-states "/tmp/pp4-states-$name" --json "$OUT/$name/worker.json" \
+      --plot "$OUT/$name/worker.png" "${vargs[@]}" "$@" 2>&1 | tee "$OUT/$name/run.log"
+    rc=${PIPESTATUS[0]}
+  fi
+  echo "variant $name: rc $rc" | tee -a "$OUT/rc.txt"
+  [ "$rc" -eq 0 ] || rc_all=1
+done
+$PY - "$OUT" "${names[@]}" <<'PYEOF' | tee "$OUT/ab.txt"
 import json, sys
-out = sys.argv[1]
-docs = {}
-for b in ("triton", "torch"):
+out, names = sys.argv[1], sys.argv[2:]
+cells = {}
+for n in names:
     try:
-        docs[b] = json.load(open(f"{out}/{b}/worker.json"))
-    except (OSError, ValueError) as exc:
-        print(f"{b}: no results ({exc})")
-if len(docs) == 2:
-    cells = {b: {c["cell"]: c for c in d["timing"]["cells"]} for b, d in docs.items()}
-    print(f"{'cell':16} {'torch ms':>9} {'triton ms':>9} {'torch/triton':>12} {'ratio torch':>11} {'ratio triton':>12}")
-    for name in cells["triton"]:
-        t, p = cells["triton"][name], cells["torch"].get(name)
-        if p:
-            print(f"{name:16} {p['median_ms']:9.3f} {t['median_ms']:9.3f} {p['median_ms'] / t['median_ms']:12.2f} "
-                  f"{p['ratio']:11.2f} {t['ratio']:12.2f}")
+        cells[n] = {c["cell"]: c for c in json.load(open(f"{out}/{n}/worker.json"))["timing"]["cells"]}
+    except (OSError, ValueError, KeyError) as exc:
+        print(f"{n}: no results ({exc})")
+have = [n for n in names if n in cells]
+if have:
+    first = have[0]
+    head = [f"{n} ms" for n in have] + [f"{n}/{first}" for n in have[1:]] + [f"ratio {n}" for n in have]
+    print(f"{'cell':16} " + " ".join(f"{h:>16}" for h in head))
+    for cell, c0 in cells[first].items():
+        row = [cells[n].get(cell) for n in have]
+        if None in row:
+            continue
+        vals = [f"{r['median_ms']:.3f}" for r in row] + [f"{r['median_ms'] / c0['median_ms']:.3f}" for r in row[1:]]
+        vals += [f"{r['ratio']:.2f}" for r in row]
+        print(f"{cell:16} " + " ".join(f"{v:>16}" for v in vals))
 PYEOF
-echo "rc triton $rc_triton, torch $rc_torch"
-[ "$rc_triton" -eq 0 ] && [ "$rc_torch" -eq 0 ]
+exit "$rc_all"

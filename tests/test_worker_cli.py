@@ -20,6 +20,8 @@ PREFIX = "python -m pp4.worker: error: "
         (["--batch-sizes", "one"], "--batch-sizes: expected comma-separated integers, got 'one'"),
         (["--depths", "3,4"], "--depths: each depth must be 4 or 5, got 3"),
         (["--layers", "6"], "--layers must be between 1 and 5, got 6"),
+        (["--gemm", "triton"], "--gemm triton needs --backend triton"),
+        (["--attention", "fused"], "--attention fused needs --backend triton (--backend torch has gemm and sdpa)"),
         (["--layers", "0"], "--layers must be between 1 and 5, got 0"),
         (["--context", "8"], "--context must be at least 32, got 8"),
         (["--max-rss", "12X"], "--max-rss: cannot parse '12X' (use a number with K, M, G or T, e.g. 48G)"),

@@ -134,3 +134,30 @@ def test_needs_cuda_or_the_interpreter(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET")
     with pytest.raises(BackendUnavailable, match="--backend triton needs a CUDA device"):
         make_backend("triton", torch.device("cpu"))
+
+
+@pytest.mark.parametrize("rows", [1, 5, 20, 64])
+def test_skinny_linear_matches_float64(rows):
+    be = TritonBackend(torch.device("cpu"), gemm="triton")
+    gen = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, 384, generator=gen).half()
+    w = (torch.randn(72, 384, generator=gen) / 20).half()  # 72 columns: a partial last block
+    y = be.linear(x, w)
+    ref = x.double() @ w.double().T
+    assert y.dtype == torch.float16 and y.shape == (rows, 72)
+    assert ((y.double() - ref).norm() / ref.norm()).item() < 1e-3
+    assert torch.equal(be.linear(x, w), y)  # deterministic
+
+
+def test_skinny_gemm_model_matches_float64_reference(pair):
+    _, _, states = pair
+    w = _worker("triton")
+    w2 = DraftWorker(TensorParallelDraft(ModelSettings(TINY_GEOMETRY, context=CONTEXT, backend="triton",
+                                                       attention="fused", gemm="triton"), torch.device("cpu")))
+    assert w2.model.fingerprint() != w.model.fingerprint()
+    model_tests.test_sharded_model_matches_unsharded_float64_reference(w2, states)
+
+
+def test_gemm_option_needs_the_triton_backend():
+    with pytest.raises(BackendUnavailable, match="--gemm triton needs --backend triton"):
+        make_backend("torch", torch.device("cpu"), "gemm", "triton")

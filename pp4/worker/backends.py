@@ -211,7 +211,13 @@ class TritonBackend(TorchBackend):
     ATTENTION = ("fused", "gemm", "sdpa")
     ATTENTION_SPLIT = 64  # cache slots per program: 17 splits x B x hkv programs for 1088 slots
 
-    def __init__(self, device: torch.device, attention: str = "fused"):
+    # --gemm triton: matrices up to this size (qkv, o, down of the default geometry; cuBLAS runs
+    # them at 2.5-3.5 TB/s, two with a split-K reduce kernel) go through skinny_linear_kernel.
+    SKINNY_MAX_BYTES = 64 << 20
+    SKINNY_MAX_ROWS = 64
+    GEMMS = ("cublas", "triton")
+
+    def __init__(self, device: torch.device, attention: str = "fused", gemm: str = "cublas"):
         if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
             raise BackendUnavailable("--backend triton needs a CUDA device (or TRITON_INTERPRET=1 on a CPU, "
                                      "tests only: the interpreter is very slow)")
@@ -220,10 +226,28 @@ class TritonBackend(TorchBackend):
         except ImportError as exc:
             raise BackendUnavailable(f"--backend triton needs the triton package ({exc}); "
                                      "pip install triton, or use --backend torch") from exc
+        if gemm not in self.GEMMS:
+            raise BackendUnavailable(f"unknown --gemm {gemm!r} (choose {' or '.join(self.GEMMS)})")
         self.k = triton_kernels
+        self.gemm = gemm
         super().__init__(device, attention)
         # rope_cache_fold indexes the table by position; fused attention masks by position.
         self.reads_position_tables = attention != "fused"
+
+    def linear(self, x, weight):
+        M, K = x.shape
+        N = weight.shape[0]
+        if (self.gemm != "triton" or M > self.SKINNY_MAX_ROWS or K % 128
+                or weight.numel() * weight.element_size() > self.SKINNY_MAX_BYTES):
+            return super().linear(x, weight)
+        if x.stride(-1) != 1:
+            x = x.contiguous()
+        y = torch.empty(M, N, dtype=x.dtype, device=x.device)
+        block_n = 16
+        self.k.skinny_linear_kernel[(triton_cdiv(N, block_n),)](
+            x, weight, y, M, N, K, x.stride(0),
+            BLOCK_M=max(16, triton_block(M)), BLOCK_N=block_n, BLOCK_K=128, num_stages=4)
+        return y
 
     def rms_norm(self, x, weight, eps: float):
         H = x.shape[-1]
@@ -340,11 +364,13 @@ def triton_cdiv(a: int, b: int) -> int:
 
 
 
-def make_backend(name: str, device: torch.device, attention: str = "gemm") -> TorchBackend:
+def make_backend(name: str, device: torch.device, attention: str = "gemm", gemm: str = "cublas") -> TorchBackend:
+    if name != "triton" and gemm != "cublas":
+        raise BackendUnavailable(f"--gemm {gemm} needs --backend triton")
     if name == "torch":
         return TorchBackend(device, attention)
     if name == "triton":
-        return TritonBackend(device, attention)
+        return TritonBackend(device, attention, gemm)
     if name == "exl3":
         return Exl3Backend(device, attention)
     raise BackendUnavailable(f"unknown backend {name!r} (choose torch, triton or exl3)")

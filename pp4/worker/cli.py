@@ -49,6 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--attention", choices=("fused", "gemm", "sdpa"), default=None,
                    help="fused: split-KV Triton kernels (triton backend's default); gemm: two batched GEMMs "
                         "around an fp32 softmax (torch backend's default); sdpa: torch's fused kernel")
+    a.add_argument("--gemm", choices=("cublas", "triton"), default="cublas",
+                   help="triton (with --backend triton): qkv, o and down through a skinny-GEMM Triton kernel; "
+                        "cublas: every linear through torch.mm (default)")
     a.add_argument("--head-chunks", type=int, default=None,
                    help="chunks each vocabulary shard row is reduced in (default: automatic; 1: one per row)")
     a.add_argument("--no-overlap-noise", action="store_true",
@@ -130,6 +133,8 @@ def validate(args) -> tuple[Geometry, list[int], list[int], int, int]:
         raise UsageError(f"--lock-timeout must not be negative, got {args.lock_timeout}")
     if args.attention is None:
         args.attention = "fused" if args.backend == "triton" else "gemm"
+    if args.gemm != "cublas" and args.backend != "triton":
+        raise UsageError(f"--gemm {args.gemm} needs --backend triton")
     if args.attention == "fused" and args.backend != "triton":
         raise UsageError(f"--attention fused needs --backend triton (--backend {args.backend} has gemm and sdpa)")
     base = TINY_GEOMETRY if args.geometry == "tiny" else DEFAULT_GEOMETRY
@@ -207,7 +212,7 @@ def _run(args, argv: list[str], checked, cache_dir: str, caches_late: bool, rss:
     settings = ModelSettings(
         geometry=geometry, dtype=args.dtype, context=args.context, weight_seed=args.weight_seed,
         weights_dir=args.weights, backend=args.backend, overlap_noise=not args.no_overlap_noise,
-        attention=args.attention, head_chunks=args.head_chunks,
+        attention=args.attention, head_chunks=args.head_chunks, gemm=args.gemm,
     )
     if args.export_weights:
         src = SyntheticSource(geometry, args.weight_seed, TORCH_DTYPES[args.dtype], torch.device("cpu"))
@@ -232,7 +237,7 @@ def _run(args, argv: list[str], checked, cache_dir: str, caches_late: bool, rss:
     cuda = device.type == "cuda"
 
     doc: dict = {"tool": "pp4.worker", "format": 1, "argv": argv}
-    _say(f"pp4.worker: backend {args.backend} (attention {args.attention}), ranks colocated (2 logical TP ranks on one device, one after the other), "
+    _say(f"pp4.worker: backend {args.backend} (attention {args.attention}, gemm {args.gemm}), ranks colocated (2 logical TP ranks on one device, one after the other), "
          f"device {device}, {'CUDA graphs' if cuda else 'eager (CPU: no graphs, host clock)'}")
     _say(f"private caches: {cache_dir}" + (" (torch was already imported: CUDA cache may be the default)"
                                            if caches_late else ""))
@@ -329,7 +334,7 @@ def _run(args, argv: list[str], checked, cache_dir: str, caches_late: bool, rss:
         "digests": result.digests, "config_sha256": config_sha, "runtime": identity, "reference": ref_doc,
         "seconds": round(time.monotonic() - t0, 1),
     }
-    doc.update(backend=args.backend, attention=args.attention, head_chunks=model.ranks[0].vocab_chunks,
+    doc.update(backend=args.backend, attention=args.attention, gemm=args.gemm, head_chunks=model.ranks[0].vocab_chunks,
                overlap_noise=settings.overlap_noise, ranks="colocated", device=str(device), execution="cuda-graph" if cuda else "eager",
                geometry=geometry.as_dict(), dtype=args.dtype, context=args.context, cache_len=model.cache_len,
                weights=model.weights_fingerprint, weight_bytes_per_pass=wbytes, guards=guard_doc,

@@ -138,6 +138,9 @@ class ModelSettings:
     attention: str = "gemm"
     # Chunks each vocabulary shard's row is reduced in (None: automatic; 1: one block per row).
     head_chunks: int | None = None
+    # "cublas": every linear through torch.mm; "triton" (triton backend only): the smaller
+    # matrices through a skinny-GEMM Triton kernel (pp4/worker/backends.py says which).
+    gemm: str = "cublas"
 
     @property
     def cache_len(self) -> int:

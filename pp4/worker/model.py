@@ -392,7 +392,7 @@ class TensorParallelDraft:
             raise NotImplementedError("only --ranks colocated is implemented")
         self.settings, self.g, self.device = settings, g, device
         self.dtype = TORCH_DTYPES[settings.dtype]
-        self.backend = make_backend(settings.backend, device, settings.attention)
+        self.backend = make_backend(settings.backend, device, settings.attention, settings.gemm)
         self.cache_len = settings.cache_len
         if settings.weights_dir:
             source = SafetensorsSource(settings.weights_dir, g, self.dtype, device)
@@ -468,6 +468,7 @@ class TensorParallelDraft:
             "weights": self.weights_fingerprint,
             "backend": self.backend.name,
             "attention": self.settings.attention,
+            **({"gemm": self.settings.gemm} if self.settings.gemm != "cublas" else {}),
             "head_chunks": self.ranks[0].vocab_chunks,
             "cache_len": self.cache_len,
             "query_block": QUERY_BLOCK,

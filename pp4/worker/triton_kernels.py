@@ -279,3 +279,25 @@ def attention_combine_kernel(M_IN, L_IN, ACC_IN, POS, pos_stride_b, pos_stride_t
     acc = tl.load(ACC_IN + src[:, None] * D + d[None, :], mask=used[:, None], other=0.0)
     o = tl.sum(w[:, None] * acc, axis=0) / total
     tl.store(OUT + (row * GROUP * HKV + c) * D + d, o.to(OUT.dtype.element_ty))
+
+
+@triton.jit
+def skinny_linear_kernel(X, W, Y, M, N, K, x_stride,
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Y[M, N] = X[M, K] @ W[N, K]^T for few rows (M <= BLOCK_M <= 64), fp32 accumulation.
+
+    One program per BLOCK_N output columns walks the whole K (no split-K, so no reduce
+    kernel after it): with BLOCK_N = 16 a 4096-column matrix gives 256 programs, each
+    streaming a BLOCK_N x K strip of W once.  K must be a multiple of BLOCK_K.
+    """
+    rm = tl.arange(0, BLOCK_M)
+    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    m_ok = rm < M
+    n_ok = rn < N
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k in range(0, K, BLOCK_K):
+        x = tl.load(X + rm[:, None] * x_stride + (k + rk)[None, :], mask=m_ok[:, None], other=0.0)
+        w = tl.load(W + rn[:, None] * K + (k + rk)[None, :], mask=n_ok[:, None], other=0.0)
+        acc += tl.dot(x, tl.trans(w))
+    tl.store(Y + rm[:, None] * N + rn[None, :], acc.to(Y.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
