@@ -131,7 +131,7 @@ class Reuser:
             if not all(self.sets.matches(self.store_sets, sid) for sid in entry["input_sets"]):
                 continue  # a shared header changed (or the set is gone or damaged)
             recorded = {actionkey.from_src(p, root) for p in entry.get("shadows", [])}
-            now = set(actionkey.shadow_candidates([p for p, _ in own], args.search_dirs, self.hasher))
+            now = set(self.sets.finder(args.search_dirs).candidates([p for p, _ in own]))
             for sid in entry["input_sets"]:
                 now.update(self.sets.shadows(self.store_sets, sid, args.search_dirs))
             if any(c not in recorded for c in now):
@@ -162,7 +162,7 @@ class Reuser:
         for sid in hit.entry["input_sets"]:
             bodies.append(self.sets.depfile_body(self.store_sets, sid))
             if sid not in self._in_state:  # the build's own copy, for its events and certificate
-                inputsets.write(self.state_sets, self.sets.load(self.store_sets, sid))
+                self.sets.copy(self.store_sets, sid, self.state_sets)
                 self._in_state.add(sid)
         Path(args.depfile).write_text(actionkey.format_depfile(args.output, deps, bodies))
         return True
