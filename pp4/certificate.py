@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from pp4 import actionkey, inputsets, pin, reuse
+from pp4 import actionkey, events, inputsets, pin
 from pp4.store import hash_file
 from pp4.toolchain import read_manifest
 
@@ -64,12 +64,13 @@ def write(config_path: Path, actions_path: Path, out: Path) -> str:
     actions = json.loads(actions_path.read_text())["actions"]
     objects, problems, sets = [], [], {}
     sets_dir = inputsets.directory(state_dir)
+    known = events.Events(state_dir)
     for action in actions:
-        ev_path = reuse.event_path(state_dir, action["output"])
-        try:
-            ev = json.loads(ev_path.read_text())
-        except (OSError, ValueError):
-            problems.append(f"{action['output']}: no record of how it was built ({ev_path})")
+        ev = known.get(action["output"])
+        if not isinstance(ev, dict):
+            problems.append(f"{action['output']}: no record of how it was built (neither "
+                            f"{events.event_path(state_dir, action['output'])} nor an entry in "
+                            f"{events.batch_path(state_dir)})")
             continue
         sha, size = hash_file(action["output"])
         if sha != ev.get("object_sha256"):
