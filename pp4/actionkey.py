@@ -29,6 +29,8 @@ from pathlib import Path
 
 import attrs
 
+from pp4.files import sha256_fd
+
 # Variables that change what gcc or nvcc produce without appearing on the command line.
 OUTPUT_ENV = ("CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH", "GCC_EXEC_PREFIX", "COMPILER_PATH",
               "SOURCE_DATE_EPOCH", "LIBRARY_PATH")
@@ -133,10 +135,16 @@ def action_key(mkey: str, inputs: list[list[str]], input_sets: list[str], erased
 
 
 class FileHasher:
-    """sha256 of files, each read once per process; a missing file hashes to None."""
+    """sha256 of files, each read once per process; a missing file hashes to None.
+
+    Once per path, and once per file: two paths to one file (a hard link, a folder reached through
+    a symbolic link, as /usr/local/cuda/include is) are hashed once, keyed by device, inode, size
+    and mtime as fstat gives them for the file just opened, so a file replaced or written since is
+    hashed again."""
 
     def __init__(self):
         self._hashes: dict[str, str | None] = {}
+        self._by_file: dict[tuple[int, int, int, int], str] = {}
         self._exists: dict[str, bool] = {}
         self._mentions: dict[tuple[str, bytes], bool] = {}
 
@@ -144,12 +152,23 @@ class FileHasher:
         h = self._hashes.get(path, ...)
         if h is ...:
             try:
-                with open(path, "rb") as f:
-                    h = hashlib.file_digest(f, "sha256").hexdigest()
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+                try:
+                    st = os.fstat(fd)
+                    ident = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+                    h = self._by_file.get(ident)
+                    if h is None:
+                        h = self._by_file[ident] = sha256_fd(fd, st.st_size)
+                finally:
+                    os.close(fd)
             except (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError):
                 h = None
             self._hashes[path] = h
         return h
+
+    def files_hashed(self) -> int:
+        """How many distinct files this process has read and hashed."""
+        return len(self._by_file)
 
     def all_match(self, pairs) -> bool:
         """Whether every (path, sha256) still holds: the check of a whole input set, 1,400 pairs, in

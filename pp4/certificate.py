@@ -25,7 +25,6 @@ from pathlib import Path
 
 from pp4 import actionkey, events, inputsets, pin
 from pp4.store import hash_file
-from pp4.toolchain import read_manifest
 
 
 class CertificateError(Exception):
@@ -136,6 +135,10 @@ def build_record(config: dict, modules: list[dict], certificate: Path, digest: s
     if modules:  # every module of a build uses the one toolchain configure chose
         plan = json.loads((certificate.parent / modules[0]["target"] / "plan.json").read_text())
         tc_prefix = plan["toolchain"]["prefix"]
+    # Imported here, not at the top: the audit reads certificates through this module and never
+    # needs the toolchain module, whose imports (wheels, torch's metadata) cost it 20 ms at start-up.
+    from pp4.toolchain import read_manifest
+
     manifest = read_manifest(Path(tc_prefix)) if tc_prefix else None
     return {
         "format": 1,
