@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     objs = audit.doc["objects"]
     reused = sum(o["status"] == "reused" for o in objs)
     failed = sum(s == "FAILED" for s, _, _ in audit.per_object)
-    inputs = len(audit.hasher._hashes)
+    inputs = audit.hasher.files_hashed()
     print(f"certificate {args.certificate}: sha256 {audit.digest}")
     print(f"  {len(objs)} objects: {reused} reused, {len(objs) - reused} compiled, {failed} failed; "
           f"{len(audit.doc['modules'])} modules; {inputs} files hashed in {time.monotonic() - t0:.2f} s "

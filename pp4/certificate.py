@@ -23,9 +23,8 @@ import sys
 import time
 from pathlib import Path
 
-from pp4 import actionkey, inputsets, pin, reuse
+from pp4 import actionkey, events, inputsets, pin
 from pp4.store import hash_file
-from pp4.toolchain import read_manifest
 
 
 class CertificateError(Exception):
@@ -64,12 +63,13 @@ def write(config_path: Path, actions_path: Path, out: Path) -> str:
     actions = json.loads(actions_path.read_text())["actions"]
     objects, problems, sets = [], [], {}
     sets_dir = inputsets.directory(state_dir)
+    known = events.Events(state_dir)
     for action in actions:
-        ev_path = reuse.event_path(state_dir, action["output"])
-        try:
-            ev = json.loads(ev_path.read_text())
-        except (OSError, ValueError):
-            problems.append(f"{action['output']}: no record of how it was built ({ev_path})")
+        ev = known.get(action["output"])
+        if not isinstance(ev, dict):
+            problems.append(f"{action['output']}: no record of how it was built (neither "
+                            f"{events.event_path(state_dir, action['output'])} nor an entry in "
+                            f"{events.batch_path(state_dir)})")
             continue
         sha, size = hash_file(action["output"])
         if sha != ev.get("object_sha256"):
@@ -135,6 +135,10 @@ def build_record(config: dict, modules: list[dict], certificate: Path, digest: s
     if modules:  # every module of a build uses the one toolchain configure chose
         plan = json.loads((certificate.parent / modules[0]["target"] / "plan.json").read_text())
         tc_prefix = plan["toolchain"]["prefix"]
+    # Imported here, not at the top: the audit reads certificates through this module and never
+    # needs the toolchain module, whose imports (wheels, torch's metadata) cost it 20 ms at start-up.
+    from pp4.toolchain import read_manifest
+
     manifest = read_manifest(Path(tc_prefix)) if tc_prefix else None
     return {
         "format": 1,

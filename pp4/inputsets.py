@@ -19,7 +19,7 @@ import json
 import os
 from pathlib import Path
 
-from pp4.actionkey import FileHasher, depfile_body, shadow_candidates
+from pp4.actionkey import FileHasher, ShadowFinder, depfile_body
 
 SRC = "$SRC"  # inputs under the extension's own source root; they stay inline
 
@@ -53,6 +53,16 @@ def write(directory: str | Path, shared: list[list[str]]) -> str:
     """Store a set (once: an existing file with this name has these bytes) and return its name."""
     data = canonical(shared)
     sid = hashlib.sha256(data).hexdigest()
+    write_canonical(directory, sid, data)
+    return sid
+
+
+def write_canonical(directory: str | Path, sid: str, data: bytes) -> None:
+    """Store a set's canonical bytes, as read from another directory: a restore copies the store's
+    sets into the build's state directory without encoding 1,400 entries again. The bytes must hash
+    to the name (ValueError otherwise), so a copy can never name other content than its source."""
+    if hashlib.sha256(data).hexdigest() != sid:
+        raise ValueError(f"input set bytes do not hash to {sid}")
     path = path_of(directory, sid)
     if not _intact(path, sid):
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -62,25 +72,29 @@ def write(directory: str | Path, shared: list[list[str]]) -> str:
             os.replace(tmp, path)
         finally:
             tmp.unlink(missing_ok=True)
-    return sid
 
 
 def read(directory: str | Path, sid: str) -> list[list[str]] | None:
     """The set, or None when it is missing or its bytes do not hash to its name."""
+    return _read(directory, sid)[1]
+
+
+def _read(directory: str | Path, sid: str) -> tuple[bytes | None, list[list[str]] | None]:
+    """(canonical bytes, set), or (None, None) when it is missing or its bytes do not hash to its name."""
     try:
         data = path_of(directory, sid).read_bytes()
     except OSError:
-        return None
+        return None, None
     if hashlib.sha256(data).hexdigest() != sid:
-        return None
+        return None, None
     try:
         doc = json.loads(data)
     except ValueError:
-        return None
+        return None, None
     if not (isinstance(doc, list) and all(isinstance(e, list) and len(e) == 2 and isinstance(e[0], str)
                                           and (e[1] is None or isinstance(e[1], str)) for e in doc)):
-        return None
-    return doc
+        return None, None
+    return data, doc
 
 
 def _intact(path: Path, sid: str) -> bool:
@@ -97,19 +111,36 @@ class SetChecker:
     def __init__(self, hasher: FileHasher):
         self.hasher = hasher
         self._sets: dict[str, list[list[str]] | None] = {}
+        self._bytes: dict[str, bytes | None] = {}
         self._match: dict[str, bool] = {}
         self._shadows: dict[tuple[str, tuple[str, ...]], list[str]] = {}
         self._depfile_bodies: dict[str, str] = {}
+        self._finders: dict[tuple[str, ...], ShadowFinder] = {}
+
+    def finder(self, search_dirs: tuple[str, ...]) -> ShadowFinder:
+        """One per search path, so a header shared by many sets is looked at once."""
+        key = tuple(search_dirs)
+        if key not in self._finders:
+            self._finders[key] = ShadowFinder(key, self.hasher)
+        return self._finders[key]
 
     def load(self, directory: str | Path, sid: str) -> list[list[str]] | None:
         if sid not in self._sets:
-            self._sets[sid] = read(directory, sid)
+            self._bytes[sid], self._sets[sid] = _read(directory, sid)
         return self._sets[sid]
+
+    def copy(self, directory: str | Path, sid: str, to: str | Path) -> None:
+        """Write a set this process read from directory into another directory, as the bytes read."""
+        self.load(directory, sid)
+        data = self._bytes[sid]
+        if data is None:
+            raise ValueError(f"input set {sid} is missing or damaged in {directory}")
+        write_canonical(to, sid, data)
 
     def matches(self, directory: str | Path, sid: str) -> bool:
         if sid not in self._match:
             entries = self.load(directory, sid)
-            self._match[sid] = entries is not None and all(self.hasher.sha256(p) == h for p, h in entries)
+            self._match[sid] = entries is not None and self.hasher.all_match(entries)
         return self._match[sid]
 
     def loaded(self) -> int:
@@ -129,7 +160,7 @@ class SetChecker:
     def shadows(self, directory: str | Path, sid: str, search_dirs: tuple[str, ...]) -> list[str]:
         key = (sid, tuple(search_dirs))
         if key not in self._shadows:
-            self._shadows[key] = shadow_candidates(self.paths(directory, sid), key[1], self.hasher)
+            self._shadows[key] = self.finder(key[1]).candidates(self.paths(directory, sid))
         return self._shadows[key]
 
 

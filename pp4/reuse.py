@@ -28,7 +28,7 @@ from pathlib import Path
 
 import attrs
 
-from pp4 import actionkey, inputsets
+from pp4 import actionkey, events, inputsets
 from pp4.actionkey import CompileArgs, FileHasher
 from pp4.compilerenv import compiler_env
 from pp4.launch import Limits, apply, command_for
@@ -131,7 +131,7 @@ class Reuser:
             if not all(self.sets.matches(self.store_sets, sid) for sid in entry["input_sets"]):
                 continue  # a shared header changed (or the set is gone or damaged)
             recorded = {actionkey.from_src(p, root) for p in entry.get("shadows", [])}
-            now = set(actionkey.shadow_candidates([p for p, _ in own], args.search_dirs, self.hasher))
+            now = set(self.sets.finder(args.search_dirs).candidates([p for p, _ in own]))
             for sid in entry["input_sets"]:
                 now.update(self.sets.shadows(self.store_sets, sid, args.search_dirs))
             if any(c not in recorded for c in now):
@@ -162,7 +162,7 @@ class Reuser:
         for sid in hit.entry["input_sets"]:
             bodies.append(self.sets.depfile_body(self.store_sets, sid))
             if sid not in self._in_state:  # the build's own copy, for its events and certificate
-                inputsets.write(self.state_sets, self.sets.load(self.store_sets, sid))
+                self.sets.copy(self.store_sets, sid, self.state_sets)
                 self._in_state.add(sid)
         Path(args.depfile).write_text(actionkey.format_depfile(args.output, deps, bodies))
         return True
@@ -276,22 +276,23 @@ class Reuser:
 
     # -- events -----------------------------------------------------------------------------
 
-    def event(self, args: CompileArgs, **fields) -> None:
+    def event_doc(self, args: CompileArgs, **fields) -> dict:
         root = self.cfg.root_for(args.source)
-        doc = {"output": args.output, "source": os.path.abspath(args.source), "root": root, **fields}
-        path = event_path(self.cfg.state_dir, args.output)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(doc, sort_keys=True))
-        os.replace(tmp, path)
+        return {"output": args.output, "source": os.path.abspath(args.source), "root": root, **fields}
+
+    def event(self, args: CompileArgs, **fields) -> None:
+        events.write(self.cfg.state_dir, args.output, self.event_doc(args, **fields))
+
+    def hit_doc(self, args: CompileArgs, hit: Hit, seconds: float, via: str) -> dict:
+        payload = hit.record.payload
+        return self.event_doc(args, status="reused", via=via, action_key=hit.entry["action_key"],
+                              object_sha256=hit.record.object_sha256, inputs=hit.entry["inputs"],
+                              input_sets=hit.entry["input_sets"],
+                              reused_from=payload.get("compiled_for"), compile_duration_s=payload.get("duration_s"),
+                              restore_duration_s=round(seconds, 4), toolchain=self.toolchain_id)
 
     def hit_event(self, args: CompileArgs, hit: Hit, seconds: float, via: str) -> None:
-        payload = hit.record.payload
-        self.event(args, status="reused", via=via, action_key=hit.entry["action_key"],
-                   object_sha256=hit.record.object_sha256, inputs=hit.entry["inputs"],
-                   input_sets=hit.entry["input_sets"],
-                   reused_from=payload.get("compiled_for"), compile_duration_s=payload.get("duration_s"),
-                   restore_duration_s=round(seconds, 4), toolchain=self.toolchain_id)
+        events.write(self.cfg.state_dir, args.output, self.hit_doc(args, hit, seconds, via))
 
 
 def verify_manifests(store_root: Path, repair: bool) -> list[tuple[str, str, bool]]:
@@ -344,8 +345,7 @@ def worth_waiting(source: str) -> bool:
     return not any(w in text for w in (b"TORCH_EXTENSION_NAME", b"pybind11", b"torch/extension.h", b"torch/python.h"))
 
 
-def event_path(state_dir: str, output: str) -> Path:
-    return Path(state_dir) / "events" / (output.replace(os.sep, "__") + ".json")
+event_path = events.event_path  # where a compile edge's event lives (pp4.events)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -402,6 +402,7 @@ def prepass(cfg: ReuseConfig, actions_file: Path, stamp: Path) -> int:
     actions = json.loads(actions_file.read_text())["actions"]
     reuser = Reuser(cfg)
     restored = checked = 0
+    hits: dict[str, dict] = {}
     for action in actions:
         args = actionkey.parse_compile(action["argv"])
         marker = Path(args.output + MARKER_SUFFIX)
@@ -415,17 +416,19 @@ def prepass(cfg: ReuseConfig, actions_file: Path, stamp: Path) -> int:
         hit = reuser.lookup(args)
         if hit is not None and reuser.materialize(hit, args):
             marker.write_text(hit.entry["action_key"] + "\n")
-            reuser.hit_event(args, hit, time.monotonic() - t, via="prepass")
+            hits[args.output] = reuser.hit_doc(args, hit, time.monotonic() - t, via="prepass")
             restored += 1
+    # One batch file for all of them, after the markers: killed before it is in place, the markers
+    # make the next prepass restore those objects again (pp4/events.py).
+    batch = events.write_batch(cfg.state_dir, hits)
     # The stamp's dependencies: every input of every compile seen so far, so that an edit of any of
     # them runs the prepass again before the compiles that ninja will then find out of date.
     deps: set[str] = set()
     set_ids: set[str] = set()
+    known = events.Events(cfg.state_dir, batch)
     for action in actions:
-        ev = event_path(cfg.state_dir, action["output"])
-        try:
-            doc = json.loads(ev.read_text())
-        except (OSError, ValueError):
+        doc = known.get(action["output"])
+        if not isinstance(doc, dict):
             continue
         deps.update(actionkey.from_src(p, doc.get("root")) for p, _ in doc.get("inputs", []))
         set_ids.update(doc.get("input_sets", []))

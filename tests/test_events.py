@@ -1,0 +1,162 @@
+"""The prepass's batched events (pp4/events.py), on real files and a real store, without a compiler:
+objects are random bytes stored through the Reuser exactly as a compile stores them."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+from pp4 import certificate, events, reuse
+from pp4.actionkey import parse_compile
+
+
+class Scene:
+    """Three units with shared headers, stored; the build's objects then removed."""
+
+    def __init__(self, base: Path, units: int = 3):
+        self.src = base / "src"
+        (self.src / "include").mkdir(parents=True)
+        shared = base / "sys"
+        shared.mkdir()
+        headers = []
+        for j in range(6):
+            h = shared / f"s{j}.h"
+            h.write_text(f"#define S{j}\n")
+            headers.append(str(h))
+        build = base / "build"
+        self.state = build / ".pp4"
+        config = {"limits": {"address_space": None, "cpus": None, "nice": 0, "nvcc_threads": 1,
+                             "tmpdir": str(build / "tmp")},
+                  "reuse": {"erasable": ["PYBIND11_STDLIB", "TORCH_EXTENSION_NAME"], "roots": [str(self.src)],
+                            "state_dir": str(self.state), "store": str(base / "store"),
+                            "toolchain": {"bin/nvcc": "0" * 64}}}
+        build.mkdir()
+        (build / "pp4.json").write_text(json.dumps(config))
+        self.config = build / "pp4.json"
+        self.cfg = reuse.ReuseConfig.load(self.config)
+        old = time.time() - 3600
+        for h in headers:
+            os.utime(h, (old, old))
+        r = reuse.Reuser(self.cfg)
+        rnd = random.Random(1)
+        self.actions = []
+        for i in range(units):
+            unit = self.src / f"unit{i}.cu"
+            unit.write_text(f"// unit {i}\n")
+            os.utime(unit, (old, old))
+            out, dep = build / "obj" / f"unit{i}.cu.o", build / "obj" / f"unit{i}.cu.o.d"
+            out.parent.mkdir(exist_ok=True)
+            argv = ["nvcc", "-c", str(unit), "-o", str(out), "-MD", "-MF", str(dep), "-isystem", str(shared)]
+            dep.write_text(f"{out}: " + " ".join([str(unit)] + headers) + "\n")
+            out.write_bytes(rnd.randbytes(4096))
+            args = parse_compile(argv)
+            stored = r.store_compile(args, time.time() + 10, 1.0)
+            assert stored["action_key"], stored
+            r.event(args, status="compiled", compile_duration_s=1.0, toolchain=r.toolchain_id, **stored)
+            self.actions.append({"argv": argv, "output": str(out), "target": "t", "source": str(unit)})
+        self.actions_file = build / "actions.json"
+        self.actions_file.write_text(json.dumps({"actions": self.actions}))
+        self.stamp = self.state / "prepass.stamp"
+
+    def outputs(self) -> list[str]:
+        return [a["output"] for a in self.actions]
+
+    def remove_objects(self) -> None:
+        for o in self.outputs():
+            Path(o).unlink(missing_ok=True)
+
+    def prepass(self) -> dict:
+        reuse.prepass(self.cfg, self.actions_file, self.stamp)
+        return json.loads(self.stamp.read_text())
+
+
+def test_prepass_writes_one_batch_that_supersedes_the_event_files(tmp_path):
+    s = Scene(tmp_path)
+    for o in s.outputs():
+        assert events.event_path(str(s.state), o).exists()  # the compiles' own events
+    s.remove_objects()
+    assert s.prepass()["restored"] == 3
+    batch = events.read_batch(str(s.state))
+    assert sorted(batch) == sorted(s.outputs())
+    known = events.Events(str(s.state))
+    for o in s.outputs():
+        assert not events.event_path(str(s.state), o).exists(), "a restore removes the older event file"
+        assert known.get(o)["status"] == "reused" and known.get(o)["via"] == "prepass"
+    # A compile edge's event written after the batch is the newer one, and wins.
+    r = reuse.Reuser(s.cfg)
+    args = parse_compile(s.actions[0]["argv"])
+    r.event(args, status="compiled", compile_duration_s=2.0, inputs=[], input_sets=[])
+    assert events.Events(str(s.state)).get(s.outputs()[0])["status"] == "compiled"
+    # A later prepass restoring only one object keeps the others' entries.
+    Path(s.outputs()[1]).unlink()
+    for o in s.outputs():
+        Path(o + reuse.MARKER_SUFFIX).unlink(missing_ok=True)
+    assert s.prepass()["restored"] == 1
+    known = events.Events(str(s.state))
+    assert known.get(s.outputs()[0])["status"] == "compiled"
+    assert known.get(s.outputs()[1])["status"] == "reused" and known.get(s.outputs()[2])["status"] == "reused"
+
+
+def test_prepass_killed_before_its_batch_restores_again(tmp_path):
+    """The state a kill leaves between the markers and the batch: objects and markers, no events.
+    The next prepass must start those objects over, and then every one has its event."""
+    s = Scene(tmp_path)
+    s.remove_objects()
+    s.prepass()
+    events.batch_path(str(s.state)).unlink()
+    assert all(events.Events(str(s.state)).get(o) is None for o in s.outputs())
+    assert all(Path(o + reuse.MARKER_SUFFIX).exists() for o in s.outputs())
+    assert s.prepass()["restored"] == 3
+    known = events.Events(str(s.state))
+    assert all(known.get(o)["status"] == "reused" for o in s.outputs())
+
+
+def test_stale_event_file_left_by_a_kill_is_caught_by_the_certificate_check(tmp_path):
+    """Killed after the batch but before the older event files are removed: the older event wins,
+    and it names another object's sha256, which the certificate's own recheck refuses."""
+    s = Scene(tmp_path)
+    out = s.outputs()[0]
+    stale = json.loads(events.event_path(str(s.state), out).read_text())
+    s.remove_objects()
+    s.prepass()
+    stale["object_sha256"] = "0" * 64  # the object the older event described, not this one
+    events.write(str(s.state), out, stale)
+    with pytest.raises(certificate.CertificateError, match="differs from the one recorded"):
+        certificate.write(s.config, s.actions_file, s.state.parent / "certificate.json.gz")
+
+
+WRITER = """
+import sys
+from pp4 import events
+state = sys.argv[1]
+gen = 0
+while True:
+    gen += 1
+    events.write_batch(state, {f"/o/{i}": {"gen": gen, "pad": "x" * 200} for i in range(2000)})
+"""
+
+
+def test_batch_killed_mid_write_is_old_or_new_never_torn(tmp_path):
+    state = tmp_path / "state"
+    state.mkdir()
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    for delay in (0.15, 0.31, 0.47, 0.6):
+        proc = subprocess.Popen([sys.executable, "-c", WRITER, str(state)], env=env)
+        deadline = time.monotonic() + 30
+        while not events.batch_path(str(state)).exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(delay)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        batch = events.read_batch(str(state))
+        assert len(batch) == 2000, "a kill must leave the previous batch or the new one, whole"
+        assert len({e["gen"] for e in batch.values()}) == 1
