@@ -81,8 +81,8 @@ def test_a_file_written_after_it_was_hashed_is_hashed_again_through_another_path
 def test_large_files_hash_as_small_ones_do(tmp_path):
     import hashlib
 
-    from pp4.files import MMAP_MIN_BYTES, sha256_file
-    for size in (0, 1, MMAP_MIN_BYTES - 1, MMAP_MIN_BYTES, 3 * MMAP_MIN_BYTES + 17):
+    from pp4.files import READ_CHUNK, sha256_file
+    for size in (0, 1, READ_CHUNK - 1, READ_CHUNK, 3 * READ_CHUNK + 17):
         p = tmp_path / f"f{size}"
         data = os.urandom(size)
         p.write_bytes(data)
