@@ -78,6 +78,23 @@ def test_second_ninja_does_nothing(fixture_build):
     assert "ninja: no work to do." in out.stdout
 
 
+def test_a_lock_file_newer_than_the_toolchain_is_checked_once(fixture_build):
+    """A fresh checkout or a pull leaves the lock file newer than the manifest of a toolchain that a
+    shared cache provisioned earlier: ninja runs the toolchain step once, then no work, not every time."""
+    work, _, _ = fixture_build
+    edge = re.search(r"^build (\S+\.json): toolchain[\s$|]*(\S+\.toml)", (work / "build.ninja").read_text(), re.M)
+    manifest, lock = Path(edge.group(1)), Path(edge.group(2))
+    before = manifest.stat().st_mtime_ns
+    st = lock.stat()
+    os.utime(lock)  # now: newer than the manifest
+    try:
+        assert "TOOLCHAIN" in run([ninja_bin()], work).stdout
+        assert manifest.stat().st_mtime_ns == before  # nothing changed, nothing rewritten
+        assert "ninja: no work to do." in run([ninja_bin()], work).stdout
+    finally:
+        os.utime(lock, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
 def test_configure_rerun_touches_nothing(fixture_build):
     work, src, _ = fixture_build
     configure(work, "--ext-spec", str(src / "ext.toml"))  # may reorder edges by the durations just measured
