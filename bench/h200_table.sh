@@ -14,6 +14,8 @@
 # RESULTS_JSON: results.json of the earlier calls, taken only when /tmp/w has none (a fresh machine:
 # the table then says that its figures come from more than one machine).
 #
+# A machine is held at most 30 minutes and one build phase takes 5-6 minutes there: chain at most four
+# build phases (plus start-up) on one machine; a later call finds a fresh one with an empty /tmp/w.
 # Every call stops starting phases that would not end 580 s after it began, and kills a command still
 # running then; a phase's result is in /tmp/w/results.json as soon as it ends. Copied to $OUT at the end
 # of every call, also on failure: results.json, table.md, logs-callN.tar.gz (the bench's log, ninja
