@@ -383,6 +383,14 @@ def _run(args, argv: list[str], checked, cache_dir: str, caches_late: bool, rss:
     finally:
         if sampler:
             sampler.__exit__(None, None, None)
+    breakdown = []
+    if cuda:  # diagnostic: what the events hold besides the graph's kernels
+        for cell in [c for c in cells if c.name in ("B1-D4-greedy", "B4-D5-switch")] or cells[:1]:
+            b = timing.call_breakdown(runners, stager, cell, 200, device)
+            breakdown.append(b)
+            _say(f"outside the kernels, {cell.name} (median of 200, ms): staging {b['staging_ms']:.4f}, replay "
+                 f"{b['replay_ms']:.4f}, both {b['staging_and_replay_ms']:.4f}; a one-kernel graph "
+                 f"{b['one_kernel_graph_ms']:.4f}")
     timings, counts = [], {}
     for cell in cells:
         t = timing.cell_stats(cell.name, samples[cell.name])
@@ -406,6 +414,7 @@ def _run(args, argv: list[str], checked, cache_dir: str, caches_late: bool, rss:
         "fixture": [s.name for s in fixture], "copy_bandwidth": bw.as_dict(), "ratio_target": report.RATIO_TARGET,
         "cells": [dict(t.summary(), **counts[t.cell]) for t in timings],
         "samples_ms": {t.cell: [round(v, 5) for v in t.samples_ms] for t in timings},
+        "breakdown": breakdown,
     }
     doc["clocks"] = {"before": clocks_before, "during": during, "after": clocks_after}
     _finish(args, doc, rss, timings)

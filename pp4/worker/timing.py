@@ -167,3 +167,45 @@ def weight_floor(model, cell: CellKey, bandwidth: CopyBandwidth) -> tuple[float,
     bw = bandwidth.bytes_per_s
     counts = {"passes": passes, "weight_bytes": w, "embedding_bytes": emb, "kv_bytes": kv}
     return (w + emb) / bw * 1e3, (w + emb + kv) / bw * 1e3, counts
+
+
+def call_breakdown(runners: dict, stager: InputStager, cell: CellKey, calls: int, device: torch.device) -> dict:
+    """Where a timed call's time goes outside its kernels (diagnostic, not the measurement):
+    median ms of ``calls`` calls each of the input staging alone, the graph replay alone (inputs
+    left staged), both (what the timing measures), and the replay of a graph holding one tiny
+    kernel (the launch itself).  Same events and idle start as a timed call."""
+    if device.type != "cuda":
+        return {}
+
+    def median_of(fn) -> float:
+        times = []
+        for _ in range(calls):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        return percentile(times, 50)
+
+    runner = runners[cell]
+    tiny = torch.zeros(1, device=device)
+    empty = torch.cuda.CUDAGraph()
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        tiny.add_(1)  # warm-up outside capture
+    torch.cuda.current_stream(device).wait_stream(side)
+    with torch.cuda.graph(empty):
+        tiny.add_(1)
+    stager.stage(cell)
+    runner.run()
+    out = {
+        "cell": cell.name,
+        "calls": calls,
+        "staging_ms": median_of(lambda: stager.stage(cell)),
+        "replay_ms": median_of(runner.run),
+        "staging_and_replay_ms": median_of(lambda: (stager.stage(cell), runner.run())),
+        "one_kernel_graph_ms": median_of(empty.replay),
+    }
+    return out
