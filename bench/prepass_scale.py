@@ -32,7 +32,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
-def child(work: Path, units: int, nsets: int, shared_n: int, object_kib: int) -> dict:
+def child(work: Path, units: int, nsets: int, shared_n: int, object_kib: int, variant_mentions: int | None = None) -> dict:
     import torch  # noqa: F401 - only to find its headers; pp4 itself never imports it here
 
     from pp4 import reuse
@@ -57,11 +57,15 @@ def child(work: Path, units: int, nsets: int, shared_n: int, object_kib: int) ->
         p = src / "include" / f"h{j}.cuh"
         p.write_text(f"#pragma once\n#define H{j} {j}\n")
         project.append(str(p))
+    # A header that names the module-name macro: units that include it cannot be shared by a variant.
+    naming = src / "include" / "ext_name.h"
+    naming.write_text("#pragma once\n#define EXT_NAME TORCH_EXTENSION_NAME\n")
+    variant_src = work / "src-facc"
     build = work / "build"
     state = build / ".pp4"
     store = work / "store"
     config = {"limits": {"address_space": None, "cpus": None, "nice": 0, "nvcc_threads": 1, "tmpdir": str(build / "tmp")},
-              "reuse": {"erasable": ["PYBIND11_STDLIB", "TORCH_EXTENSION_NAME"], "roots": [str(src)],
+              "reuse": {"erasable": ["PYBIND11_STDLIB", "TORCH_EXTENSION_NAME"], "roots": [str(src), str(variant_src)],
                         "state_dir": str(state), "store": str(store),
                         "toolchain": {"bin/nvcc": "0" * 64}}}
     build.mkdir()
@@ -69,7 +73,7 @@ def child(work: Path, units: int, nsets: int, shared_n: int, object_kib: int) ->
     cfg = reuse.ReuseConfig.load(build / "pp4.json")
     actions = []
     old = time.time() - 3600
-    for p in project:
+    for p in project + [str(naming)]:
         os.utime(p, (old, old))
     reuser = reuse.Reuser(cfg)
     for i in range(units):
@@ -79,8 +83,11 @@ def child(work: Path, units: int, nsets: int, shared_n: int, object_kib: int) ->
         out, dep = build / "obj" / f"unit{i}.cu.o", build / "obj" / f"unit{i}.cu.o.d"
         out.parent.mkdir(exist_ok=True)
         argv = ["nvcc", "-c", str(unit), "-o", str(out), "-MD", "-MF", str(dep), "-I", str(src / "include"),
-                "-isystem", str(inc), "-isystem", str(api), "-O3", "--use_fast_math", "-std=c++17"]
+                "-isystem", str(inc), "-isystem", str(api), "-O3", "--use_fast_math", "-std=c++17",
+                "-DTORCH_EXTENSION_NAME=ext_stock", '-DPYBIND11_STDLIB="_ext_stock"']
         deps = [str(unit)] + rnd.sample(project, 8) + sets[i % nsets]
+        if variant_mentions is not None and i < variant_mentions:
+            deps.append(str(naming))
         dep.write_text(f"{out}: " + " \\\n  ".join(deps) + "\n")
         out.write_bytes(rnd.randbytes(object_kib * 1024))
         args = parse_compile(argv)
@@ -91,6 +98,9 @@ def child(work: Path, units: int, nsets: int, shared_n: int, object_kib: int) ->
     actions_file = build / "actions.json"
     actions_file.write_text(json.dumps({"actions": actions}))
     runs = []
+    if variant_mentions is not None:
+        return variant_runs(cfg, src, variant_src, actions, build, state, units, nsets, shared_n, object_kib,
+                            variant_mentions)
     for _ in range(2):
         for a in actions:
             Path(a["output"]).unlink()
@@ -104,6 +114,37 @@ def child(work: Path, units: int, nsets: int, shared_n: int, object_kib: int) ->
     return {"units": units, "sets": nsets, "shared_inputs": shared_n, "object_kib": object_kib, "runs": runs}
 
 
+def variant_runs(cfg, src: Path, variant_src: Path, stock: list[dict], build: Path, state: Path, units: int,
+                 nsets: int, shared_n: int, object_kib: int, mentions: int) -> dict:
+    """The reuse checks of a variant build: the same units from a copy of the tree, another module
+    name and pybind11 tag; the units whose inputs mention neither are restored, the others miss."""
+    from pp4 import reuse
+
+    shutil.copytree(src, variant_src, copy_function=shutil.copy2)
+    actions = []
+    for a in stock:
+        argv = [str(variant_src / Path(x).relative_to(src)) if x.startswith(str(src) + os.sep) else x
+                for x in a["argv"]]
+        argv = [x.replace("/obj/", "/obj-facc/").replace("ext_stock", "ext_facc") for x in argv]
+        out = argv[argv.index("-o") + 1]
+        Path(out).parent.mkdir(exist_ok=True)
+        actions.append({"argv": argv, "output": out})
+    actions_file = build / "actions-facc.json"
+    actions_file.write_text(json.dumps({"actions": actions}))
+    runs = []
+    for _ in range(2):
+        for a in actions:
+            Path(a["output"]).unlink(missing_ok=True)
+            Path(a["output"] + reuse.MARKER_SUFFIX).unlink(missing_ok=True)
+        stamp = state / "prepass-facc.stamp"
+        cpu0, t0 = time.process_time(), time.monotonic()
+        reuse.prepass(cfg, actions_file, stamp)
+        runs.append({"cpu_s": round(time.process_time() - cpu0, 3), "wall_s": round(time.monotonic() - t0, 3),
+                     "restored": sum(Path(a["output"]).exists() for a in actions)})
+    return {"units": units, "sets": nsets, "shared_inputs": shared_n, "object_kib": object_kib,
+            "variant_mentions": mentions, "runs": runs}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--units", type=int, default=264)
@@ -111,10 +152,14 @@ def main() -> int:
     ap.add_argument("--shared", type=int, default=1400)
     ap.add_argument("--object-kib", type=int, default=500)
     ap.add_argument("--against", action="append", default=[], metavar="REV")
+    ap.add_argument("--variant", type=int, metavar="MENTIONING",
+                    help="time the reuse checks of a variant build instead: --units stock units stored, then the "
+                         "same units as another variant; MENTIONING of them include a header naming the module "
+                         "macro and must miss (EXL3: --units 194 --variant 124)")
     ap.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        print(json.dumps(child(args.child, args.units, args.sets, args.shared, args.object_kib)))
+        print(json.dumps(child(args.child, args.units, args.sets, args.shared, args.object_kib, args.variant)))
         return 0
     checkouts = [("HEAD (this checkout)", REPO)]
     tmp = Path(tempfile.mkdtemp(prefix="pp4-prepass-"))
@@ -127,16 +172,18 @@ def main() -> int:
         for name, path in checkouts:
             work = tmp / f"work-{len(results)}"
             work.mkdir()
+            extra = ["--variant", str(args.variant)] if args.variant is not None else []
             proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child", str(work),
                                    "--units", str(args.units), "--sets", str(args.sets), "--shared", str(args.shared),
-                                   "--object-kib", str(args.object_kib)],
+                                   "--object-kib", str(args.object_kib), *extra],
                                   env=dict(os.environ, PYTHONPATH=str(path)), capture_output=True, text=True)
             if proc.returncode != 0:
                 raise SystemExit(f"{name}: {proc.stderr[-3000:]}")
             doc = json.loads(proc.stdout.strip().splitlines()[-1])
             results.append((name, doc))
-        print(f"prepass restoring {args.units} objects ({args.shared} shared inputs in {args.sets} sets, "
-              f"{args.object_kib} KiB each); warm run:")
+        what = (f"reuse checks of a variant build: {args.units} lookups, {args.units - args.variant} of them "
+                f"shareable" if args.variant is not None else f"prepass restoring {args.units} objects")
+        print(f"{what} ({args.shared} shared inputs in {args.sets} sets, {args.object_kib} KiB each); warm run:")
         first = results[0][1]["runs"][1]["cpu_s"]
         for name, doc in results:
             r = doc["runs"][1]
