@@ -8,9 +8,11 @@ include tree as the shared inputs (NSETS overlapping sets of SHARED headers), a 
 project headers per unit, and objects of random bytes (the prepass copies and hashes them; their
 content does not change its cost). Each unit is stored through the checkout's own Reuser, exactly as
 a compile would store it, then the objects are deleted and the checkout's prepass restores them all,
-twice (the second on a warm page cache and warm store is reported).
+1 + ROUNDS times (the median of the warm runs is reported: on this shared machine single runs vary
+by up to 40%).
 
-    python bench/prepass_scale.py [--units 264] [--sets 41] [--shared 1400] [--against REV ...]
+    python bench/prepass_scale.py [--units 264] [--sets 41] [--shared 1400] [--rounds 5] [--against REV ...]
+    python bench/prepass_scale.py --units 194 --variant 124 [--against REV ...]   (a variant's reuse checks)
 
 --against REV runs the same units through pp4 at that git revision (a worktree under /tmp) in the
 same run, so the figures compare like with like on one machine.
@@ -23,6 +25,7 @@ import json
 import os
 import random
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -32,7 +35,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
-def child(work: Path, units: int, nsets: int, shared_n: int, object_kib: int, variant_mentions: int | None = None) -> dict:
+def child(work: Path, units: int, nsets: int, shared_n: int, object_kib: int, variant_mentions: int | None = None,
+          rounds: int = 5) -> dict:
     import torch  # noqa: F401 - only to find its headers; pp4 itself never imports it here
 
     from pp4 import reuse
@@ -100,8 +104,8 @@ def child(work: Path, units: int, nsets: int, shared_n: int, object_kib: int, va
     runs = []
     if variant_mentions is not None:
         return variant_runs(cfg, src, variant_src, actions, build, state, units, nsets, shared_n, object_kib,
-                            variant_mentions)
-    for _ in range(2):
+                            variant_mentions, rounds)
+    for _ in range(1 + rounds):  # the first is the cold one: page cache, store
         for a in actions:
             Path(a["output"]).unlink()
         stamp = state / "prepass.stamp"
@@ -115,7 +119,7 @@ def child(work: Path, units: int, nsets: int, shared_n: int, object_kib: int, va
 
 
 def variant_runs(cfg, src: Path, variant_src: Path, stock: list[dict], build: Path, state: Path, units: int,
-                 nsets: int, shared_n: int, object_kib: int, mentions: int) -> dict:
+                 nsets: int, shared_n: int, object_kib: int, mentions: int, rounds: int) -> dict:
     """The reuse checks of a variant build: the same units from a copy of the tree, another module
     name and pybind11 tag; the units whose inputs mention neither are restored, the others miss."""
     from pp4 import reuse
@@ -132,7 +136,7 @@ def variant_runs(cfg, src: Path, variant_src: Path, stock: list[dict], build: Pa
     actions_file = build / "actions-facc.json"
     actions_file.write_text(json.dumps({"actions": actions}))
     runs = []
-    for _ in range(2):
+    for _ in range(1 + rounds):
         for a in actions:
             Path(a["output"]).unlink(missing_ok=True)
             Path(a["output"] + reuse.MARKER_SUFFIX).unlink(missing_ok=True)
@@ -156,10 +160,12 @@ def main() -> int:
                     help="time the reuse checks of a variant build instead: --units stock units stored, then the "
                          "same units as another variant; MENTIONING of them include a header naming the module "
                          "macro and must miss (EXL3: --units 194 --variant 124)")
+    ap.add_argument("--rounds", type=int, default=5, help="warm runs per checkout after a cold one; the median is reported")
     ap.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        print(json.dumps(child(args.child, args.units, args.sets, args.shared, args.object_kib, args.variant)))
+        print(json.dumps(child(args.child, args.units, args.sets, args.shared, args.object_kib, args.variant,
+                               args.rounds)))
         return 0
     checkouts = [("HEAD (this checkout)", REPO)]
     tmp = Path(tempfile.mkdtemp(prefix="pp4-prepass-"))
@@ -175,7 +181,7 @@ def main() -> int:
             extra = ["--variant", str(args.variant)] if args.variant is not None else []
             proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child", str(work),
                                    "--units", str(args.units), "--sets", str(args.sets), "--shared", str(args.shared),
-                                   "--object-kib", str(args.object_kib), *extra],
+                                   "--object-kib", str(args.object_kib), "--rounds", str(args.rounds), *extra],
                                   env=dict(os.environ, PYTHONPATH=str(path)), capture_output=True, text=True)
             if proc.returncode != 0:
                 raise SystemExit(f"{name}: {proc.stderr[-3000:]}")
@@ -183,12 +189,17 @@ def main() -> int:
             results.append((name, doc))
         what = (f"reuse checks of a variant build: {args.units} lookups, {args.units - args.variant} of them "
                 f"shareable" if args.variant is not None else f"prepass restoring {args.units} objects")
-        print(f"{what} ({args.shared} shared inputs in {args.sets} sets, {args.object_kib} KiB each); warm run:")
-        first = results[0][1]["runs"][1]["cpu_s"]
+        print(f"{what} ({args.shared} shared inputs in {args.sets} sets, {args.object_kib} KiB each); median of "
+              f"{args.rounds} warm runs:")
+
+        def median(doc, key):
+            return statistics.median(r[key] for r in doc["runs"][1:])
+
+        first = median(results[0][1], "cpu_s")
         for name, doc in results:
-            r = doc["runs"][1]
-            print(f"  {name:24} {r['cpu_s']:7.3f} CPU-s {r['wall_s']:7.3f} s wall, {r['restored']} restored, "
-                  f"{r['cpu_s'] / first:.2f}x HEAD's CPU")
+            cpu = median(doc, "cpu_s")
+            print(f"  {name:24} {cpu:7.3f} CPU-s {median(doc, 'wall_s'):7.3f} s wall, {doc['runs'][-1]['restored']} "
+                  f"restored, {cpu / first:.2f}x HEAD's CPU (runs: {', '.join(str(r['cpu_s']) for r in doc['runs'][1:])})")
     finally:
         for _, path in checkouts[1:]:
             subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(path)], capture_output=True)
