@@ -345,9 +345,6 @@ def worth_waiting(source: str) -> bool:
     return not any(w in text for w in (b"TORCH_EXTENSION_NAME", b"pybind11", b"torch/extension.h", b"torch/python.h"))
 
 
-event_path = events.event_path  # where a compile edge's event lives (pp4.events)
-
-
 # ---------------------------------------------------------------------------------------------
 # one compile
 
