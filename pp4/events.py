@@ -24,6 +24,8 @@ import json
 import os
 from pathlib import Path
 
+from pp4.files import write_whole
+
 BATCH = "prepass-events.json"
 
 
@@ -37,11 +39,7 @@ def batch_path(state_dir: str) -> Path:
 
 def write(state_dir: str, output: str, doc: dict) -> None:
     """One object's event, from a compile edge (whole, then renamed)."""
-    path = event_path(state_dir, output)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(doc, sort_keys=True))
-    os.replace(tmp, path)
+    write_whole(event_path(state_dir, output), json.dumps(doc, sort_keys=True))
 
 
 def read_batch(state_dir: str) -> dict[str, dict]:
@@ -62,14 +60,7 @@ def write_batch(state_dir: str, new: dict[str, dict]) -> dict[str, dict]:
     if not new:
         return events
     events.update(new)
-    path = batch_path(state_dir)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(json.dumps({"events": events}, sort_keys=True))
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    write_whole(batch_path(state_dir), json.dumps({"events": events}, sort_keys=True))
     for output in new:
         event_path(state_dir, output).unlink(missing_ok=True)
     return events

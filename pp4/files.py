@@ -53,6 +53,20 @@ def locked(directory: Path):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+def write_whole(path: Path, content: str | bytes) -> None:
+    """Write a file whole, then rename it into place: a reader sees the old file or the new one,
+    never part of it, and a writer killed half-way leaves no partial file under the name."""
+    data = content.encode() if isinstance(content, str) else content
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def write_if_changed(path: Path, content: str | bytes) -> bool:
     """Write content to path unless it already holds exactly that; True when it wrote."""
     data = content.encode() if isinstance(content, str) else content
@@ -61,9 +75,5 @@ def write_if_changed(path: Path, content: str | bytes) -> bool:
             return False
     except FileNotFoundError:
         pass
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
+    write_whole(path, data)
     return True

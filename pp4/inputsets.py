@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 
 from pp4.actionkey import FileHasher, ShadowFinder, depfile_body
+from pp4.files import write_whole
 
 SRC = "$SRC"  # inputs under the extension's own source root; they stay inline
 
@@ -65,13 +65,7 @@ def write_canonical(directory: str | Path, sid: str, data: bytes) -> None:
         raise ValueError(f"input set bytes do not hash to {sid}")
     path = path_of(directory, sid)
     if not _intact(path, sid):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        try:
-            tmp.write_bytes(data)
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
+        write_whole(path, data)
 
 
 def read(directory: str | Path, sid: str) -> list[list[str]] | None:
