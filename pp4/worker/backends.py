@@ -244,9 +244,9 @@ class TritonBackend(TorchBackend):
             x = x.contiguous()
         y = torch.empty(M, N, dtype=x.dtype, device=x.device)
         block_n = 16
-        self.k.skinny_linear_kernel[(triton_cdiv(N, block_n),)](
+        self.k.skinny_linear_kernel[(self.k.cdiv(N, block_n),)](
             x, weight, y, M, N, K, x.stride(0),
-            BLOCK_M=max(16, triton_block(M)), BLOCK_N=block_n, BLOCK_K=128, num_stages=4)
+            BLOCK_M=max(16, self.k.next_power_of_2(M)), BLOCK_N=block_n, BLOCK_K=128, num_stages=4)
         return y
 
     def rms_norm(self, x, weight, eps: float):
@@ -256,14 +256,14 @@ class TritonBackend(TorchBackend):
             x2 = x2.contiguous()
         out = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
         self.k.rms_norm_kernel[(x2.shape[0],)](x2, weight, out, x2.stride(0), H, eps,
-                                                BLOCK=triton_block(H))
+                                                BLOCK=self.k.next_power_of_2(H))
         return out.view(x.shape)
 
     def silu_mul(self, gate_up, channels: int):
         rows = gate_up.shape[0]
         out = torch.empty(rows, channels, dtype=gate_up.dtype, device=gate_up.device)
         n = rows * channels
-        self.k.silu_mul_kernel[(triton_cdiv(n, 1024),)](gate_up, out, channels, n, BLOCK=1024)
+        self.k.silu_mul_kernel[(self.k.cdiv(n, 1024),)](gate_up, out, channels, n, BLOCK=1024)
         return out
 
     def embed_partial(self, tokens, vocab_to_local, embed, vocab_offset: int):
@@ -271,7 +271,7 @@ class TritonBackend(TorchBackend):
         H = embed.shape[1]
         out = torch.empty(B * T, H, dtype=embed.dtype, device=embed.device)
         self.k.embed_gather_kernel[(B * T,)](tokens, tokens.stride(0), tokens.stride(1), T, embed, out,
-                                              vocab_offset, embed.shape[0] - 1, H, BLOCK=min(1024, triton_block(H)))
+                                              vocab_offset, embed.shape[0] - 1, H, BLOCK=min(1024, self.k.next_power_of_2(H)))
         return out
 
     def residual_all_reduce(self, x, partials, collective):
@@ -280,7 +280,7 @@ class TritonBackend(TorchBackend):
         p0, p1 = partials
         out = torch.empty_like(p0)
         n = p0.numel()
-        self.k.residual_sum_kernel[(triton_cdiv(n, 1024),)](p0 if x is None else x, p0, p1, out, n,
+        self.k.residual_sum_kernel[(self.k.cdiv(n, 1024),)](p0 if x is None else x, p0, p1, out, n,
                                                              HAS_X=x is not None, BLOCK=1024)
         return out
 
@@ -306,10 +306,10 @@ class TritonBackend(TorchBackend):
         B, hkv, rows, d = q.shape
         S = cache.shape[3]
         block_s = self.ATTENTION_SPLIT
-        nsplit = triton_cdiv(S, block_s)
+        nsplit = self.k.cdiv(S, block_s)
         # tl.dot needs 16 rows at least; blocks of 32 rows keep a prefill chunk's tiles small.
-        block_l = min(32, max(16, triton_block(rows)))
-        row_blocks = triton_cdiv(rows, block_l)
+        block_l = min(32, max(16, self.k.next_power_of_2(rows)))
+        row_blocks = self.k.cdiv(rows, block_l)
         rows_padded = row_blocks * block_l
         dev = q.device
         m = torch.empty(B * hkv, nsplit, rows_padded, dtype=torch.float32, device=dev)
@@ -322,7 +322,7 @@ class TritonBackend(TorchBackend):
         out = torch.empty(B * T, group * hkv * d, dtype=q.dtype, device=dev)
         self.k.attention_combine_kernel[(B * T, group * hkv)](
             m, l, acc, pos, pos.stride(0), pos.stride(1), out, T, nsplit, rows_padded,
-            HKV=hkv, GROUP=group, D=d, BLOCK_S=block_s, BLOCK_SPLIT=triton_block(nsplit))
+            HKV=hkv, GROUP=group, D=d, BLOCK_S=block_s, BLOCK_SPLIT=self.k.next_power_of_2(nsplit))
         return out
 
     def shard_stats(self, logits, mode: str, noise, t1_mask, vocab_offset: int, chunks: int):
@@ -338,7 +338,7 @@ class TritonBackend(TorchBackend):
         t1 = t1_mask if mode == SWITCH else logits
         self.k.head_chunk_stats_kernel[(B, chunks)](
             logits, noise_t, noise_t.stride(0), t1, score, best_id, best_logit, lse,
-            V, vocab_offset, chunks, length, MODE=mode_id, BLOCK=triton_block(length))
+            V, vocab_offset, chunks, length, MODE=mode_id, BLOCK=self.k.next_power_of_2(length))
         return sampling.ShardStats(score, best_id, best_logit, lse)
 
     def merge_choice(self, stats, proposals, confidences, q_payload, depth: int, mode: str, t1_mask, zero):
@@ -351,17 +351,7 @@ class TritonBackend(TorchBackend):
             s0.best_score, s0.best_id, s0.best_logit, s0.chunk_logsumexp,
             s1.best_score, s1.best_id, s1.best_logit, s1.chunk_logsumexp, t1,
             proposals, confidences, q_payload, depth, proposals.stride(0), q_payload.stride(0), chunks,
-            MODE=self.MODES[mode], BLOCK=triton_block(2 * chunks))
-
-
-def triton_block(n: int) -> int:
-    """The power of two at or above n: Triton's block shapes must be powers of two."""
-    return 1 << max(0, (n - 1).bit_length())
-
-
-def triton_cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
+            MODE=self.MODES[mode], BLOCK=self.k.next_power_of_2(2 * chunks))
 
 
 def make_backend(name: str, device: torch.device, attention: str = "gemm", gemm: str = "cublas") -> TorchBackend:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import triton
 import triton.language as tl
+from triton import cdiv, next_power_of_2  # noqa: F401 - the launchers' grid and block arithmetic
 
 
 @triton.jit
