@@ -31,9 +31,10 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
+
+from checkouts import with_revisions
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -176,13 +177,7 @@ def main() -> int:
     if args.child:
         print(json.dumps(make_build(args.child, args.units, args.sets, args.families, args.shared, args.object_kib)))
         return 0
-    checkouts = [("HEAD (this checkout)", REPO)]
-    tmp = Path(tempfile.mkdtemp(prefix="pp4-audit-"))
-    try:
-        for rev in args.against:
-            wt = tmp / f"rev-{rev}"
-            subprocess.run(["git", "-C", str(REPO), "worktree", "add", "-q", "--detach", str(wt), rev], check=True)
-            checkouts.append((rev, wt))
+    with with_revisions(args.against, "pp4-audit-") as (tmp, checkouts):
         work = tmp / "work"
         work.mkdir()
         proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child", str(work),
@@ -208,10 +203,6 @@ def main() -> int:
             print(f"  {name:24} {cpu:7.3f} CPU-s {wall:7.3f} s wall (runs: "
                   f"{', '.join(f'{c:.3f}' for c, _, _ in runs[name])}), {cpu / first:.2f}x HEAD's CPU")
             print(f"  {'':24} {runs[name][-1][2]}")
-    finally:
-        for _, path in checkouts[1:]:
-            subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(path)], capture_output=True)
-        shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
 

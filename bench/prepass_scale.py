@@ -28,9 +28,10 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
+
+from checkouts import with_revisions
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -167,13 +168,7 @@ def main() -> int:
         print(json.dumps(child(args.child, args.units, args.sets, args.shared, args.object_kib, args.variant,
                                args.rounds)))
         return 0
-    checkouts = [("HEAD (this checkout)", REPO)]
-    tmp = Path(tempfile.mkdtemp(prefix="pp4-prepass-"))
-    try:
-        for rev in args.against:
-            wt = tmp / f"rev-{rev}"
-            subprocess.run(["git", "-C", str(REPO), "worktree", "add", "-q", "--detach", str(wt), rev], check=True)
-            checkouts.append((rev, wt))
+    with with_revisions(args.against, "pp4-prepass-") as (tmp, checkouts):
         results = []
         for name, path in checkouts:
             work = tmp / f"work-{len(results)}"
@@ -200,10 +195,6 @@ def main() -> int:
             cpu = median(doc, "cpu_s")
             print(f"  {name:24} {cpu:7.3f} CPU-s {median(doc, 'wall_s'):7.3f} s wall, {doc['runs'][-1]['restored']} "
                   f"restored, {cpu / first:.2f}x HEAD's CPU (runs: {', '.join(str(r['cpu_s']) for r in doc['runs'][1:])})")
-    finally:
-        for _, path in checkouts[1:]:
-            subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(path)], capture_output=True)
-        shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
 
