@@ -243,20 +243,14 @@ def format_depfile(output: str, deps: list[str] | None = None, bodies: list[str]
     return _depfile_escape(output) + ": " + DEPFILE_JOIN.join(parts) + "\n"
 
 
-def shadow_candidates(inputs: list[str], search_dirs: tuple[str, ...], hasher: FileHasher) -> list[str]:
+class ShadowFinder:
     """Paths that, if a file existed there, would be found before an input via the search path.
 
     For an input found under search directory k as <dir_k>/<rel>, a file <dir_j>/<rel> for j < k
-    would be included instead: that is the shadowing the reuse rule must notice. Returned are the
-    candidates that exist now (recorded when an entry is stored, then compared at lookup).
-    """
-    return ShadowFinder(search_dirs, hasher).candidates(inputs)
-
-
-class ShadowFinder:
-    """shadow_candidates for many input lists under one search path, each input worked out once per
-    process: the 41 input sets of an EXL3 build share nearly all of their 1,400 headers, and working
-    each set out afresh cost a quarter of the prepass."""
+    would be included instead: that is the shadowing the reuse rule must notice. `candidates` returns
+    those that exist now (recorded when an entry is stored, then compared at lookup). Each input is
+    worked out once per process and search path: the 41 input sets of an EXL3 build share nearly all
+    of their 1,400 headers, and working each set out afresh cost a quarter of the prepass."""
 
     def __init__(self, search_dirs: tuple[str, ...], hasher: FileHasher):
         self.dirs = [os.path.normpath(d) for d in search_dirs]

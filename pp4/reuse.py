@@ -191,7 +191,7 @@ class Reuser:
                 return dict(result, not_stored=f"{p} vanished during the compile")
         uses = any(self.hasher.mentions(p, name.encode()) for p in deps for name in self.cfg.erasable)
         akey = actionkey.action_key(mkey, own, sets, erased if uses else None)
-        shadows = [actionkey.to_src(c, root) for c in actionkey.shadow_candidates(deps, args.search_dirs, self.hasher)]
+        shadows = [actionkey.to_src(c, root) for c in self.sets.finder(args.search_dirs).candidates(deps)]
         payload = {"manifest_key": mkey, "command": normalized, "inputs": own, "input_sets": sets, "erased": erased,
                    "uses_erasable": uses, "shadows": shadows, "toolchain": self.toolchain_id,
                    "compiled_for": {"output": os.path.abspath(args.output), "root": root},
