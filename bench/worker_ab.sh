@@ -3,14 +3,18 @@
 # the full session of bench/worker_gpu.sh (states, gate, timing, profile, re-check in a fresh
 # process); every other variant its own states, gate and timing, on the same machine.
 #
-#   OUT=/some/dir [VARIANTS='name:args|name:args'] bash bench/worker_ab.sh [extra pp4.worker arguments for all]
+#   OUT=/some/dir [VARIANTS='name:args|name:args'] [DEADLINE=seconds] bash bench/worker_ab.sh [extra pp4.worker arguments for all]
 #
+# DEADLINE: no variant starts later than this many seconds after the script began (each
+# takes 40-90 s on the H200 machine): list the variants in the order they matter.
 # Default VARIANTS: 'triton:--backend triton|torch:--backend torch'.
 # Writes $OUT/ab.txt (each variant's median per cell, the ratio of each to the first, and each
 # one's ratio to the weight-read floor) and $OUT/worker-ab.tar.gz: one folder per variant with the
 # files worker_gpu.sh writes (one archive, because the device tool returns at most 8 files).
 # Each run measures its own copy bandwidth, so each ratio to the floor stands on its own as well.
 set -u
+START=$SECONDS
+DEADLINE=${DEADLINE:-}
 FINAL=${OUT:-$PWD/worker-out}
 OUT=$(mktemp -d /tmp/worker-ab.XXXX)
 PY=${PYTHON:-python3}
@@ -23,6 +27,10 @@ names=()
 rc_all=0
 for i in "${!LIST[@]}"; do
   name=${LIST[$i]%%:*}
+  if [ -n "$DEADLINE" ] && [ $((SECONDS - START)) -ge "$DEADLINE" ]; then
+    echo "=== variant $name: not started, $((SECONDS - START)) s gone of DEADLINE=$DEADLINE" | tee -a "$OUT/rc.txt"
+    continue
+  fi
   read -ra vargs <<< "${LIST[$i]#*:}"
   names+=("$name")
   mkdir -p "$OUT/$name"

@@ -137,9 +137,8 @@ def test_sharded_model_matches_unsharded_float64_reference(worker, some_states):
         worker.load_request(0, state)
         ctx = state.context_length
         plan = m.call_positions(torch.arange(ctx, ctx + QUERY_BLOCK)[None])
-        hidden = m.forward(state.query_tokens[None], plan.step(0, QUERY_BLOCK))[-1:]
-        logits = torch.cat([r.backend.linear_fp32(r.backend.rms_norm(hidden, r.w.final_norm, m.g.norm_eps),
-                                                  r.w.head) for r in m.ranks], -1)[0].double()
+        normed = m.forward(state.query_tokens[None], plan.step(0, QUERY_BLOCK))
+        logits = torch.cat([r.backend.linear_fp32(n[-1:], r.w.head) for r, n in zip(m.ranks, normed)], -1)[0].double()
         ref = _reference_block_logits(worker, state)
         err = (logits - ref).abs().max().item()
         assert err < 0.02 * ref.std().item() + 1e-3, err
@@ -261,3 +260,22 @@ def test_attention_variants_agree(worker, some_states):
 def test_head_chunks_must_divide_the_shard():
     with pytest.raises(ValueError, match="--head-chunks 7 must divide the shard vocabulary 500"):
         TensorParallelDraft(ModelSettings(TINY_GEOMETRY, context=CONTEXT, head_chunks=7), torch.device("cpu"))
+
+
+def test_the_request_inputs_are_views_of_one_packed_buffer_that_one_copy_moves():
+    from pp4.worker.draft import StaticInputs
+
+    src, dst = StaticInputs.allocate(torch.device("cpu")), StaticInputs.allocate(torch.device("cpu"))
+    src.query_tokens[3] = torch.arange(QUERY_BLOCK) + 2**40  # high bits: no field may truncate
+    src.context_lengths[2] = 977
+    src.seeds[0] = -(2**62)
+    src.t1_mask[:] = torch.tensor([False, True, True, False])
+    dst.packed.copy_(src.packed)
+    assert torch.equal(dst.query_tokens, src.query_tokens) and dst.query_tokens[3, 4] == 2**40 + 4
+    assert dst.context_lengths.tolist() == [1, 1, 977, 1] and dst.seeds[0] == -(2**62)
+    assert dst.t1_mask.tolist() == [False, True, True, False]
+    # The fields do not overlap: the buffer is exactly their sizes laid end to end.
+    sizes = sum(t.numel() * t.element_size() for t in (src.query_tokens, src.context_lengths, src.seeds, src.t1_mask))
+    assert sizes == src.packed.numel() == StaticInputs.PACKED_BYTES
+    assert {t.untyped_storage().data_ptr() for t in (src.packed, src.query_tokens, src.seeds, src.t1_mask)} == \
+        {src.packed.untyped_storage().data_ptr()}

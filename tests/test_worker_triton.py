@@ -130,6 +130,26 @@ def test_head_choice_with_ties_matches_the_float64_reference(chunks):
         assert torch.isnan(conf[:, [0, 1, 3, 4]]).all()  # only column 2 written
 
 
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_fused_residual_norm_equals_the_unfused_steps_bit_for_bit(with_residual):
+    """One kernel per rank (all-reduce sum, residual add, norm) against the same steps one at
+    a time: torch's half adds (each rounds once, as the kernel does) and the Triton norm."""
+    from pp4.worker.model import ColocatedSum
+
+    be = TritonBackend(torch.device("cpu"))
+    gen = torch.Generator().manual_seed(3)
+    rows, H = 7, 320  # H not a power of two: the masked tail of the row
+    p0, p1, x = ((torch.randn(rows, H, generator=gen) * 4).half() for _ in range(3))
+    w0, w1 = (torch.rand(H, generator=gen).half() + 0.5 for _ in range(2))
+    x_in = x if with_residual else None
+    x_new, (n0, n1) = be.residual_norm(x_in, [p0, p1], ColocatedSum(), [w0, w1], 1e-5)
+    expect = p0 + p1 if x_in is None else x + (p0 + p1)
+    assert torch.equal(x_new, expect)
+    assert torch.equal(n0, be.rms_norm(expect, w0, 1e-5)) and torch.equal(n1, be.rms_norm(expect, w1, 1e-5))
+    ref = torch.nn.functional.rms_norm(expect.float(), (H,), w1.float(), 1e-5)
+    assert (n1.float() - ref).abs().max() <= 2e-3 * ref.abs().max()
+
+
 def test_needs_cuda_or_the_interpreter(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET")
     with pytest.raises(BackendUnavailable, match="--backend triton needs a CUDA device"):

@@ -132,10 +132,12 @@ class TorchBackend:
         """Vocab-parallel embedding: own rows, the zero row for ids the other rank owns."""
         return F.embedding(vocab_to_local[tokens.reshape(-1)], embed)
 
-    def residual_all_reduce(self, x, partials, collective):
-        """x + all_reduce(partials) (x None: the all-reduce alone)."""
+    def residual_norm(self, x, partials, collective, norm_weights, eps: float):
+        """(x + all_reduce(partials), [that through each rank's norm weight]); x None: the
+        all-reduce alone.  The ranks' residual streams are identical, so one copy is kept."""
         total = collective.all_reduce(partials)
-        return total if x is None else x + total
+        x = total if x is None else x + total
+        return x, [self.rms_norm(x, w, eps) for w in norm_weights]
 
     def rope_cache_fold(self, qkv, step, cache, hq: int, hkv: int, group: int):
         """qkv [B, T, hq + 2*hkv, D]: rotate q and k, write K and V of every position into
@@ -196,7 +198,7 @@ class Exl3Backend(TorchBackend):
 class TritonBackend(TorchBackend):
     """cuBLAS GEMMs and attention as in the torch backend; every small step between them
     fused into Triton kernels (pp4/worker/triton_kernels.py): embedding gather, all-reduce
-    + residual add, rms norm, rope + K/V write + query fold, head unfold, silu*mul, and
+    + residual add + rms norm, rope + K/V write + query fold, head unfold, silu*mul, and
     the head's per-chunk statistics and cross-rank merge.
 
     On a CPU it runs only under TRITON_INTERPRET=1 (the tests); numbers differ from the
@@ -274,15 +276,23 @@ class TritonBackend(TorchBackend):
                                               vocab_offset, embed.shape[0] - 1, H, BLOCK=min(1024, self.k.next_power_of_2(H)))
         return out
 
-    def residual_all_reduce(self, x, partials, collective):
+    def residual_norm(self, x, partials, collective, norm_weights, eps: float):
+        """One kernel per rank: each reads both partials (what its all-reduce would bring it),
+        adds its residual and applies its norm; the first also writes the new residual."""
         if len(partials) != 2:
-            return super().residual_all_reduce(x, partials, collective)
+            return super().residual_norm(x, partials, collective, norm_weights, eps)
         p0, p1 = partials
-        out = torch.empty_like(p0)
-        n = p0.numel()
-        self.k.residual_sum_kernel[(self.k.cdiv(n, 1024),)](p0 if x is None else x, p0, p1, out, n,
-                                                             HAS_X=x is not None, BLOCK=1024)
-        return out
+        H = p0.shape[-1]
+        rows = p0.numel() // H
+        x_new = torch.empty_like(p0)
+        normed = []
+        for rank, w in enumerate(norm_weights):
+            n = torch.empty_like(p0)
+            self.k.residual_sum_norm_kernel[(rows,)](p0 if x is None else x, p0, p1, w, x_new, n, H, eps,
+                                                     HAS_X=x is not None, WRITE_X=rank == 0,
+                                                     BLOCK=self.k.next_power_of_2(H))
+            normed.append(n)
+        return x_new, normed
 
     def rope_cache_fold(self, qkv, step, cache, hq: int, hkv: int, group: int):
         B, T, heads, d = qkv.shape

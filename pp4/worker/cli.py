@@ -54,6 +54,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "cublas: every linear through torch.mm (default)")
     a.add_argument("--head-chunks", type=int, default=None,
                    help="chunks each vocabulary shard row is reduced in (default: automatic; 1: one per row)")
+    a.add_argument("--upload", choices=("in-graph", "before-graph"), default="in-graph",
+                   help="where a call's one packed copy of the request inputs to the GPU runs: as the graph's "
+                        "first node (default: a call is one host write plus one graph launch), or launched "
+                        "just before the replay")
     a.add_argument("--no-overlap-noise", action="store_true",
                    help="compute the Gumbel noise on the main stream instead of beside pass 0")
     m = p.add_argument_group("model")
@@ -237,7 +241,7 @@ def _run(args, argv: list[str], checked, cache_dir: str, caches_late: bool, rss:
     cuda = device.type == "cuda"
 
     doc: dict = {"tool": "pp4.worker", "format": 1, "argv": argv}
-    _say(f"pp4.worker: backend {args.backend} (attention {args.attention}, gemm {args.gemm}), ranks colocated (2 logical TP ranks on one device, one after the other), "
+    _say(f"pp4.worker: backend {args.backend} (attention {args.attention}, gemm {args.gemm}, upload {args.upload}), ranks colocated (2 logical TP ranks on one device, one after the other), "
          f"device {device}, {'CUDA graphs' if cuda else 'eager (CPU: no graphs, host clock)'}")
     _say(f"private caches: {cache_dir}" + (" (torch was already imported: CUDA cache may be the default)"
                                            if caches_late else ""))
@@ -311,7 +315,7 @@ def _run(args, argv: list[str], checked, cache_dir: str, caches_late: bool, rss:
     cells = [CellKey(b, d, mode) for b in batch_sizes for d in depths for mode in MODES]
     t0 = time.monotonic()
     eager = build_runners(worker, cells, graphs=False)
-    runners = build_runners(worker, cells, graphs=True) if cuda else eager
+    runners = build_runners(worker, cells, graphs=True, upload_in_graph=args.upload == "in-graph") if cuda else eager
     if cuda:
         _say(f"captured {len(cells)} CUDA graphs ({time.monotonic() - t0:.1f} s)")
     t0 = time.monotonic()
@@ -334,7 +338,7 @@ def _run(args, argv: list[str], checked, cache_dir: str, caches_late: bool, rss:
         "digests": result.digests, "config_sha256": config_sha, "runtime": identity, "reference": ref_doc,
         "seconds": round(time.monotonic() - t0, 1),
     }
-    doc.update(backend=args.backend, attention=args.attention, gemm=args.gemm, head_chunks=model.ranks[0].vocab_chunks,
+    doc.update(backend=args.backend, attention=args.attention, gemm=args.gemm, upload=args.upload, head_chunks=model.ranks[0].vocab_chunks,
                overlap_noise=settings.overlap_noise, ranks="colocated", device=str(device), execution="cuda-graph" if cuda else "eager",
                geometry=geometry.as_dict(), dtype=args.dtype, context=args.context, cache_len=model.cache_len,
                weights=model.weights_fingerprint, weight_bytes_per_pass=wbytes, guards=guard_doc,
@@ -388,7 +392,8 @@ def _run(args, argv: list[str], checked, cache_dir: str, caches_late: bool, rss:
         for cell in [c for c in cells if c.name in ("B1-D4-greedy", "B4-D5-switch")] or cells[:1]:
             b = timing.call_breakdown(runners, stager, cell, 200, device)
             breakdown.append(b)
-            _say(f"outside the kernels, {cell.name} (median of 200, ms): staging {b['staging_ms']:.4f}, replay "
+            _say(f"outside the kernels, {cell.name} (median of 200, ms): staging {b['staging_ms']:.4f}, upload "
+                 f"{b['upload_ms']:.4f}, replay "
                  f"{b['replay_ms']:.4f}, both {b['staging_and_replay_ms']:.4f}; a one-kernel graph "
                  f"{b['one_kernel_graph_ms']:.4f}")
     timings, counts = [], {}

@@ -31,21 +31,40 @@ from pp4.worker.model import TensorParallelDraft
 
 @attrs.define
 class StaticInputs:
-    """The request inputs of a call; graphs capture their addresses, callers copy into them."""
+    """The request inputs of a call, as views of one packed byte buffer, so that one copy
+    moves all of them between host and GPU."""
 
+    packed: torch.Tensor  # uint8 [PACKED_BYTES]; the fields below are views of it
     query_tokens: torch.Tensor  # [MAX_BATCH, QUERY_BLOCK] int64
     context_lengths: torch.Tensor  # [MAX_BATCH] int64: tokens already in the KV cache
     seeds: torch.Tensor  # [MAX_BATCH] int64: per-row sampling seed of this call
     t1_mask: torch.Tensor  # [MAX_BATCH] bool: switch graphs only; True = sampled row
 
+    # Byte offsets of the fields (int64 ones 8-aligned, the bool mask last).
+    _TOKENS = 0
+    _CONTEXT = _TOKENS + 8 * MAX_BATCH * QUERY_BLOCK
+    _SEEDS = _CONTEXT + 8 * MAX_BATCH
+    _MASK = _SEEDS + 8 * MAX_BATCH
+    PACKED_BYTES = _MASK + MAX_BATCH
+
     @classmethod
-    def allocate(cls, device: torch.device) -> "StaticInputs":
-        return cls(
-            query_tokens=torch.zeros(MAX_BATCH, QUERY_BLOCK, dtype=torch.int64, device=device),
-            context_lengths=torch.ones(MAX_BATCH, dtype=torch.int64, device=device),
-            seeds=torch.zeros(MAX_BATCH, dtype=torch.int64, device=device),
-            t1_mask=torch.zeros(MAX_BATCH, dtype=torch.bool, device=device),
+    def allocate(cls, device: torch.device, pinned: bool = False) -> "StaticInputs":
+        buf = torch.zeros(cls.PACKED_BYTES, dtype=torch.uint8, device=device)
+        if pinned:
+            buf = buf.pin_memory()
+
+        def field(start: int, end: int, dtype: torch.dtype) -> torch.Tensor:
+            return buf[start:end].view(dtype)
+
+        inputs = cls(
+            packed=buf,
+            query_tokens=field(cls._TOKENS, cls._CONTEXT, torch.int64).view(MAX_BATCH, QUERY_BLOCK),
+            context_lengths=field(cls._CONTEXT, cls._SEEDS, torch.int64),
+            seeds=field(cls._SEEDS, cls._MASK, torch.int64),
+            t1_mask=field(cls._MASK, cls.PACKED_BYTES, torch.bool),
         )
+        inputs.context_lengths.fill_(1)
+        return inputs
 
 
 @attrs.define
@@ -73,14 +92,33 @@ class CellOutputs:
 
 
 class DraftWorker:
-    """The model plus its static inputs; ``call`` is what a graph captures."""
+    """The model plus its request inputs.
+
+    Callers write a request into ``inputs`` (pinned host memory on CUDA); the model reads
+    ``device_inputs``; ``upload`` copies the one into the other in a single copy.  ``call``
+    is a whole call, upload included; ``compute`` is the same call without it, for a graph
+    runner that uploads before the replay instead (graphs.py).  Nobody may write ``inputs``
+    while a call that reads them is in flight: every user here synchronises after a call.
+    """
 
     def __init__(self, model: TensorParallelDraft):
         self.model = model
-        self.inputs = StaticInputs.allocate(model.device)
+        if model.device.type == "cuda":
+            self.inputs = StaticInputs.allocate(torch.device("cpu"), pinned=True)
+            self.device_inputs = StaticInputs.allocate(model.device)
+        else:  # one memory: nothing to copy
+            self.inputs = self.device_inputs = StaticInputs.allocate(model.device)
+
+    def upload(self) -> None:
+        if self.device_inputs is not self.inputs:
+            self.device_inputs.packed.copy_(self.inputs.packed, non_blocking=True)
 
     def call(self, cell: CellKey, out: CellOutputs) -> None:
-        m, inp = self.model, self.inputs
+        self.upload()
+        self.compute(cell, out)
+
+    def compute(self, cell: CellKey, out: CellOutputs) -> None:
+        m, inp = self.model, self.device_inputs
         B, D, mode = cell.batch, cell.depth, cell.mode
         T = QUERY_BLOCK
         positions = inp.context_lengths[:B, None] + m.offsets[: T + D - 1]  # [B, T + D - 1]
@@ -93,11 +131,11 @@ class DraftWorker:
         tokens = inp.query_tokens[:B]
         for depth in range(D):
             p0, p1 = (0, T) if depth == 0 else (T + depth - 1, T + depth)
-            hidden = m.forward(tokens, plan.step(p0, p1))
-            hidden_last = hidden.view(B, p1 - p0, -1)[:, -1]
+            normed = m.forward(tokens, plan.step(p0, p1))
             if depth == 0 and sampling_call:
                 self._join_noise()
-            stats = [rank.head_stats(hidden_last, mode, depth, t1) for rank in m.ranks]
+            stats = [rank.head_stats(n.view(B, p1 - p0, -1)[:, -1], mode, depth, t1)
+                     for rank, n in zip(m.ranks, normed)]
             m.backend.merge_choice(stats, out.proposals, out.confidences, out.q_payload, depth, mode, t1, m.zero_f32)
             tokens = out.proposals[:, depth : depth + 1]  # fed back: the next pass's input token
 
@@ -111,7 +149,7 @@ class DraftWorker:
             stream.wait_stream(torch.cuda.current_stream(m.device))
             ctx = torch.cuda.stream(stream)
         with ctx:
-            keys = sampling.row_depth_keys(self.inputs.seeds[:B], m.row_depth[:D, :B])
+            keys = sampling.row_depth_keys(self.device_inputs.seeds[:B], m.row_depth[:D, :B])
             for rank in m.ranks:
                 rank.write_gumbel_noise(keys)
 

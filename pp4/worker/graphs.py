@@ -1,8 +1,10 @@
 """Cell runners: one CUDA graph per cell, or the same call run eagerly.
 
-A graph reads the worker's StaticInputs in place and writes its own static
-CellOutputs; replay launches the whole call (all D passes, both ranks, head and
-merge) with one host call.  All graphs share one memory pool: they only ever
+A graph writes its own static CellOutputs.  By default it also holds the upload
+of the request inputs as its first node, so one replay -- one host call -- is the
+whole call: upload, all D passes, both ranks, head and merge.  With
+``upload_in_graph=False`` the runner launches the (one, packed) upload copy just
+before the replay instead; both exist so that the difference can be measured.  All graphs share one memory pool: they only ever
 replay one at a time, so their intermediates may reuse each other's memory.
 """
 from __future__ import annotations
@@ -28,10 +30,12 @@ class GraphRunner:
     kind = "graph"
     WARMUP_CALLS = 2  # lazy cuBLAS/attention initialisation must happen outside capture
 
-    def __init__(self, worker: DraftWorker, cell: CellKey, pool):
+    def __init__(self, worker: DraftWorker, cell: CellKey, pool, upload_in_graph: bool = True):
         if worker.model.device.type != "cuda":
             raise RuntimeError("CUDA graphs need --device cuda")
         self.worker, self.cell = worker, cell
+        self.upload_in_graph = upload_in_graph
+        captured = worker.call if upload_in_graph else worker.compute
         self.outputs = CellOutputs.allocate(cell, worker.model.device)
         main = torch.cuda.current_stream()
         side = torch.cuda.Stream()
@@ -42,15 +46,18 @@ class GraphRunner:
         main.wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph, pool=pool):
-            worker.call(cell, self.outputs)
+            captured(cell, self.outputs)
         torch.cuda.synchronize()
 
     def run(self) -> None:
+        if not self.upload_in_graph:
+            self.worker.upload()
         self.graph.replay()
 
 
-def build_runners(worker: DraftWorker, cells: list[CellKey], graphs: bool) -> dict[CellKey, object]:
+def build_runners(worker: DraftWorker, cells: list[CellKey], graphs: bool,
+                  upload_in_graph: bool = True) -> dict[CellKey, object]:
     if not graphs:
         return {cell: EagerRunner(worker, cell) for cell in cells}
     pool = torch.cuda.graph_pool_handle()
-    return {cell: GraphRunner(worker, cell, pool) for cell in cells}
+    return {cell: GraphRunner(worker, cell, pool, upload_in_graph) for cell in cells}

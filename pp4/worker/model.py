@@ -322,26 +322,26 @@ class RankShard:
         """Vocab-parallel embedding: own rows, zeros for ids the other rank owns."""
         return self.backend.embed_partial(tokens, self.w.vocab_to_local, self.w.embed, self.vocab_offset)
 
-    def attention_partial(self, layer: int, x: torch.Tensor, step: StepView) -> torch.Tensor:
+    def attention_partial(self, layer: int, n: torch.Tensor, step: StepView) -> torch.Tensor:
+        """n: the residual stream after this layer's attention norm."""
         g, be, lw = self.g, self.backend, self.w.layers[layer]
         B, T = step.positions.shape
         hq, hkv, d = g.rank_heads, g.rank_kv_heads, g.head_dim
-        n = be.rms_norm(x, lw.attn_norm, g.norm_eps)
         qkv = be.linear(n, lw.qkv).view(B, T, hq + 2 * hkv, d)
         cache = self.kv[layer]
         # Query heads sharing a KV head are folded into the query length: plain MHA over hkv heads.
         q = be.rope_cache_fold(qkv, step, cache, hq, hkv, g.group)
         return be.linear(be.attend(q, cache, step, self.scale, T, g.group), lw.o)
 
-    def mlp_partial(self, layer: int, x: torch.Tensor) -> torch.Tensor:
+    def mlp_partial(self, layer: int, n: torch.Tensor) -> torch.Tensor:
+        """n: the residual stream after this layer's MLP norm."""
         be, lw = self.backend, self.w.layers[layer]
-        n = be.rms_norm(x, lw.mlp_norm, self.g.norm_eps)
         act = be.silu_mul(be.linear(n, lw.gate_up), self.g.rank_mlp)
         return be.linear(act, lw.down)
 
-    def head_stats(self, hidden_last: torch.Tensor, mode: str, depth: int, t1_mask) -> sampling.ShardStats:
+    def head_stats(self, n: torch.Tensor, mode: str, depth: int, t1_mask) -> sampling.ShardStats:
+        """n [B, H]: each row's last position after the final norm."""
         be = self.backend
-        n = be.rms_norm(hidden_last, self.w.final_norm, self.g.norm_eps)
         logits = be.linear_fp32(n, self.w.head, self.w.head_fp32_cpu)  # [B, vs] fp32
         B = logits.shape[0]
         return be.shard_stats(logits, mode, self.noise[depth, :B], t1_mask, self.vocab_offset, self.vocab_chunks)
@@ -436,15 +436,23 @@ class TensorParallelDraft:
         mask = torch.where(allowed[:, :, None, :], self.mask_zero, float("-inf"))  # [B, P, group, S]
         return CallPositions(positions, self.rope_table[positions], mask, rows, self.rope_table)
 
-    def forward(self, tokens: torch.Tensor, step: StepView) -> torch.Tensor:
-        """tokens [B, T] at step.positions -> final hidden states [B*T, H]; writes the KV cache."""
-        ranks, collective = self.ranks, self.collective
-        add = self.backend.residual_all_reduce
-        x = add(None, [r.embed_partial(tokens) for r in ranks], collective)
+    def forward(self, tokens: torch.Tensor, step: StepView) -> list[torch.Tensor]:
+        """tokens [B, T] at step.positions -> each rank's final-normed hidden states [B*T, H];
+        writes the KV cache.
+
+        Every sublayer ends in the all-reduce of the ranks' partials, the residual add and
+        the next norm, which each rank applies with its own copy of the norm weight
+        (backend.residual_norm: one kernel per rank where the backend fuses them).
+        """
+        ranks, collective, eps = self.ranks, self.collective, self.g.norm_eps
+        reduce_norm = self.backend.residual_norm
+        x, partials = None, [r.embed_partial(tokens) for r in ranks]
         for layer in range(self.g.layers):
-            x = add(x, [r.attention_partial(layer, x, step) for r in ranks], collective)
-            x = add(x, [r.mlp_partial(layer, x) for r in ranks], collective)
-        return x
+            x, normed = reduce_norm(x, partials, collective, [r.w.layers[layer].attn_norm for r in ranks], eps)
+            partials = [r.attention_partial(layer, n, step) for r, n in zip(ranks, normed)]
+            x, normed = reduce_norm(x, partials, collective, [r.w.layers[layer].mlp_norm for r in ranks], eps)
+            partials = [r.mlp_partial(layer, n) for r, n in zip(ranks, normed)]
+        return reduce_norm(x, partials, collective, [r.w.final_norm for r in ranks], eps)[1]
 
     # ---------------------------------------------------------------- byte counts for the limit
     def weight_bytes_per_pass(self) -> int:

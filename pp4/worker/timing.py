@@ -1,8 +1,9 @@
 """Timing complete worker calls, the copy-bandwidth ceiling, and per-cell statistics.
 
-A timed call is what the worker does for one request batch: copy the request
-inputs (query tokens, context lengths, seeds, T0/T1 mask) from pinned host memory
-into the static inputs, then replay the cell's graph.  CUDA events bracket that on
+A timed call is what the worker does for one request batch: write the request
+inputs (query tokens, context lengths, seeds, T0/T1 mask) into the worker's pinned
+input buffer, then replay the cell's graph, whose first node uploads them (or, with
+--upload before-graph, one copy launched just before the replay).  CUDA events bracket that on
 an idle GPU (each call is synchronised before the next), so host gaps inside the
 call are included.  Collectives between two GPUs, transport of inputs and proposals
 between target and draft, and target verification are outside the timing.
@@ -16,7 +17,7 @@ import torch
 
 from pp4.worker import sampling
 from pp4.worker.config import QUERY_BLOCK, SWITCH, CellKey
-from pp4.worker.draft import DraftWorker
+from pp4.worker.draft import DraftWorker, StaticInputs
 
 
 @attrs.define
@@ -94,28 +95,21 @@ def measure_copy_bandwidth(device: torch.device, nbytes: int, reps: int = 20) ->
 
 
 class InputStager:
-    """Pinned host copies of the timing fixture's inputs; ``stage`` is part of every call."""
+    """The timing fixture's request, packed as the worker's inputs are; ``stage`` is part of
+    every timed call: it writes the request into the worker's (pinned) input buffer, after
+    which the runner uploads it, in the graph or just before it (graphs.py)."""
 
     def __init__(self, worker: DraftWorker, states: list):
-        dev = worker.model.device
-        pin = dev.type == "cuda"
         B = len(states)
         self.worker = worker
-        self.tokens = torch.stack([s.query_tokens for s in states]).to(torch.int64)
-        self.ctx = torch.tensor([s.context_length for s in states], dtype=torch.int64)
-        self.seeds = torch.tensor([s.seed for s in states], dtype=torch.int64)
-        self.mask = torch.tensor(sampling.alternating_masks(B)[0], dtype=torch.bool)
-        if pin:
-            self.tokens, self.ctx, self.seeds, self.mask = (t.pin_memory() for t in
-                                                            (self.tokens, self.ctx, self.seeds, self.mask))
+        self.request = StaticInputs.allocate(torch.device("cpu"))
+        self.request.query_tokens[:B] = torch.stack([s.query_tokens for s in states]).to(torch.int64)
+        self.request.context_lengths[:B] = torch.tensor([s.context_length for s in states], dtype=torch.int64)
+        self.request.seeds[:B] = torch.tensor([s.seed for s in states], dtype=torch.int64)
+        self.request.t1_mask[:B] = torch.tensor(sampling.alternating_masks(B)[0], dtype=torch.bool)
 
     def stage(self, cell: CellKey) -> None:
-        inp, B = self.worker.inputs, cell.batch
-        inp.query_tokens[:B].copy_(self.tokens[:B], non_blocking=True)
-        inp.context_lengths[:B].copy_(self.ctx[:B], non_blocking=True)
-        inp.seeds[:B].copy_(self.seeds[:B], non_blocking=True)
-        if cell.mode == SWITCH:
-            inp.t1_mask[:B].copy_(self.mask[:B], non_blocking=True)
+        self.worker.inputs.packed.copy_(self.request.packed)
 
 
 def time_cells(runners: dict, stager: InputStager, cells: list[CellKey], repetitions: int, calls: int,
@@ -171,8 +165,9 @@ def weight_floor(model, cell: CellKey, bandwidth: CopyBandwidth) -> tuple[float,
 
 def call_breakdown(runners: dict, stager: InputStager, cell: CellKey, calls: int, device: torch.device) -> dict:
     """Where a timed call's time goes outside its kernels (diagnostic, not the measurement):
-    median ms of ``calls`` calls each of the input staging alone, the graph replay alone (inputs
-    left staged), both (what the timing measures), and the replay of a graph holding one tiny
+    median ms of ``calls`` calls each of the host write of the request alone, the upload copy
+    alone, the runner alone (the graph replay, plus the upload when it is not in the graph),
+    staging and runner (what the timing measures), and the replay of a graph holding one tiny
     kernel (the launch itself).  Same events and idle start as a timed call."""
     if device.type != "cuda":
         return {}
@@ -204,6 +199,7 @@ def call_breakdown(runners: dict, stager: InputStager, cell: CellKey, calls: int
         "cell": cell.name,
         "calls": calls,
         "staging_ms": median_of(lambda: stager.stage(cell)),
+        "upload_ms": median_of(runner.worker.upload),
         "replay_ms": median_of(runner.run),
         "staging_and_replay_ms": median_of(lambda: (stager.stage(cell), runner.run())),
         "one_kernel_graph_ms": median_of(empty.replay),

@@ -33,19 +33,29 @@ def embed_gather_kernel(TOK, tok_stride_b, tok_stride_t, T, EMB, OUT, vocab_offs
 
 
 @triton.jit
-def residual_sum_kernel(X, P0, P1, OUT, N, HAS_X: tl.constexpr, BLOCK: tl.constexpr):
-    """OUT = X + (P0 + P1): the colocated all-reduce (rank0 + rank1) and the residual add.
+def residual_sum_norm_kernel(X, P0, P1, W, X_OUT, N_OUT, H, eps,
+                             HAS_X: tl.constexpr, WRITE_X: tl.constexpr, BLOCK: tl.constexpr):
+    """One program per row: r = X + (P0 + P1), the colocated all-reduce (rank0 + rank1) and
+    the residual add, then N_OUT = rms_norm(r) * W; writes r to X_OUT when WRITE_X.
 
     Rounded to the model dtype after the sum and again after the residual add, as the
-    unfused ``x + (p0 + p1)`` is.
+    unfused ``x + (p0 + p1)`` is; the norm works in fp32 on that rounded r and rounds once,
+    as rms_norm_kernel does, so the fused result equals the unfused one bit for bit.
     """
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    m = offs < N
-    s = (tl.load(P0 + offs, mask=m).to(tl.float32) + tl.load(P1 + offs, mask=m).to(tl.float32))
-    s = s.to(OUT.dtype.element_ty)
+    row = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    m = offs < H
+    at = row * H + offs
+    s = (tl.load(P0 + at, mask=m, other=0.0).to(tl.float32) + tl.load(P1 + at, mask=m, other=0.0).to(tl.float32))
+    r = s.to(N_OUT.dtype.element_ty)
     if HAS_X:
-        s = (tl.load(X + offs, mask=m).to(tl.float32) + s.to(tl.float32)).to(OUT.dtype.element_ty)
-    tl.store(OUT + offs, s, mask=m)
+        r = (tl.load(X + at, mask=m, other=0.0).to(tl.float32) + r.to(tl.float32)).to(N_OUT.dtype.element_ty)
+    if WRITE_X:
+        tl.store(X_OUT + at, r, mask=m)
+    x = r.to(tl.float32)
+    inv = 1.0 / tl.sqrt(tl.sum(x * x, axis=0) / H + eps)
+    w = tl.load(W + offs, mask=m, other=0.0).to(tl.float32)
+    tl.store(N_OUT + at, (x * inv * w).to(N_OUT.dtype.element_ty), mask=m)
 
 
 @triton.jit
