@@ -29,7 +29,7 @@ run "${ARGS[@]}"
 rc=$?
 if [ "$rc" -ne 0 ]; then
   # Keep the failed log, then try once with torch's fused attention, one-block-per-row
-  # head reductions, no second stream and the input upload outside the graph: the
+  # head reductions, no second stream and the input upload before the graph: the
   # configuration closest to the plain-torch baseline, so a run still yields gated numbers.
   mv "$OUT/run.log" "$OUT/run-failed.log"
   echo "=== run failed (rc $rc): retrying with --attention sdpa --head-chunks 1 --no-overlap-noise --upload before-graph ==="

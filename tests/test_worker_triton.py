@@ -4,6 +4,7 @@ The kernels are the ones the GPU runs; the interpreter executes them with numpy.
 are checked against the float64 unsharded reference, against the torch backend on the
 same weights and states, and by the same bit-for-bit mode checks the gate makes.
 """
+import math
 import os
 
 import pytest
@@ -14,7 +15,7 @@ os.environ["TRITON_INTERPRET"] = "1"
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from pp4.worker import sampling, states as state_io  # noqa: E402
+from pp4.worker import hashing, sampling, states as state_io  # noqa: E402
 from pp4.worker.backends import BackendUnavailable, TritonBackend, make_backend  # noqa: E402
 from pp4.worker.config import GREEDY, SAMPLED, SWITCH, TINY_GEOMETRY, CellKey, Geometry, ModelSettings  # noqa: E402
 from pp4.worker.draft import DraftWorker  # noqa: E402
@@ -148,6 +149,37 @@ def test_fused_residual_norm_equals_the_unfused_steps_bit_for_bit(with_residual)
     assert torch.equal(n0, be.rms_norm(expect, w0, 1e-5)) and torch.equal(n1, be.rms_norm(expect, w1, 1e-5))
     ref = torch.nn.functional.rms_norm(expect.float(), (H,), w1.float(), 1e-5)
     assert (n1.float() - ref).abs().max() <= 2e-3 * ref.abs().max()
+
+
+def test_gumbel_noise_kernel_matches_the_torch_noise():
+    """Same keys and hash as the torch path (signed 64-bit seeds, a strided [D, B] table and
+    output), log(E) within float32 rounding of it, and finite and accurate where u is
+    closest to 0 and to 1 (where a plain float32 log(u) would round E to 0)."""
+    be, ref_be = TritonBackend(torch.device("cpu")), make_backend("torch", torch.device("cpu"))
+    V = 3000
+    premix = sampling.vocab_premix(torch.arange(7 * V, 8 * V, dtype=torch.int64))  # a shard's global ids
+    seeds = torch.tensor([12345, -7, 2**62 + 11], dtype=torch.int64)
+    table = sampling.row_depth_table(4, 5, torch, "cpu")[:4, :3]  # row stride 4: not contiguous
+    got, ref = (torch.full((5, 4, V), float("nan")) for _ in range(2))
+    be.gumbel_noise(seeds, table, premix, got[:4, :3])
+    ref_be.gumbel_noise(seeds, table, premix, ref[:4, :3])
+    assert torch.isnan(got[4]).all() and torch.isnan(got[:, 3]).all()  # only [:4, :3] written
+    g, r = got[:4, :3], ref[:4, :3]
+    assert torch.isfinite(g).all()
+    assert ((g - r).abs() <= 1e-6 * r.abs().clamp(min=1.0)).all()
+    # The extremes, through premix values whose hash gives s = 0 and s = 2**23 - 1.
+    for s_top in (0, 2**23 - 1):
+        x = ((s_top << 9) | 0x155) ^ (((s_top << 9) | 0x155) >> 16)  # invert the last xorshift
+        x = (x * pow(hashing.MUL_B, -1, 2**32)) & hashing.MASK32
+        x ^= (x >> 15) ^ (x >> 30)  # invert x ^= x >> 15
+        x = (x * pow(hashing.MUL_A, -1, 2**32)) & hashing.MASK32
+        assert hashing.mix32_after_first_shift(x) >> 9 == s_top
+        key = int(sampling.row_depth_keys(seeds[:1], table[:1, :1])[0, 0])
+        one = torch.full((1, 1, 1), float("nan"))
+        be.gumbel_noise(seeds[:1], table[:1, :1], torch.tensor([x ^ key], dtype=torch.int64), one)
+        u = (s_top + 0.5) * 2.0**-23
+        expect = math.log(-math.log(u))
+        assert math.isfinite(one.item()) and abs(one.item() - expect) <= 1e-5 * abs(expect), (s_top, one.item(), expect)
 
 
 def test_needs_cuda_or_the_interpreter(monkeypatch):

@@ -158,8 +158,12 @@ class TorchBackend:
         B = q.shape[0]
         return self.unfold_heads(self.attention(q, cache[0, :B], cache[1, :B], step.mask, scale), T, group)
 
-    # The Gumbel noise of a sampling call is made once per call (sampling.gumbel_log_exponential)
-    # and read here; see RankShard.write_gumbel_noise.
+    def gumbel_noise(self, seeds, row_depth, premix, out) -> None:
+        """out [D, B, V] <- log(E) for every (depth, row, vocab id of this rank): the noise a
+        sampling call makes once (beside pass 0) and shard_stats reads."""
+        keys = sampling.row_depth_keys(seeds, row_depth)
+        sampling.gumbel_log_exponential(keys, premix, torch, out=out)
+
     def shard_stats(self, logits, mode: str, noise, t1_mask, vocab_offset: int, chunks: int):
         scores = sampling.selection_scores(logits, mode, noise, t1_mask, torch)
         return sampling.shard_stats(logits, scores, vocab_offset, chunks, torch)
@@ -199,7 +203,7 @@ class TritonBackend(TorchBackend):
     """cuBLAS GEMMs and attention as in the torch backend; every small step between them
     fused into Triton kernels (pp4/worker/triton_kernels.py): embedding gather, all-reduce
     + residual add + rms norm, rope + K/V write + query fold, head unfold, silu*mul, and
-    the head's per-chunk statistics and cross-rank merge.
+    the Gumbel noise, the head's per-chunk statistics and cross-rank merge.
 
     On a CPU it runs only under TRITON_INTERPRET=1 (the tests); numbers differ from the
     torch backend's in the last bits (fp32 inside, one rounding), which is why exactness
@@ -334,6 +338,14 @@ class TritonBackend(TorchBackend):
             m, l, acc, pos, pos.stride(0), pos.stride(1), out, T, nsplit, rows_padded,
             HKV=hkv, GROUP=group, D=d, BLOCK_S=block_s, BLOCK_SPLIT=self.k.next_power_of_2(nsplit))
         return out
+
+    def gumbel_noise(self, seeds, row_depth, premix, out) -> None:
+        D, B, V = out.shape
+        if out.stride(2) != 1 or row_depth.stride(1) != 1 or seeds.stride(0) != 1:
+            raise ValueError("gumbel_noise wants contiguous vocab rows, seeds and table rows")
+        block = 1024
+        self.k.gumbel_noise_kernel[(D * B, self.k.cdiv(V, block))](
+            seeds, row_depth, row_depth.stride(0), premix, out, B, V, out.stride(0), out.stride(1), BLOCK=block)
 
     def shard_stats(self, logits, mode: str, noise, t1_mask, vocab_offset: int, chunks: int):
         B, V = logits.shape

@@ -24,7 +24,6 @@ import contextlib
 import attrs
 import torch
 
-from pp4.worker import sampling
 from pp4.worker.config import MAX_BATCH, QUERY_BLOCK, SAMPLED, SWITCH, CellKey
 from pp4.worker.model import TensorParallelDraft
 
@@ -149,9 +148,8 @@ class DraftWorker:
             stream.wait_stream(torch.cuda.current_stream(m.device))
             ctx = torch.cuda.stream(stream)
         with ctx:
-            keys = sampling.row_depth_keys(self.device_inputs.seeds[:B], m.row_depth[:D, :B])
             for rank in m.ranks:
-                rank.write_gumbel_noise(keys)
+                rank.write_gumbel_noise(self.device_inputs.seeds[:B], m.row_depth[:D, :B])
 
     def _join_noise(self) -> None:
         stream = self.model.noise_stream

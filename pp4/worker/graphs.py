@@ -1,10 +1,10 @@
 """Cell runners: one CUDA graph per cell, or the same call run eagerly.
 
-A graph writes its own static CellOutputs.  By default it also holds the upload
-of the request inputs as its first node, so one replay -- one host call -- is the
-whole call: upload, all D passes, both ranks, head and merge.  With
-``upload_in_graph=False`` the runner launches the (one, packed) upload copy just
-before the replay instead; both exist so that the difference can be measured.  All graphs share one memory pool: they only ever
+A graph writes its own static CellOutputs.  A call is the upload of the request
+inputs (one packed copy) and the replay of the graph: all D passes, both ranks,
+head and merge.  By default the runner launches the copy just before the replay;
+``upload_in_graph=True`` captures it as the graph's first node instead, which
+measured 2-3% slower per call on an H200 (docs/worker.md, revision 4).  All graphs share one memory pool: they only ever
 replay one at a time, so their intermediates may reuse each other's memory.
 """
 from __future__ import annotations
@@ -30,7 +30,7 @@ class GraphRunner:
     kind = "graph"
     WARMUP_CALLS = 2  # lazy cuBLAS/attention initialisation must happen outside capture
 
-    def __init__(self, worker: DraftWorker, cell: CellKey, pool, upload_in_graph: bool = True):
+    def __init__(self, worker: DraftWorker, cell: CellKey, pool, upload_in_graph: bool = False):
         if worker.model.device.type != "cuda":
             raise RuntimeError("CUDA graphs need --device cuda")
         self.worker, self.cell = worker, cell
@@ -56,7 +56,7 @@ class GraphRunner:
 
 
 def build_runners(worker: DraftWorker, cells: list[CellKey], graphs: bool,
-                  upload_in_graph: bool = True) -> dict[CellKey, object]:
+                  upload_in_graph: bool = False) -> dict[CellKey, object]:
     if not graphs:
         return {cell: EagerRunner(worker, cell) for cell in cells}
     pool = torch.cuda.graph_pool_handle()

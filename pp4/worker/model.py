@@ -346,10 +346,10 @@ class RankShard:
         B = logits.shape[0]
         return be.shard_stats(logits, mode, self.noise[depth, :B], t1_mask, self.vocab_offset, self.vocab_chunks)
 
-    def write_gumbel_noise(self, keys: torch.Tensor) -> None:
-        """keys [D, B] -> self.noise[:D, :B] (the vocabulary hash half is precomputed)."""
-        D, B = keys.shape
-        sampling.gumbel_log_exponential(keys, self.w.gumbel_premix, torch, out=self.noise[:D, :B])
+    def write_gumbel_noise(self, seeds: torch.Tensor, row_depth: torch.Tensor) -> None:
+        """seeds [B], row_depth [D, B] -> self.noise[:D, :B] (the vocabulary hash half is precomputed)."""
+        D, B = row_depth.shape
+        self.backend.gumbel_noise(seeds, row_depth, self.w.gumbel_premix, self.noise[:D, :B])
 
     # ---------------------------------------------------------------- request state I/O
     def load_kv(self, slot: int, kv_logical: torch.Tensor, context: int) -> None:

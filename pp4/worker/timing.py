@@ -2,8 +2,8 @@
 
 A timed call is what the worker does for one request batch: write the request
 inputs (query tokens, context lengths, seeds, T0/T1 mask) into the worker's pinned
-input buffer, then replay the cell's graph, whose first node uploads them (or, with
---upload before-graph, one copy launched just before the replay).  CUDA events bracket that on
+input buffer, upload them to the GPU in one copy, then replay the cell's graph
+(with --upload in-graph the copy is the graph's first node).  CUDA events bracket that on
 an idle GPU (each call is synchronised before the next), so host gaps inside the
 call are included.  Collectives between two GPUs, transport of inputs and proposals
 between target and draft, and target verification are outside the timing.

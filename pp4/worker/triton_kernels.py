@@ -138,6 +138,49 @@ def silu_mul_kernel(GU, OUT, M, N, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _mix32_after_first_shift(x):
+    """hashing.mix32_after_first_shift on uint32 (the multiplies wrap mod 2**32, as the
+    masked int64 products of the torch path do)."""
+    x = x * 0x7FEB352D
+    x = x ^ (x >> 15)
+    x = x * 0x1B873593
+    return x ^ (x >> 16)
+
+
+@triton.jit
+def _mix32(x):
+    return _mix32_after_first_shift(x ^ (x >> 16))
+
+
+@triton.jit
+def gumbel_noise_kernel(SEEDS, ROW_DEPTH, table_stride, PREMIX, OUT, B, V, out_stride_d, out_stride_b,
+                        BLOCK: tl.constexpr):
+    """log(E), E ~ Exp(1), for (depth, row) = program 0 and BLOCK vocab ids = program 1: the
+    torch path's sampling.row_depth_keys and gumbel_log_exponential in one kernel.
+
+    The hash is bit-identical to the torch path's.  E = -log(u) with u = (s + 0.5) * 2**-23
+    exact in float32; near u = 1 (|u - 1| < 2**-7) log(u) is its log1p series, accurate to
+    2**-28 relative where a plain float32 log would lose every digit, so E is never 0.
+    """
+    db = tl.program_id(0)
+    d = db // B
+    b = db % B
+    seed = tl.load(SEEDS + b)
+    lo = (seed & 0xFFFFFFFF).to(tl.uint32)
+    hi = ((seed >> 32) & 0xFFFFFFFF).to(tl.uint32)
+    table = tl.load(ROW_DEPTH + d * table_stride + b).to(tl.uint32)
+    key = _mix32(_mix32(lo ^ table) ^ hi)
+    key = key ^ (key >> 16)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < V
+    h = _mix32_after_first_shift(tl.load(PREMIX + offs, mask=m, other=0).to(tl.uint32) ^ key)
+    x = ((h >> 9).to(tl.float32) - 8388607.5) * 1.1920928955078125e-07  # u - 1, exact
+    series = x * (1.0 + x * (-0.5 + x * (0.3333333333333333 + x * -0.25)))
+    log_u = tl.where(x > -0.0078125, series, tl.log(1.0 + x))
+    tl.store(OUT + d * out_stride_d + b * out_stride_b + offs, tl.log(-log_u), mask=m)
+
+
+@triton.jit
 def head_chunk_stats_kernel(LOGITS, NOISE, noise_row_stride, T1, OUT_SCORE, OUT_ID, OUT_LOGIT, OUT_LSE,
                             V, vocab_offset, CHUNKS, LENGTH,
                             MODE: tl.constexpr, BLOCK: tl.constexpr):
