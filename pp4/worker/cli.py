@@ -369,15 +369,6 @@ def _run(args, argv: list[str], checked, cache_dir: str, caches_late: bool, rss:
          f"in {bw.median_ms:.3f} ms); weight-read floor of one pass {wbytes / bw.bytes_per_s * 1e3:.3f} ms")
     _say(f"timing {len(cells)} cells: {args.repetitions} repetitions x {args.calls} calls, order reversed each "
          f"repetition, fixture = captured states {[s.name for s in fixture]}")
-    if args.profile and cuda:
-        from pp4.worker import profiling
-
-        wanted = [c for c in cells if c.name in ("B1-D4-greedy", "B4-D4-greedy", "B4-D4-sampled", "B4-D4-switch")]
-        try:
-            doc["profile"] = profiling.profile_cells(runners, stager, wanted or cells[:1], args.profile, log=_say)
-            _say(f"per-kernel profile written to {args.profile}")
-        except Exception as exc:  # a profiler problem must not cost the measurement
-            _say(f"profile skipped: {type(exc).__name__}: {exc}")
     sampler = gpu_info.ClockSampler(uuid) if cuda else None
     if sampler:
         sampler.__enter__()
@@ -395,6 +386,17 @@ def _run(args, argv: list[str], checked, cache_dir: str, caches_late: bool, rss:
                  f"{b['upload_ms']:.4f}, replay "
                  f"{b['replay_ms']:.4f}, both {b['staging_and_replay_ms']:.4f}; a one-kernel graph "
                  f"{b['one_kernel_graph_ms']:.4f}")
+    # After the timing, never before: the profiler (CUPTI) leaves the process with slower launches;
+    # in revision 4 a profiled process timed up to 4% slower on the H200 (docs/worker.md).
+    if args.profile and cuda:
+        from pp4.worker import profiling
+
+        wanted = [c for c in cells if c.name in ("B1-D4-greedy", "B4-D4-greedy", "B4-D4-sampled", "B4-D4-switch")]
+        try:
+            doc["profile"] = profiling.profile_cells(runners, stager, wanted or cells[:1], args.profile, log=_say)
+            _say(f"per-kernel profile written to {args.profile}")
+        except Exception as exc:  # a profiler problem must not cost the measurement
+            _say(f"profile skipped: {type(exc).__name__}: {exc}")
     timings, counts = [], {}
     for cell in cells:
         t = timing.cell_stats(cell.name, samples[cell.name])
