@@ -3,9 +3,10 @@
 A graph writes its own static CellOutputs.  A call is the upload of the request
 inputs (one packed copy) and the replay of the graph: all D passes, both ranks,
 head and merge.  By default the runner launches the copy just before the replay;
-``upload_in_graph=True`` captures it as the graph's first node instead, which
-measured 2-3% slower per call on an H200 (docs/worker.md, revision 4).  All graphs share one memory pool: they only ever
-replay one at a time, so their intermediates may reuse each other's memory.
+``upload_in_graph=True`` captures it as the graph's first node instead, which an
+H200 A/B run timed 1.8-2.7% slower per call (docs/worker.md, revision 4).  All
+graphs share one memory pool: they only ever replay one at a time, so their
+intermediates may reuse each other's memory.
 """
 from __future__ import annotations
 
