@@ -117,16 +117,8 @@ def _modules(actions: list[dict], certificate: Path) -> list[dict]:
         p = pin.check(module)  # the module must match its pin, sources included
         out.append({"target": target, "module": plan["module"], "file": str(module), "sha256": p["sha256"],
                     "source_key": p["source_key"], "root": plan["root"], "provenance": plan.get("provenance", {}),
-                    "tree_sha256": _tree_hash(Path(plan["root"]), plan["sources"])})
+                    "tree_sha256": p["tree_sha256"]})
     return out
-
-
-def _tree_hash(root: Path, sources: list[str]) -> str:
-    h = hashlib.sha256()
-    for f in pin.tree_files(root, sources):
-        h.update(str(f.relative_to(root) if f.is_relative_to(root) else f).encode() + b"\0")
-        h.update(hashlib.sha256(f.read_bytes()).digest())
-    return h.hexdigest()
 
 
 def build_record(config: dict, modules: list[dict], certificate: Path, digest: str) -> dict:

@@ -49,10 +49,15 @@ def path_of(directory: str | Path, sid: str) -> Path:
     return Path(directory) / sid[:2] / f"{sid}.json"
 
 
+def encode(shared: list[list[str]]) -> tuple[str, bytes]:
+    """(name, canonical bytes) of a set: encoded once, written to as many directories as needed."""
+    data = canonical(shared)
+    return hashlib.sha256(data).hexdigest(), data
+
+
 def write(directory: str | Path, shared: list[list[str]]) -> str:
     """Store a set (once: an existing file with this name has these bytes) and return its name."""
-    data = canonical(shared)
-    sid = hashlib.sha256(data).hexdigest()
+    sid, data = encode(shared)
     write_canonical(directory, sid, data)
     return sid
 

@@ -32,14 +32,25 @@ def tree_files(root: Path, sources: list[str]) -> list[Path]:
     return sorted(found)
 
 
-def source_key(plan: dict) -> str:
-    h = hashlib.sha256()
-    h.update(json.dumps([plan["cuda_flags"], plan["cxx_flags"], plan["link_flags"], plan["toolchain"]]).encode())
+def tree_hashes(plan: dict) -> tuple[str, str]:
+    """(source key, tree hash), reading each file of the tree once. The source key covers the
+    files, the flags and the toolchain (what the pin checks); the tree hash covers the files alone,
+    each named by its relative path and its sha256 (what a build record names as the source tree)."""
+    key, tree = hashlib.sha256(), hashlib.sha256()
+    key.update(json.dumps([plan["cuda_flags"], plan["cxx_flags"], plan["link_flags"], plan["toolchain"]]).encode())
     root = Path(plan["root"])
     for f in tree_files(root, plan["sources"]):
-        h.update(b"\0" + str(f.relative_to(root) if f.is_relative_to(root) else f).encode() + b"\0")
-        h.update(f.read_bytes())
-    return h.hexdigest()
+        name = str(f.relative_to(root) if f.is_relative_to(root) else f).encode()
+        data = f.read_bytes()
+        key.update(b"\0" + name + b"\0")
+        key.update(data)
+        tree.update(name + b"\0")
+        tree.update(hashlib.sha256(data).digest())
+    return key.hexdigest(), tree.hexdigest()
+
+
+def source_key(plan: dict) -> str:
+    return tree_hashes(plan)[0]
 
 
 def pin_path_for(module: Path) -> Path:
@@ -61,7 +72,8 @@ def write(plan_path: Path, module: Path, out: Path) -> dict:
 
 
 def check(module: Path, module_sha256: str | None = None) -> dict:
-    """The pin of a module after checking both its bytes and its sources; PinError otherwise.
+    """The pin of a module after checking both its bytes and its sources, with the tree hash of
+    those sources added (``tree_sha256``); PinError otherwise.
     module_sha256: the module's hash where the caller has just computed it."""
     pin_file = pin_path_for(module)
     try:
@@ -77,13 +89,13 @@ def check(module: Path, module_sha256: str | None = None) -> dict:
             "was built. Rebuild it with ninja; do not load it."
         )
     plan = json.loads(Path(pin["plan"]).read_text())
-    key = source_key(plan)
+    key, tree = tree_hashes(plan)
     if key != pin["source_key"]:
         raise PinError(
             f"{module} was built from other sources, flags or toolchain than the ones now in {plan['root']} "
             f"(source key {pin['source_key'][:16]}..., now {key[:16]}...). Rebuild with ninja."
         )
-    return pin
+    return dict(pin, tree_sha256=tree)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -176,7 +176,9 @@ class Reuser:
         deps = [os.path.abspath(p) for p in actionkey.parse_depfile(Path(args.depfile).read_text())]
         hashes = [self.hasher.sha256(p) for p in deps]
         own, shared = inputsets.split([[actionkey.to_src(p, root), sha] for p, sha in zip(deps, hashes)])
-        sets = [inputsets.write(self.state_sets, shared)]
+        sid, set_bytes = inputsets.encode(shared)
+        inputsets.write_canonical(self.state_sets, sid, set_bytes)
+        sets = [sid]
         sha, _ = hash_file(args.output)
         result = {"action_key": None, "inputs": own, "input_sets": sets, "object_sha256": sha, "not_stored": None}
         if self.store is None:
@@ -208,7 +210,7 @@ class Reuser:
             return dict(result, not_stored=f"the store already holds this action's object, compiled for {twin}")
         try:
             # the set first: an entry or record must never name a set the store lacks
-            inputsets.write(self.store_sets, shared)
+            inputsets.write_canonical(self.store_sets, sid, set_bytes)
         except OSError as e:
             print(f"pp4.reuse: warning: cannot write an input set into the store ({e.strerror}); "
                   "the object was built, it is just not stored", file=sys.stderr)
