@@ -387,7 +387,7 @@ def _run(args, argv: list[str], checked, cache_dir: str, caches_late: bool, rss:
                  f"{b['replay_ms']:.4f}, both {b['staging_and_replay_ms']:.4f}; a one-kernel graph "
                  f"{b['one_kernel_graph_ms']:.4f}")
     # After the timing, never before: the profiler (CUPTI) leaves the process with slower launches;
-    # in revision 4 a profiled process timed up to 4% slower on the H200 (docs/worker.md).
+    # in revision 4 a profiled process timed up to 4% slower on the H200 (docs/worker.md, Timing).
     if args.profile and cuda:
         from pp4.worker import profiling
 
