@@ -114,7 +114,7 @@ def _modules(actions: list[dict], certificate: Path) -> list[dict]:
     for target in sorted({a["target"] for a in actions}):
         plan = json.loads((builddir / target / "plan.json").read_text())
         module = Path(plan["output"])
-        p = pin.check(module)  # the module must match its pin, sources included
+        p = pin.check(module, with_tree=True)  # the module must match its pin, sources included
         out.append({"target": target, "module": plan["module"], "file": str(module), "sha256": p["sha256"],
                     "source_key": p["source_key"], "root": plan["root"], "provenance": plan.get("provenance", {}),
                     "tree_sha256": p["tree_sha256"]})

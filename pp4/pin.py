@@ -32,10 +32,11 @@ def tree_files(root: Path, sources: list[str]) -> list[Path]:
     return sorted(found)
 
 
-def tree_hashes(plan: dict) -> tuple[str, str]:
+def tree_hashes(plan: dict, with_tree: bool = True) -> tuple[str, str | None]:
     """(source key, tree hash), reading each file of the tree once. The source key covers the
     files, the flags and the toolchain (what the pin checks); the tree hash covers the files alone,
-    each named by its relative path and its sha256 (what a build record names as the source tree)."""
+    each named by its relative path and its sha256 (what a build record names as the source tree).
+    Without with_tree the tree hash is None and its second sha256 pass over the files is skipped."""
     key, tree = hashlib.sha256(), hashlib.sha256()
     key.update(json.dumps([plan["cuda_flags"], plan["cxx_flags"], plan["link_flags"], plan["toolchain"]]).encode())
     root = Path(plan["root"])
@@ -44,13 +45,14 @@ def tree_hashes(plan: dict) -> tuple[str, str]:
         data = f.read_bytes()
         key.update(b"\0" + name + b"\0")
         key.update(data)
-        tree.update(name + b"\0")
-        tree.update(hashlib.sha256(data).digest())
-    return key.hexdigest(), tree.hexdigest()
+        if with_tree:
+            tree.update(name + b"\0")
+            tree.update(hashlib.sha256(data).digest())
+    return key.hexdigest(), tree.hexdigest() if with_tree else None
 
 
 def source_key(plan: dict) -> str:
-    return tree_hashes(plan)[0]
+    return tree_hashes(plan, with_tree=False)[0]
 
 
 def pin_path_for(module: Path) -> Path:
@@ -71,10 +73,10 @@ def write(plan_path: Path, module: Path, out: Path) -> dict:
     return pin
 
 
-def check(module: Path, module_sha256: str | None = None) -> dict:
-    """The pin of a module after checking both its bytes and its sources, with the tree hash of
-    those sources added (``tree_sha256``); PinError otherwise.
-    module_sha256: the module's hash where the caller has just computed it."""
+def check(module: Path, module_sha256: str | None = None, with_tree: bool = False) -> dict:
+    """The pin of a module after checking both its bytes and its sources; PinError otherwise.
+    module_sha256: the module's hash where the caller has just computed it. with_tree: add the
+    tree hash of those sources (``tree_sha256``), from the same read of the files."""
     pin_file = pin_path_for(module)
     try:
         pin = json.loads(pin_file.read_text())
@@ -89,13 +91,13 @@ def check(module: Path, module_sha256: str | None = None) -> dict:
             "was built. Rebuild it with ninja; do not load it."
         )
     plan = json.loads(Path(pin["plan"]).read_text())
-    key, tree = tree_hashes(plan)
+    key, tree = tree_hashes(plan, with_tree)
     if key != pin["source_key"]:
         raise PinError(
             f"{module} was built from other sources, flags or toolchain than the ones now in {plan['root']} "
             f"(source key {pin['source_key'][:16]}..., now {key[:16]}...). Rebuild with ninja."
         )
-    return dict(pin, tree_sha256=tree)
+    return dict(pin, tree_sha256=tree) if with_tree else pin
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -56,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="chunks each vocabulary shard row is reduced in (default: automatic; 1: one per row)")
     a.add_argument("--upload", choices=("before-graph", "in-graph"), default="before-graph",
                    help="where a call's one packed copy of the request inputs to the GPU runs: launched just "
-                        "before the replay (default; measured 2-3%% faster on an H200) or as the graph's first node")
+                        "before the replay (default; 1.8-2.7%% faster in an H200 A/B run) or as the graph's first node")
     a.add_argument("--no-overlap-noise", action="store_true",
                    help="compute the Gumbel noise on the main stream instead of beside pass 0")
     m = p.add_argument_group("model")
