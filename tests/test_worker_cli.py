@@ -1,6 +1,7 @@
 """CLI argument errors, guards, timing statistics and a full CPU run of ``python -m pp4.worker``."""
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -117,6 +118,22 @@ def test_rss_guard_trips_and_interrupts_the_main_thread():
                 time.sleep(0.05)
     assert g.tripped.is_set() and exc.value.exit_code == guards.EXIT_RSS
     assert "exceeds --max-rss 0.00 GiB; run stopped" in str(exc.value)
+
+
+def test_rss_guard_tripping_before_a_with_body_leaves_no_hard_exit_armed():
+    """The signal can land while start() (a with's __enter__) is still running, so that
+    __exit__ never runs: the delivered exception must disarm the hard exit by itself, or
+    the process dies grace_s later (this killed a CI run's pytest with exit code 3)."""
+    before = signal.getsignal(signal.SIGUSR1)
+    g = guards.RssGuard(limit_bytes=1, interval_s=0.01, grace_s=60)
+    with pytest.raises(guards.RssLimitExceeded):
+        g.start()  # no stop() ever follows, as when __enter__ is interrupted
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 10:
+            time.sleep(0.05)
+    g._thread.join(timeout=5)
+    assert not g._thread.is_alive()  # returned instead of waiting 60 s to hard-exit
+    assert signal.getsignal(signal.SIGUSR1) is before
 
 
 def test_rss_guard_quiet_under_limit():

@@ -193,8 +193,9 @@ class RssGuard:
     """Polls this process's resident set size; trips once above ``limit_bytes``.
 
     On trip: records the message, raises RssLimitExceeded in the main thread (via
-    SIGUSR1 to the main thread + a handler that raises), and if the process is still
-    alive ``grace_s`` later, prints the message and exits with code 3.
+    SIGUSR1 to the main thread + a handler that raises), and if that handler has not
+    run ``grace_s`` later (native code that does not return), prints the message and
+    exits with code 3.
     """
 
     def __init__(self, limit_bytes: int, interval_s: float = 0.25, grace_s: float = 30.0,
@@ -230,6 +231,13 @@ class RssGuard:
         self.stop()
 
     def _raise_in_main(self, signum, frame):
+        # The main thread runs Python again, so the hard exit (for native code that never
+        # returns) is not needed: disarm it here, not only in stop(), because the signal may
+        # land before a ``with`` body is entered, and then __exit__ never runs.
+        self._stop.set()
+        if self._old_handler is not None:
+            signal.signal(signal.SIGUSR1, self._old_handler)
+            self._old_handler = None
         raise RssLimitExceeded(self.message)
 
     def _loop(self) -> None:
