@@ -22,7 +22,14 @@ PREFIX = "python -m pp4.worker: error: "
         (["--depths", "3,4"], "--depths: each depth must be 4 or 5, got 3"),
         (["--layers", "6"], "--layers must be between 1 and 5, got 6"),
         (["--gemm", "triton"], "--gemm triton needs --backend triton"),
-        (["--attention", "fused"], "--attention fused needs --backend triton (--backend torch has gemm and sdpa)"),
+        (["--attention", "fused"], "--attention fused needs --backend triton or exl3 (--backend torch has gemm and sdpa)"),
+        (["--backend", "exl3", "--device", "cpu"], "--backend exl3 runs EXL3's CUDA kernels: it needs --device cuda"),
+        (["--backend", "exl3", "--dtype", "bfloat16"], "--backend exl3 needs --dtype float16 (EXL3's kernels take fp16), got bfloat16"),
+        (["--backend", "exl3", "--exl3-bits", "9"], "--exl3-bits must be between 2 and 8, got 9"),
+        (["--backend", "exl3", "--exl3-head-bits", "1"], "--exl3-head-bits must be between 2 and 8, got 1"),
+        (["--exl3-bits", "3"], "--exl3-bits needs --backend exl3"),
+        (["--backend", "triton", "--exl3-module", "facc"], "--exl3-module needs --backend exl3"),
+        (["--backend", "exl3", "--gemm", "triton"], "--gemm triton needs --backend triton"),
         (["--layers", "0"], "--layers must be between 1 and 5, got 0"),
         (["--context", "8"], "--context must be at least 32, got 8"),
         (["--max-rss", "12X"], "--max-rss: cannot parse '12X' (use a number with K, M, G or T, e.g. 48G)"),
@@ -51,7 +58,6 @@ def test_argparse_rejects_unknown_choices(capsys):
     "argv, message",
     [
         (["--ranks", "pair"], "pp4.worker: --ranks pair needs 2 CUDA GPUs (one per rank, NCCL all-reduce); found 0"),
-        (["--backend", "exl3"], "`python configure.py && ninja`"),
     ],
 )
 def test_environment_errors_are_clear(argv, message, capsys):

@@ -30,6 +30,10 @@ class TorchBackend:
     ATTENTION = ("gemm", "sdpa")
     # Whether a call needs its rotary factors gathered and its attention masks built up front.
     reads_position_tables = True
+    # Whether a step needs each row's first position as a packed int32 [B] (EXL3's rope).
+    reads_start_positions = False
+    # Whether the linears are EXL3-quantized (pp4/worker/exl3.py) rather than 16-bit matrices.
+    quantized = False
 
     def __init__(self, device: torch.device, attention: str = "gemm"):
         if attention not in self.ATTENTION:
@@ -43,6 +47,14 @@ class TorchBackend:
             # Split-K partial sums in fp32, not fp16/bf16: accuracy over a few percent of speed.
             torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
             torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
+
+    def prepare(self, g) -> None:
+        """Constants that depend on the geometry (none here)."""
+
+    def kernels(self) -> dict[str, str]:
+        """Which kernels run each step, for the report."""
+        return {"linears": "cuBLAS (torch.mm; the head with fp32 output)", "rms norm": "torch",
+                "rope": "torch", "attention": f"torch ({self.attention_kind})", "other steps": "torch"}
 
     def _check_fp32_out_mm(self) -> None:
         a = torch.zeros(2, 8, dtype=torch.float16, device=self.device)
@@ -174,31 +186,6 @@ class TorchBackend:
         sampling.write_q_payload(mode, confidences[:, depth], q_payload[:, depth], t1_mask, zero, torch)
 
 
-class Exl3Backend(TorchBackend):
-    """Placeholder for EXL3 kernels (rms norm, rope, quantized linears).
-
-    Needs the pp4-built ``exllamav3_ext``.  Quantized EXL3 weights have another
-    layout than the fp16 weights here, so wiring it in is future work; until then
-    this backend refuses to run rather than silently timing torch kernels.
-    """
-
-    name = "exl3"
-
-    def __init__(self, device: torch.device, attention: str = "gemm"):
-        try:
-            self.ext = importlib.import_module(EXL3_MODULE)
-        except ImportError as exc:
-            raise BackendUnavailable(
-                f"--backend exl3 needs the pp4-built {EXL3_MODULE} module, which is not importable "
-                f"({exc}); build it with `python configure.py && ninja` and put the build "
-                "directory on PYTHONPATH"
-            ) from exc
-        raise BackendUnavailable(
-            f"{EXL3_MODULE} imports, but the exl3 backend's quantized-weight path is not wired into "
-            "the worker yet; use --backend torch"
-        )
-
-
 class TritonBackend(TorchBackend):
     """cuBLAS GEMMs and attention as in the torch backend; every small step between them
     fused into Triton kernels (pp4/worker/triton_kernels.py): embedding gather, all-reduce
@@ -239,6 +226,12 @@ class TritonBackend(TorchBackend):
         super().__init__(device, attention)
         # rope_cache_fold indexes the table by position; fused attention masks by position.
         self.reads_position_tables = attention != "fused"
+
+    def kernels(self) -> dict[str, str]:
+        linears = "cuBLAS (torch.mm)" + (", qkv/o/down skinny_linear_kernel" if self.gemm == "triton" else "")
+        attention = "triton (split-KV)" if self.attention_kind == "fused" else f"torch ({self.attention_kind})"
+        return {"linears": linears, "rms norm": "triton", "rope": "triton (with the K/V write and q fold)",
+                "attention": attention, "other steps": "triton"}
 
     def linear(self, x, weight):
         M, K = x.shape
@@ -304,7 +297,7 @@ class TritonBackend(TorchBackend):
         pos = step.positions
         self.k.rope_cache_fold_kernel[(B * T, hq + hkv)](
             qkv, pos, pos.stride(0), pos.stride(1), step.rope_table, cache, q,
-            T, cache.shape[1], cache.shape[3], HQ=hq, HKV=hkv, D=d)
+            T, cache.shape[1], cache.shape[3], qkv, qkv, HQ=hq, HKV=hkv, D=d)
         return q
 
     def unfold_heads(self, att, T: int, group: int):
@@ -376,7 +369,99 @@ class TritonBackend(TorchBackend):
             MODE=self.MODES[mode], BLOCK=self.k.next_power_of_2(2 * chunks))
 
 
-def make_backend(name: str, device: torch.device, attention: str = "gemm", gemm: str = "cublas") -> TorchBackend:
+class Exl3Backend(TritonBackend):
+    """EXL3's kernels from a pp4-built ``exllamav3_ext`` (stock or facc) where it has them:
+
+    * every linear, the head included, is an EXL3-quantized matrix (pp4/worker/exl3.py) run by
+      ``exl3_gemm`` (its GEMV path for a few rows at 2-4 bits, its cooperative GEMM otherwise),
+      fp32 output for the head;
+    * every rms norm is ``rms_norm``, after the all-reduce and residual add (two torch adds);
+    * rope is ``rope`` (NEOX style, angles from fp32 inv_freq in the kernel).  It wants q and k
+      as packed [B, T, heads, D] tensors, so they are copied out of the fused qkv row first;
+      the Triton kernel then writes the rotated K and the V into the cache and folds q.
+
+    Everything else (embedding, attention, silu*mul, noise, head statistics and merge) is the
+    triton backend's.  Numbers differ from the other backends' (another model: quantized
+    weights), so exactness is checked within this backend only.
+    """
+
+    name = "exl3"
+    quantized = True
+    ROPE_NEOX = 2  # exllamav3's RopeStyle.NEOX: rotate-half, as the other backends
+
+    def __init__(self, device: torch.device, attention: str, module, target: str, bits: int, head_bits: int):
+        if device.type != "cuda":
+            raise BackendUnavailable("--backend exl3 runs EXL3's CUDA kernels: it needs --device cuda")
+        super().__init__(device, attention)
+        self.ext, self.target, self.bits, self.head_bits = module, target, bits, head_bits
+        self.reads_start_positions = True
+        self.inv_freq = None
+
+    def prepare(self, g) -> None:
+        half = g.head_dim // 2
+        inv = [g.rope_theta ** (-2.0 * i / g.head_dim) for i in range(half)]
+        self.inv_freq = torch.tensor(inv, dtype=torch.float64).to(torch.float32).to(self.device)
+
+    def kernels(self) -> dict[str, str]:
+        return {"linears": f"{self.target} exl3_gemm ({self.bits} bits, head {self.head_bits} bits)",
+                "rms norm": f"{self.target} rms_norm", "rope": f"{self.target} rope",
+                **{k: v for k, v in super().kernels().items() if k not in ("linears", "rms norm", "rope")}}
+
+    def _gemm(self, x, w, out_dtype):
+        if x.dtype != torch.float16:
+            raise ValueError("EXL3 kernels take float16 activations (--dtype float16)")
+        x = x if x.is_contiguous() else x.contiguous()
+        y = torch.empty(x.shape[0], w.out_features, dtype=out_dtype, device=x.device)
+        self.ext.exl3_gemm(x, w.trellis, y, w.suh, torch.empty_like(x), w.svh, -1, False, False, 0)
+        return y
+
+    def linear(self, x, weight):
+        return self._gemm(x, weight, torch.float16)
+
+    def linear_fp32(self, x, weight, cpu_weight_fp32=None):
+        return self._gemm(x, weight, torch.float32)
+
+    def rms_norm(self, x, weight, eps: float):
+        x2 = x.reshape(-1, x.shape[-1])
+        x2 = x2 if x2.is_contiguous() else x2.contiguous()
+        out = torch.empty_like(x2)
+        self.ext.rms_norm(x2, weight, out, eps, 0.0, 1.0, False, False)
+        return out.view(x.shape)
+
+    def residual_norm(self, x, partials, collective, norm_weights, eps: float):
+        return TorchBackend.residual_norm(self, x, partials, collective, norm_weights, eps)
+
+    def rope_cache_fold(self, qkv, step, cache, hq: int, hkv: int, group: int):
+        B, T, heads, d = qkv.shape
+        q_rot = qkv[:, :, :hq].contiguous()
+        k_rot = qkv[:, :, hq : hq + hkv].contiguous()
+        self.ext.rope(q_rot, q_rot, k_rot, k_rot, self.inv_freq, 0, step.start_positions, None,
+                      self.ROPE_NEOX, 1.0, None, None, 0.0, 0.0, 0.0, 0, 1, 0)
+        q = torch.empty(B, hkv, T * group, d, dtype=qkv.dtype, device=qkv.device)
+        pos = step.positions
+        self.k.rope_cache_fold_kernel[(B * T, hq + hkv)](
+            qkv, pos, pos.stride(0), pos.stride(1), step.rope_table, cache, q,
+            T, cache.shape[1], cache.shape[3], q_rot, k_rot, HQ=hq, HKV=hkv, D=d, APPLY_ROPE=False)
+        return q
+
+
+def load_exl3_module(build_dir: str, target: str):
+    """The pp4-built EXL3 module of ``target`` ("exl3" or "exl3-facc"), checked against its pin."""
+    from pp4.loader import load_target
+    from pp4.pin import PinError
+
+    try:
+        return load_target(target, build_dir)
+    except (ImportError, OSError, PinError) as exc:
+        raise BackendUnavailable(
+            f"--backend exl3 needs the pp4-built {target} module in {build_dir} ({exc}); build it with "
+            f"`python configure.py --ext exl3{' --ext exl3-facc' if target != 'exl3' else ''} && ninja {target}` "
+            "and pass that build directory as --exl3-build") from exc
+
+
+def make_backend(name: str, device: torch.device, attention: str = "gemm", gemm: str = "cublas",
+                 exl3=None) -> TorchBackend:
+    """exl3: the Exl3Options of --backend exl3 (pp4/worker/config.py)."""
     if name != "triton" and gemm != "cublas":
         raise BackendUnavailable(f"--gemm {gemm} needs --backend triton")
     if name == "torch":
@@ -384,5 +469,10 @@ def make_backend(name: str, device: torch.device, attention: str = "gemm", gemm:
     if name == "triton":
         return TritonBackend(device, attention, gemm)
     if name == "exl3":
-        return Exl3Backend(device, attention)
+        if device.type != "cuda":
+            raise BackendUnavailable("--backend exl3 runs EXL3's CUDA kernels: it needs --device cuda")
+        if exl3 is None:
+            raise BackendUnavailable("--backend exl3 needs its options (build directory, module, bits)")
+        module = load_exl3_module(exl3.build_dir, exl3.target)
+        return Exl3Backend(device, attention, module, exl3.target, exl3.bits, exl3.head_bits)
     raise BackendUnavailable(f"unknown backend {name!r} (choose torch, triton or exl3)")

@@ -13,7 +13,8 @@ import time
 
 from pp4.worker import guards
 from pp4.worker.config import (
-    BACKENDS, BATCH_SIZES, DEFAULT_GEOMETRY, DEPTHS, DTYPES, MODES, TINY_GEOMETRY, CellKey, Geometry, ModelSettings,
+    BACKENDS, BATCH_SIZES, DEFAULT_GEOMETRY, DEPTHS, DTYPES, EXL3_BITS, MODES, TINY_GEOMETRY, CellKey, Exl3Options,
+    Geometry, ModelSettings,
 )
 
 STATE_COUNT = 12  # synthetic, and again captured
@@ -59,6 +60,15 @@ def build_parser() -> argparse.ArgumentParser:
                         "before the replay (default; 1.8-2.7%% faster in an H200 A/B run) or as the graph's first node")
     a.add_argument("--no-overlap-noise", action="store_true",
                    help="compute the Gumbel noise on the main stream instead of beside pass 0")
+    e = p.add_argument_group("EXL3 kernels (--backend exl3)")
+    e.add_argument("--exl3-build", metavar="DIR", default="build",
+                   help="pp4 build directory holding the EXL3 module (default: build)")
+    e.add_argument("--exl3-module", choices=("stock", "facc"), default="stock",
+                   help="which pp4-built EXL3 module runs the kernels (targets exl3 and exl3-facc)")
+    e.add_argument("--exl3-bits", type=int, default=Exl3Options().bits,
+                   help=f"bits per weight of every linear but the head (default {Exl3Options().bits})")
+    e.add_argument("--exl3-head-bits", type=int, default=Exl3Options().head_bits,
+                   help=f"bits per weight of the output head (default {Exl3Options().head_bits})")
     m = p.add_argument_group("model")
     m.add_argument("--geometry", choices=("default", "tiny"), default="default",
                    help="default: 8B-class draft (4096 hidden, 32/8 heads of 128, MLP 14336, vocab 128256); "
@@ -135,11 +145,25 @@ def validate(args) -> tuple[Geometry, list[int], list[int], int, int]:
     if args.lock_timeout < 0:
         raise UsageError(f"--lock-timeout must not be negative, got {args.lock_timeout}")
     if args.attention is None:
-        args.attention = "fused" if args.backend == "triton" else "gemm"
+        args.attention = "gemm" if args.backend == "torch" else "fused"
     if args.gemm != "cublas" and args.backend != "triton":
         raise UsageError(f"--gemm {args.gemm} needs --backend triton")
-    if args.attention == "fused" and args.backend != "triton":
-        raise UsageError(f"--attention fused needs --backend triton (--backend {args.backend} has gemm and sdpa)")
+    if args.attention == "fused" and args.backend == "torch":
+        raise UsageError("--attention fused needs --backend triton or exl3 (--backend torch has gemm and sdpa)")
+    if args.backend == "exl3":
+        if args.device != "cuda":
+            raise UsageError("--backend exl3 runs EXL3's CUDA kernels: it needs --device cuda")
+        if args.dtype != "float16":
+            raise UsageError(f"--backend exl3 needs --dtype float16 (EXL3's kernels take fp16), got {args.dtype}")
+        for flag in ("exl3_bits", "exl3_head_bits"):
+            if getattr(args, flag) not in EXL3_BITS:
+                raise UsageError(f"--{flag.replace('_', '-')} must be between {EXL3_BITS.start} and "
+                                 f"{EXL3_BITS.stop - 1}, got {getattr(args, flag)}")
+    else:
+        changed = [f for f in ("exl3_build", "exl3_module", "exl3_bits", "exl3_head_bits")
+                   if getattr(args, f) != build_parser().get_default(f)]
+        if changed:
+            raise UsageError(f"--{changed[0].replace('_', '-')} needs --backend exl3")
     base = TINY_GEOMETRY if args.geometry == "tiny" else DEFAULT_GEOMETRY
     overrides = {"layers": args.layers}
     for name in ("hidden", "heads", "kv_heads", "head_dim", "mlp", "vocab"):
@@ -216,6 +240,8 @@ def _run(args, argv: list[str], checked, cache_dir: str, caches_late: bool, rss:
         geometry=geometry, dtype=args.dtype, context=args.context, weight_seed=args.weight_seed,
         weights_dir=args.weights, backend=args.backend, overlap_noise=not args.no_overlap_noise,
         attention=args.attention, head_chunks=args.head_chunks, gemm=args.gemm,
+        exl3=Exl3Options(args.exl3_build, "exl3" if args.exl3_module == "stock" else "exl3-facc",
+                         args.exl3_bits, args.exl3_head_bits) if args.backend == "exl3" else None,
     )
     if args.export_weights:
         src = SyntheticSource(geometry, args.weight_seed, TORCH_DTYPES[args.dtype], torch.device("cpu"))
@@ -283,6 +309,13 @@ def _run(args, argv: list[str], checked, cache_dir: str, caches_late: bool, rss:
          f"of {geometry.head_dim}, MLP {geometry.mlp}, vocab {geometry.vocab}, {args.dtype}, KV capacity "
          f"{model.cache_len} slots; weights {model.weights_fingerprint}; {wbytes / 1e9:.3f} GB read per pass "
          f"({time.monotonic() - t0:.1f} s to build)")
+    kernels = model.backend.kernels()
+    _say("kernels: " + "; ".join(f"{step}: {what}" for step, what in kernels.items()))
+    if model.backend.quantized:
+        module = model.backend.ext
+        _say(f"EXL3 module: {module.__name__} from {module.__file__} (pp4-built, checked against its pin)")
+        kernels["exl3_module"] = module.__file__
+    doc["kernels"] = kernels
 
     # ------------------------------------------------------------------ states
     synthetic = state_io.synthetic_states(worker, STATE_COUNT, args.state_seed)

@@ -120,6 +120,19 @@ def cache_length(context: int, max_depth: int = max(DEPTHS)) -> int:
     return -(-need // 64) * 64
 
 
+EXL3_BITS = range(2, 9)  # exl3_gemm takes 1..8 bits per weight; 1 bit is no draft anyone runs
+
+
+@attrs.frozen
+class Exl3Options:
+    """--backend exl3: which pp4-built module runs it, and the synthetic weights' bit widths."""
+
+    build_dir: str = "build"
+    target: str = "exl3"  # or "exl3-facc"
+    bits: int = 4  # every linear but the head: 4 bits takes EXL3's GEMV path for a few rows
+    head_bits: int = 6  # exllamav3's own default for the output head
+
+
 @attrs.frozen
 class ModelSettings:
     """What fixes the model's arithmetic: geometry, dtype, weights, backend, KV capacity."""
@@ -141,6 +154,7 @@ class ModelSettings:
     # "cublas": every linear through torch.mm; "triton" (triton backend only): the smaller
     # matrices through a skinny-GEMM Triton kernel (pp4/worker/backends.py says which).
     gemm: str = "cublas"
+    exl3: Exl3Options | None = None
 
     @property
     def cache_len(self) -> int:

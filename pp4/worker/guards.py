@@ -36,6 +36,7 @@ CACHE_VARIABLES = {
     "TRITON_CACHE_DIR": "triton",
     "TORCH_EXTENSIONS_DIR": "torch_extensions",
     "TORCHINDUCTOR_CACHE_DIR": "inductor",
+    "EXLLAMAV3_TUNE_CACHE": "exllamav3_tune",  # EXL3's GEMM autotuner keeps its choices on disk
 }
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*$", re.IGNORECASE)

@@ -25,7 +25,7 @@ import os
 import attrs
 import torch
 
-from pp4.worker import hashing, sampling
+from pp4.worker import exl3, hashing, sampling
 from pp4.worker.backends import TorchBackend, make_backend
 from pp4.worker.config import MAX_BATCH, QUERY_BLOCK, TP_RANKS, DEPTHS, Geometry, ModelSettings
 
@@ -172,6 +172,8 @@ def export_safetensors(source: SyntheticSource, directory: str) -> str:
 # ============================================================================ rank weights
 @attrs.define
 class LayerShard:
+    """Linears are 16-bit [out, in] tensors, or Exl3Linear with --backend exl3."""
+
     attn_norm: torch.Tensor
     qkv: torch.Tensor
     o: torch.Tensor
@@ -193,11 +195,9 @@ class RankWeights:
 
     def weight_bytes(self) -> int:
         """Bytes one pass must read (embedding rows aside, counted per call)."""
-        n = self.final_norm.numel() * self.final_norm.element_size()
-        n += self.head.numel() * self.head.element_size()
+        n = self.final_norm.nbytes + self.head.nbytes  # linears may be tensors or Exl3Linear
         for l in self.layers:
-            for t in (l.attn_norm, l.qkv, l.o, l.mlp_norm, l.gate_up, l.down):
-                n += t.numel() * t.element_size()
+            n += sum(t.nbytes for t in (l.attn_norm, l.qkv, l.o, l.mlp_norm, l.gate_up, l.down))
         return n
 
 
@@ -261,6 +261,7 @@ class StepView:
     sin_signed: torch.Tensor  # [B, T, 1, D] model dtype
     mask: torch.Tensor  # [B, 1, T*group, S] additive fp32 (0 or -inf)
     rope_table: torch.Tensor  # [S, 2, D] the model's whole table (kernels that index it by position)
+    start_positions: torch.Tensor | None = None  # [B] int32, packed: positions[:, 0] (EXL3's rope)
 
 
 @attrs.define
@@ -272,6 +273,7 @@ class CallPositions:
     mask: torch.Tensor | None  # [B, P, group, S]; likewise
     batch_rows: torch.Tensor  # [B, 1] (expanded per step)
     rope_table: torch.Tensor  # [S, 2, D]
+    starts: torch.Tensor | None = None  # [P, B] int32: row p is every row's position p, packed
 
     def step(self, p0: int, p1: int) -> StepView:
         B = self.positions.shape[0]
@@ -289,6 +291,7 @@ class CallPositions:
             sin_signed=sin_signed,
             mask=mask,
             rope_table=self.rope_table,
+            start_positions=None if self.starts is None else self.starts[p0],
         )
 
 
@@ -392,18 +395,24 @@ class TensorParallelDraft:
             raise NotImplementedError("only --ranks colocated is implemented")
         self.settings, self.g, self.device = settings, g, device
         self.dtype = TORCH_DTYPES[settings.dtype]
-        self.backend = make_backend(settings.backend, device, settings.attention, settings.gemm)
+        self.backend = make_backend(settings.backend, device, settings.attention, settings.gemm, settings.exl3)
+        self.backend.prepare(g)
         self.cache_len = settings.cache_len
         if settings.weights_dir:
+            if self.backend.quantized:
+                raise ValueError("--backend exl3 runs synthetic EXL3 weights; reading quantized weights from "
+                                 "--weights is not implemented (drop --weights, or use --backend torch/triton)")
             source = SafetensorsSource(settings.weights_dir, g, self.dtype, device)
         else:
             source = SyntheticSource(g, settings.weight_seed, self.dtype, device)
         self.weights_fingerprint = source.fingerprint()
-        self.ranks = [
-            RankShard(shard_weights(source, g, r, self.dtype, device), g, self.backend, self.cache_len,
-                      self.dtype, device, settings.head_chunks)
-            for r in range(TP_RANKS)
-        ]
+        shards = [shard_weights(source, g, r, self.dtype, device) for r in range(TP_RANKS)]
+        if self.backend.quantized:
+            opts = settings.exl3
+            shards = [exl3.quantize_rank(w, g, settings.weight_seed, opts.bits, opts.head_bits, device) for w in shards]
+            self.weights_fingerprint += f"+exl3:bits={opts.bits},head_bits={opts.head_bits}"
+        self.ranks = [RankShard(w, g, self.backend, self.cache_len, self.dtype, device, settings.head_chunks)
+                      for w in shards]
         self.collective = ColocatedSum()
         self._build_constants()
         self.noise_stream = torch.cuda.Stream(device) if device.type == "cuda" and settings.overlap_noise else None
@@ -430,11 +439,12 @@ class TensorParallelDraft:
     def call_positions(self, positions: torch.Tensor) -> CallPositions:
         """positions [B, P] (absolute slots) -> rotary factors and causal masks for all of them."""
         rows = self.batch_rows[: positions.shape[0]]
+        starts = positions.t().to(torch.int32).contiguous() if self.backend.reads_start_positions else None
         if not self.backend.reads_position_tables:
-            return CallPositions(positions, None, None, rows, self.rope_table)
+            return CallPositions(positions, None, None, rows, self.rope_table, starts)
         allowed = self.key_slots[None, None, :] <= positions[:, :, None]  # [B, P, S]
         mask = torch.where(allowed[:, :, None, :], self.mask_zero, float("-inf"))  # [B, P, group, S]
-        return CallPositions(positions, self.rope_table[positions], mask, rows, self.rope_table)
+        return CallPositions(positions, self.rope_table[positions], mask, rows, self.rope_table, starts)
 
     def forward(self, tokens: torch.Tensor, step: StepView) -> list[torch.Tensor]:
         """tokens [B, T] at step.positions -> each rank's final-normed hidden states [B*T, H];
@@ -477,6 +487,8 @@ class TensorParallelDraft:
             "backend": self.backend.name,
             "attention": self.settings.attention,
             **({"gemm": self.settings.gemm} if self.settings.gemm != "cublas" else {}),
+            **({"exl3": attrs.asdict(self.settings.exl3, filter=lambda a, v: a.name != "build_dir")}
+               if self.backend.quantized else {}),
             "head_chunks": self.ranks[0].vocab_chunks,
             "cache_len": self.cache_len,
             "query_block": QUERY_BLOCK,

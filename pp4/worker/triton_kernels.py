@@ -72,8 +72,9 @@ def rms_norm_kernel(X, W, OUT, x_row_stride, H, eps, BLOCK: tl.constexpr):
 
 @triton.jit
 def rope_cache_fold_kernel(QKV, POS, pos_stride_b, pos_stride_t, ROPE, CACHE, Q_OUT,
-                           T, cache_batch, cache_len,
-                           HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr):
+                           T, cache_batch, cache_len, Q_ROT, K_ROT,
+                           HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
+                           APPLY_ROPE: tl.constexpr = True):
     """Rotary embedding of q and k, the K/V cache write and the query fold, in one kernel.
 
     Grid (B*T, HQ + HKV).  Program (row, h < HQ) rotates query head h and writes it
@@ -81,6 +82,8 @@ def rope_cache_fold_kernel(QKV, POS, pos_stride_b, pos_stride_t, ROPE, CACHE, Q_
     sharing a KV head folded into the query length.  Program (row, HQ + j) rotates
     K head j and writes it, and V head j unrotated, to cache slot POS[b, t].
     ROPE is [slot, (cos | sin_signed), D]: out = x*cos + swap_halves(x)*sin_signed.
+    APPLY_ROPE=False: q and k were rotated already (EXL3's rope kernel) into Q_ROT
+    [B*T, HQ, D] and K_ROT [B*T, HKV, D]; they are read from there, V from QKV.
     """
     GROUP: tl.constexpr = HQ // HKV
     QKV_ROW: tl.constexpr = (HQ + 2 * HKV) * D
@@ -90,13 +93,18 @@ def rope_cache_fold_kernel(QKV, POS, pos_stride_b, pos_stride_t, ROPE, CACHE, Q_
     t = row % T
     pos = tl.load(POS + b * pos_stride_b + t * pos_stride_t)
     offs = tl.arange(0, D)
-    swapped = (offs + D // 2) % D
-    cos = tl.load(ROPE + pos * 2 * D + offs).to(tl.float32)
-    sin = tl.load(ROPE + pos * 2 * D + D + offs).to(tl.float32)
-    src = QKV + row * QKV_ROW + h * D
-    x = tl.load(src + offs).to(tl.float32)
-    xs = tl.load(src + swapped).to(tl.float32)
-    y = (x * cos + xs * sin).to(CACHE.dtype.element_ty)
+    if APPLY_ROPE:
+        swapped = (offs + D // 2) % D
+        cos = tl.load(ROPE + pos * 2 * D + offs).to(tl.float32)
+        sin = tl.load(ROPE + pos * 2 * D + D + offs).to(tl.float32)
+        src = QKV + row * QKV_ROW + h * D
+        x = tl.load(src + offs).to(tl.float32)
+        xs = tl.load(src + swapped).to(tl.float32)
+        y = (x * cos + xs * sin).to(CACHE.dtype.element_ty)
+    elif h < HQ:
+        y = tl.load(Q_ROT + (row * HQ + h) * D + offs)
+    else:
+        y = tl.load(K_ROT + (row * HKV + h - HQ) * D + offs)
     if h < HQ:
         kv = h // GROUP
         member = h % GROUP
