@@ -8,8 +8,8 @@ An EXL3 linear of K inputs and N outputs is held as exllamav3 holds it:
 * ``svh`` fp16 [N]: output-side signs times the output scale, after the other Hadamard.
 
 The worker's weights are synthetic, so its quantized weights are too: every 16-bit word of the
-trellis is the counter hash of (seed, tensor name, global word index), which any bit pattern
-decodes to a valid codebook value (about unit variance), and the sign vectors are hash bits.
+trellis is the counter hash of (seed, tensor name, global word index) -- any bit pattern decodes to a
+valid codebook value -- and the sign vectors are hash bits.
 ``svh`` carries the same 1/sqrt(fan_in) (and head gain) the fp16 synthetic weights have. A word
 is a function of its global position in the logical tensor, so a rank's shard is a slice of the
 whole: column-parallel tensors split on N tiles and ``svh``, row-parallel ones on K tiles and
@@ -58,14 +58,14 @@ class Exl3Linear:
         return sum(t.nbytes for t in (self.trellis, self.suh, self.svh))
 
 
-def _hash_range(name: str, seed: int, start_index: torch.Tensor) -> torch.Tensor:
+def _hash(name: str, seed: int, index: torch.Tensor) -> torch.Tensor:
     k1, k2 = hashing.stream_keys(seed, hashing.name_id(name), DOMAIN_EXL3)
-    return hashing.hash_elements(start_index, k1, k2)
+    return hashing.hash_elements(index, k1, k2)
 
 
 def _signs(name: str, seed: int, lo: int, hi: int, scale: float, device) -> torch.Tensor:
     idx = torch.arange(lo, hi, dtype=torch.int64, device=device)
-    bit = _hash_range(name, seed, idx) >> 31
+    bit = _hash(name, seed, idx) >> 31
     return ((1 - 2 * bit).to(torch.float32) * scale).to(torch.float16)
 
 
@@ -85,7 +85,7 @@ def trellis_block(name: str, seed: int, shape: tuple[int, int], bits: int, k_til
     for a in range(kt0, kt1, step):
         b = min(kt1, a + step)
         kt = torch.arange(a, b, dtype=torch.int64, device=device)[:, None, None]
-        h = _hash_range(name, seed, kt * (n_total * words) + n_idx[None] + j[None]) & 0xFFFF
+        h = _hash(name, seed, kt * (n_total * words) + n_idx[None] + j[None]) & 0xFFFF
         out[a - kt0 : b - kt0] = (h - ((h >> 15) << 16)).to(torch.int16)  # two's complement int16
     return out
 
