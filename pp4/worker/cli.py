@@ -57,7 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="chunks each vocabulary shard row is reduced in (default: automatic; 1: one per row)")
     a.add_argument("--upload", choices=("before-graph", "in-graph"), default="before-graph",
                    help="where a call's one packed copy of the request inputs to the GPU runs: launched just "
-                        "before the replay (default; 1.8-2.7%% faster in an H200 A/B run) or as the graph's first node")
+                        "before the replay (default) or as the graph's first node (within run-to-run spread of each other "
+                        "in two H200 A/B runs)")
     a.add_argument("--no-overlap-noise", action="store_true",
                    help="compute the Gumbel noise on the main stream instead of beside pass 0")
     e = p.add_argument_group("EXL3 kernels (--backend exl3)")

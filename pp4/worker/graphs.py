@@ -3,8 +3,9 @@
 A graph writes its own static CellOutputs.  A call is the upload of the request
 inputs (one packed copy) and the replay of the graph: all D passes, both ranks,
 head and merge.  By default the runner launches the copy just before the replay;
-``upload_in_graph=True`` captures it as the graph's first node instead, which an
-H200 A/B run timed 1.8-2.7% slower per call (docs/worker.md, revision 4).  All
+``upload_in_graph=True`` captures it as the graph's first node instead; H200 A/B
+runs timed that 1.8-2.7% slower once and 0-2% faster once (docs/worker.md, revisions
+4 and 5), so neither placement wins beyond run-to-run spread.  All
 graphs share one memory pool: they only ever replay one at a time, so their
 intermediates may reuse each other's memory.
 """
