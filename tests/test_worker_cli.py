@@ -29,6 +29,7 @@ PREFIX = "python -m pp4.worker: error: "
         (["--backend", "exl3", "--exl3-head-bits", "1"], "--exl3-head-bits must be between 2 and 8, got 1"),
         (["--exl3-bits", "3"], "--exl3-bits needs --backend exl3"),
         (["--backend", "triton", "--exl3-module", "facc"], "--exl3-module needs --backend exl3"),
+        (["--exl3-select", "autotune"], "--exl3-select needs --backend exl3"),
         (["--backend", "exl3", "--gemm", "triton"], "--gemm triton needs --backend triton"),
         (["--layers", "0"], "--layers must be between 1 and 5, got 0"),
         (["--context", "8"], "--context must be at least 32, got 8"),

@@ -118,6 +118,21 @@ def test_backend_refuses_the_cpu():
         make_backend("exl3", CPU, "fused", "cublas", Exl3Options())
 
 
+@pytest.mark.parametrize("rows,bits,select,expect", [
+    (1, 4, "heuristic", 0), (8, 4, "heuristic", 0),  # EXL3's GEMV kernel: no choice by timing there
+    (9, 4, "heuristic", 132), (1, 6, "heuristic", 132),  # the cooperative GEMM, its shape by heuristic
+    (20, 4, "autotune", 0), (1, 6, "autotune", 0),  # exllamav3's own choice, by timing
+])
+def test_gemm_kernel_choice_is_reproducible_unless_autotune_is_asked_for(rows, bits, select, expect):
+    from types import SimpleNamespace
+
+    from pp4.worker.backends import Exl3Backend
+
+    be = SimpleNamespace(GEMV_MAX_ROWS=Exl3Backend.GEMV_MAX_ROWS, select=select, num_sms=132)
+    w = exl3.row_parallel("o", (256, 128), slice(0, 256), 1.0, SEED, bits, CPU)
+    assert Exl3Backend._sms_for(be, rows, w) == expect
+
+
 def test_settings_name_the_module_and_bits_in_the_fingerprint_inputs():
     s = ModelSettings(GEO, backend="exl3", attention="fused", exl3=Exl3Options("b", "exl3-facc", 3, 5))
     assert s.exl3.target == "exl3-facc" and (s.exl3.bits, s.exl3.head_bits) == (3, 5)

@@ -373,7 +373,7 @@ class Exl3Backend(TritonBackend):
     """EXL3's kernels from a pp4-built ``exllamav3_ext`` (stock or facc) where it has them:
 
     * every linear, the head included, is an EXL3-quantized matrix (pp4/worker/exl3.py) run by
-      ``exl3_gemm`` (its GEMV path for a few rows at 2-4 bits, its cooperative GEMM otherwise),
+      ``exl3_gemm`` (its GEMV kernel for up to 8 rows at 4 bits, its cooperative GEMM otherwise),
       fp32 output for the head;
     * every rms norm is ``rms_norm``, after the all-reduce and residual add (two torch adds);
     * rope is ``rope`` (NEOX style, angles from fp32 inv_freq in the kernel).  It wants q and k
@@ -389,11 +389,17 @@ class Exl3Backend(TritonBackend):
     quantized = True
     ROPE_NEOX = 2  # exllamav3's RopeStyle.NEOX: rotate-half, as the other backends
 
-    def __init__(self, device: torch.device, attention: str, module, target: str, bits: int, head_bits: int):
+    SELECT = ("heuristic", "autotune")
+
+    def __init__(self, device: torch.device, attention: str, module, target: str, bits: int, head_bits: int,
+                 select: str = "heuristic"):
         if device.type != "cuda":
             raise BackendUnavailable("--backend exl3 runs EXL3's CUDA kernels: it needs --device cuda")
+        if select not in self.SELECT:
+            raise BackendUnavailable(f"unknown --exl3-select {select!r} (choose {' or '.join(self.SELECT)})")
         super().__init__(device, attention)
-        self.ext, self.target, self.bits, self.head_bits = module, target, bits, head_bits
+        self.ext, self.target, self.bits, self.head_bits, self.select = module, target, bits, head_bits, select
+        self.num_sms = torch.cuda.get_device_properties(device).multi_processor_count
         self.reads_start_positions = True
         self.inv_freq = None
 
@@ -403,7 +409,8 @@ class Exl3Backend(TritonBackend):
         self.inv_freq = torch.tensor(inv, dtype=torch.float64).to(torch.float32).to(self.device)
 
     def kernels(self) -> dict[str, str]:
-        return {"linears": f"{self.target} exl3_gemm ({self.bits} bits, head {self.head_bits} bits)",
+        return {"linears": f"{self.target} exl3_gemm ({self.bits} bits, head {self.head_bits} bits; "
+                           f"GEMM kernel by {self.select})",
                 "rms norm": f"{self.target} rms_norm", "rope": f"{self.target} rope",
                 **{k: v for k, v in super().kernels().items() if k not in ("linears", "rms norm", "rope")}}
 
@@ -412,8 +419,21 @@ class Exl3Backend(TritonBackend):
             raise ValueError("EXL3 kernels take float16 activations (--dtype float16)")
         x = x if x.is_contiguous() else x.contiguous()
         y = torch.empty(x.shape[0], w.out_features, dtype=out_dtype, device=x.device)
-        self.ext.exl3_gemm(x, w.trellis, y, w.suh, torch.empty_like(x), w.svh, -1, False, False, 0)
+        self.ext.exl3_gemm(x, w.trellis, y, w.suh, torch.empty_like(x), w.svh, -1, False, False,
+                           self._sms_for(x.shape[0], w))
         return y
+
+    GEMV_MAX_ROWS = 8  # exllamav3's EXL3_GEMV_MAX_M
+
+    def _sms_for(self, rows: int, w) -> int:
+        """exl3_gemm's force_num_sms: 0 where its GEMV kernel serves (up to 8 rows; 4 bits with
+        the default codebook), else every SM.  A nonzero count makes its cooperative GEMM pick
+        its kernel shape by heuristic instead of by timing candidates on first use, so the
+        kernel, and with it every bit of the output, is the same in every process on this GPU
+        model: a reference written by one process holds in the next."""
+        gemv = (rows <= self.GEMV_MAX_ROWS and w.bits == 4
+                and w.in_features % 128 == 0 and w.out_features % 128 == 0)
+        return 0 if gemv or self.select == "autotune" else self.num_sms
 
     def linear(self, x, weight):
         return self._gemm(x, weight, torch.float16)
@@ -474,5 +494,5 @@ def make_backend(name: str, device: torch.device, attention: str = "gemm", gemm:
         if exl3 is None:
             raise BackendUnavailable("--backend exl3 needs its options (build directory, module, bits)")
         module = load_exl3_module(exl3.build_dir, exl3.target)
-        return Exl3Backend(device, attention, module, exl3.target, exl3.bits, exl3.head_bits)
+        return Exl3Backend(device, attention, module, exl3.target, exl3.bits, exl3.head_bits, exl3.select)
     raise BackendUnavailable(f"unknown backend {name!r} (choose torch, triton or exl3)")

@@ -70,6 +70,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"bits per weight of every linear but the head (default {Exl3Options().bits})")
     e.add_argument("--exl3-head-bits", type=int, default=Exl3Options().head_bits,
                    help=f"bits per weight of the output head (default {Exl3Options().head_bits})")
+    e.add_argument("--exl3-select", choices=("heuristic", "autotune"), default=Exl3Options().select,
+                   help="how EXL3's cooperative GEMM picks its kernel: heuristic (by the sizes, the same in "
+                        "every process: digests reproduce; default) or autotune (exllamav3's own: by timing "
+                        "candidates on first use, so another process may pick another kernel and other bits)")
     m = p.add_argument_group("model")
     m.add_argument("--geometry", choices=("default", "tiny"), default="default",
                    help="default: 8B-class draft (4096 hidden, 32/8 heads of 128, MLP 14336, vocab 128256); "
@@ -161,7 +165,7 @@ def validate(args) -> tuple[Geometry, list[int], list[int], int, int]:
                 raise UsageError(f"--{flag.replace('_', '-')} must be between {EXL3_BITS.start} and "
                                  f"{EXL3_BITS.stop - 1}, got {getattr(args, flag)}")
     else:
-        changed = [f for f in ("exl3_build", "exl3_module", "exl3_bits", "exl3_head_bits")
+        changed = [f for f in ("exl3_build", "exl3_module", "exl3_bits", "exl3_head_bits", "exl3_select")
                    if getattr(args, f) != build_parser().get_default(f)]
         if changed:
             raise UsageError(f"--{changed[0].replace('_', '-')} needs --backend exl3")
@@ -242,7 +246,7 @@ def _run(args, argv: list[str], checked, cache_dir: str, caches_late: bool, rss:
         weights_dir=args.weights, backend=args.backend, overlap_noise=not args.no_overlap_noise,
         attention=args.attention, head_chunks=args.head_chunks, gemm=args.gemm,
         exl3=Exl3Options(args.exl3_build, "exl3" if args.exl3_module == "stock" else "exl3-facc",
-                         args.exl3_bits, args.exl3_head_bits) if args.backend == "exl3" else None,
+                         args.exl3_bits, args.exl3_head_bits, args.exl3_select) if args.backend == "exl3" else None,
     )
     if args.export_weights:
         src = SyntheticSource(geometry, args.weight_seed, TORCH_DTYPES[args.dtype], torch.device("cpu"))

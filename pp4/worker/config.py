@@ -131,6 +131,9 @@ class Exl3Options:
     target: str = "exl3"  # or "exl3-facc"
     bits: int = 4  # every linear but the head: 4 bits takes EXL3's GEMV path for a few rows
     head_bits: int = 6  # exllamav3's own default for the output head
+    # How exl3_gemm's cooperative GEMM picks its kernel shape: "heuristic" (by the sizes; the same
+    # in every process) or "autotune" (exllamav3's default: by timing candidates on first use).
+    select: str = "heuristic"
 
 
 @attrs.frozen
