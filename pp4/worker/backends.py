@@ -6,7 +6,6 @@ plain-torch one without touching ranks, graphs, the gate or timing.
 """
 from __future__ import annotations
 
-import importlib
 import os
 
 import torch
@@ -15,7 +14,7 @@ import torch.nn.functional as F
 from pp4.worker import sampling
 from pp4.worker.config import GREEDY, SAMPLED, SWITCH
 
-EXL3_MODULE = "exllamav3_ext"
+EXL3_NEEDS_CUDA = "--backend exl3 runs EXL3's CUDA kernels: it needs --device cuda"
 
 
 class BackendUnavailable(RuntimeError):
@@ -388,13 +387,13 @@ class Exl3Backend(TritonBackend):
     name = "exl3"
     quantized = True
     ROPE_NEOX = 2  # exllamav3's RopeStyle.NEOX: rotate-half, as the other backends
-
+    GEMV_MAX_ROWS = 8  # exllamav3's EXL3_GEMV_MAX_M
     SELECT = ("heuristic", "autotune")
 
     def __init__(self, device: torch.device, attention: str, module, target: str, bits: int, head_bits: int,
                  select: str = "heuristic"):
         if device.type != "cuda":
-            raise BackendUnavailable("--backend exl3 runs EXL3's CUDA kernels: it needs --device cuda")
+            raise BackendUnavailable(EXL3_NEEDS_CUDA)
         if select not in self.SELECT:
             raise BackendUnavailable(f"unknown --exl3-select {select!r} (choose {' or '.join(self.SELECT)})")
         super().__init__(device, attention)
@@ -422,8 +421,6 @@ class Exl3Backend(TritonBackend):
         self.ext.exl3_gemm(x, w.trellis, y, w.suh, torch.empty_like(x), w.svh, -1, False, False,
                            self._sms_for(x.shape[0], w))
         return y
-
-    GEMV_MAX_ROWS = 8  # exllamav3's EXL3_GEMV_MAX_M
 
     def _sms_for(self, rows: int, w) -> int:
         """exl3_gemm's force_num_sms: 0 where its GEMV kernel serves (up to 8 rows; 4 bits with
@@ -490,7 +487,7 @@ def make_backend(name: str, device: torch.device, attention: str = "gemm", gemm:
         return TritonBackend(device, attention, gemm)
     if name == "exl3":
         if device.type != "cuda":
-            raise BackendUnavailable("--backend exl3 runs EXL3's CUDA kernels: it needs --device cuda")
+            raise BackendUnavailable(EXL3_NEEDS_CUDA)
         if exl3 is None:
             raise BackendUnavailable("--backend exl3 needs its options (build directory, module, bits)")
         module = load_exl3_module(exl3.build_dir, exl3.target)
