@@ -20,6 +20,8 @@ from pp4.worker.backends import BackendUnavailable, TritonBackend, make_backend 
 from pp4.worker.config import GREEDY, SAMPLED, SWITCH, TINY_GEOMETRY, CellKey, Geometry, ModelSettings  # noqa: E402
 from pp4.worker.draft import DraftWorker  # noqa: E402
 from pp4.worker.model import TensorParallelDraft  # noqa: E402
+from pp4.worker import triton_kernels  # noqa: E402
+from pp4.worker.skinny_gemm import SkinnyGemm, SkinnyTiles, plan  # noqa: E402
 
 import test_worker_model as model_tests  # noqa: E402
 
@@ -199,6 +201,38 @@ def test_skinny_linear_matches_float64(rows):
     assert y.dtype == torch.float16 and y.shape == (rows, 72)
     assert ((y.double() - ref).norm() / ref.norm()).item() < 1e-3
     assert torch.equal(be.linear(x, w), y)  # deterministic
+
+
+@pytest.mark.parametrize("tiles", [SkinnyTiles(16, 128, 1), SkinnyTiles(16, 128, 2), SkinnyTiles(32, 64, 4, 8, 3),
+                                   SkinnyTiles(64, 64, 8)], ids=str)
+def test_split_k_skinny_linear_adds_its_splits_in_order(tiles):
+    """Each split's partial goes to memory and the last program of a column block adds them
+    in split order; the counters it used are back at zero for the next launch."""
+    gemm = SkinnyGemm(triton_kernels, torch.device("cpu"))
+    gen = torch.Generator().manual_seed(tiles.splits)
+    x = torch.randn(20, 512, generator=gen).half()
+    w = (torch.randn(72, 512, generator=gen) / 20).half()
+    y = gemm(x, w, tiles)
+    ref = x.double() @ w.double().T
+    assert ((y.double() - ref).norm() / ref.norm()).item() < 1e-3
+    assert torch.equal(gemm(x, w, tiles), y)
+    assert not gemm.counters.any()
+    # The order is fixed, so the sum is too: the same as adding the splits' products by hand.
+    step = 512 // tiles.splits
+    by_hand = sum(x[:, s * step:(s + 1) * step].float() @ w[:, s * step:(s + 1) * step].float().T
+                  for s in range(tiles.splits))
+    assert ((y.float() - by_hand.half().float()).abs().max().item()) <= 2e-3
+
+
+def test_skinny_plan_splits_the_small_matrices_and_not_by_row_count():
+    # The default geometry's per-rank matrices: qkv, o, down get four splits, gate_up none.
+    for n, k in [(3072, 4096), (4096, 2048), (4096, 7168)]:
+        assert plan(4, n, k) == plan(20, n, k) == SkinnyTiles(32, 128, 4)
+    assert plan(1, 14336, 4096).splits == 1
+    assert plan(1, 4096, 384).splits == 1  # 384 does not halve into whole 128-deep blocks
+    with pytest.raises(ValueError, match="K=384 does not cut into 2 splits of whole 128-deep blocks"):
+        SkinnyGemm(triton_kernels, torch.device("cpu"))(torch.zeros(1, 384).half(), torch.zeros(16, 384).half(),
+                                                       SkinnyTiles(16, 128, 2))
 
 
 def test_skinny_gemm_model_matches_float64_reference(pair):

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from pp4.worker import sampling
 from pp4.worker.config import GREEDY, SAMPLED, SWITCH
+from pp4.worker.skinny_gemm import SkinnyGemm
 
 EXL3_NEEDS_CUDA = "--backend exl3 runs EXL3's CUDA kernels: it needs --device cuda"
 
@@ -204,9 +205,8 @@ class TritonBackend(TorchBackend):
     ATTENTION_SPLIT = 64  # cache slots per program: 17 splits x B x hkv programs for 1088 slots
 
     # --gemm triton: matrices up to this size (qkv, o, down of the default geometry; cuBLAS runs
-    # them at 2.5-3.5 TB/s, two with a split-K reduce kernel) go through skinny_linear_kernel.
+    # them at 2.5-3.5 TB/s, two with a split-K reduce kernel) go through pp4/worker/skinny_gemm.py.
     SKINNY_MAX_BYTES = 64 << 20
-    SKINNY_MAX_ROWS = 64
     GEMMS = ("cublas", "triton")
 
     def __init__(self, device: torch.device, attention: str = "fused", gemm: str = "cublas"):
@@ -222,6 +222,7 @@ class TritonBackend(TorchBackend):
             raise BackendUnavailable(f"unknown --gemm {gemm!r} (choose {' or '.join(self.GEMMS)})")
         self.k = triton_kernels
         self.gemm = gemm
+        self.skinny = SkinnyGemm(triton_kernels, device) if gemm == "triton" else None
         super().__init__(device, attention)
         # rope_cache_fold indexes the table by position; fused attention masks by position.
         self.reads_position_tables = attention != "fused"
@@ -234,18 +235,10 @@ class TritonBackend(TorchBackend):
 
     def linear(self, x, weight):
         M, K = x.shape
-        N = weight.shape[0]
-        if (self.gemm != "triton" or M > self.SKINNY_MAX_ROWS or K % 128
+        if (self.gemm != "triton" or M > self.skinny.MAX_ROWS or K % 128
                 or weight.numel() * weight.element_size() > self.SKINNY_MAX_BYTES):
             return super().linear(x, weight)
-        if x.stride(-1) != 1:
-            x = x.contiguous()
-        y = torch.empty(M, N, dtype=x.dtype, device=x.device)
-        block_n = 16
-        self.k.skinny_linear_kernel[(self.k.cdiv(N, block_n),)](
-            x, weight, y, M, N, K, x.stride(0),
-            BLOCK_M=max(16, self.k.next_power_of_2(M)), BLOCK_N=block_n, BLOCK_K=128, num_stages=4)
-        return y
+        return self.skinny(x, weight)
 
     def rms_norm(self, x, weight, eps: float):
         H = x.shape[-1]

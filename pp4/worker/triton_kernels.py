@@ -1,13 +1,14 @@
 """Fused Triton kernels for the worker's small per-pass steps (``--backend triton``).
 
-The GEMMs stay in cuBLAS; what these replace is the ~45 small torch kernels per rank
+The GEMMs stay in cuBLAS unless ``--gemm triton`` asks for the skinny GEMM at the end; what these replace is the ~45 small torch kernels per rank
 and pass around them (docs/worker.md, "Where a pass went"): each launch costs a few
 microseconds however little it does, and a pass is dependent launches end to end.
 
-Every kernel is deterministic (no atomics, fixed reduction order), so a graph replays
-bit for bit and equals the eager call, which is what the exactness gate checks within
-a backend.  With ``TRITON_INTERPRET=1`` they run on CPU tensors, which is how the
-tests check them against the torch backend and float64.
+Every kernel is deterministic (fixed reduction order; the one atomic, in the split-K
+GEMM, only counts arrivals and never adds values), so a graph replays bit for bit and
+equals the eager call, which is what the exactness gate checks within a backend.  With
+``TRITON_INTERPRET=1`` they run on CPU tensors, which is how the tests check them against
+the torch backend and float64.
 """
 from __future__ import annotations
 
@@ -344,22 +345,43 @@ def attention_combine_kernel(M_IN, L_IN, ACC_IN, POS, pos_stride_b, pos_stride_t
 
 
 @triton.jit
-def skinny_linear_kernel(X, W, Y, M, N, K, x_stride,
+def skinny_linear_kernel(X, W, Y, PART, COUNT, M, N, K, x_stride, k_per_split, splits,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """Y[M, N] = X[M, K] @ W[N, K]^T for few rows (M <= BLOCK_M <= 64), fp32 accumulation.
 
-    One program per BLOCK_N output columns walks the whole K (no split-K, so no reduce
-    kernel after it): with BLOCK_N = 16 a 4096-column matrix gives 256 programs, each
-    streaming a BLOCK_N x K strip of W once.  K must be a multiple of BLOCK_K.
+    Program (n block, split) streams a BLOCK_N x k_per_split strip of W once.  With one split
+    it writes Y itself.  With more, each split writes its fp32 partial to PART[split] and
+    bumps COUNT[n block]; the program that arrives last adds the partials in split order
+    (0, 1, ...), writes Y and resets the counter for the next launch.  Which program is last
+    varies, the order of the sum does not, so the result is the same bits every time; and
+    there is no second kernel (cuBLAS's split-K launches a reduce kernel, ~2.5 us with its
+    launch gap).  k_per_split must be a multiple of BLOCK_K; COUNT must start at zero.
     """
+    pid_n = tl.program_id(0)
+    split = tl.program_id(1)
     rm = tl.arange(0, BLOCK_M)
-    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
     m_ok = rm < M
     n_ok = rn < N
+    k0 = split * k_per_split
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    for k in range(0, K, BLOCK_K):
+    for k in range(k0, k0 + k_per_split, BLOCK_K):
         x = tl.load(X + rm[:, None] * x_stride + (k + rk)[None, :], mask=m_ok[:, None], other=0.0)
         w = tl.load(W + rn[:, None] * K + (k + rk)[None, :], mask=n_ok[:, None], other=0.0)
         acc += tl.dot(x, tl.trans(w))
-    tl.store(Y + rm[:, None] * N + rn[None, :], acc.to(Y.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+    out_ok = m_ok[:, None] & n_ok[None, :]
+    tile = rm[:, None] * N + rn[None, :]
+    if splits == 1:
+        tl.store(Y + tile, acc.to(Y.dtype.element_ty), mask=out_ok)
+    else:
+        tl.store(PART + split * M * N + tile, acc, mask=out_ok)
+        # acq_rel: this program's partial is visible before its count; the last one's
+        # loads below see every partial counted before it.
+        arrived = tl.atomic_add(COUNT + pid_n, 1, sem="acq_rel", scope="gpu")
+        if arrived == splits - 1:
+            total = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+            for s in range(0, splits):
+                total += tl.load(PART + s * M * N + tile, mask=out_ok, other=0.0, cache_modifier=".cg")
+            tl.store(Y + tile, total.to(Y.dtype.element_ty), mask=out_ok)
+            tl.atomic_xchg(COUNT + pid_n, 0, sem="relaxed", scope="gpu")

@@ -1,0 +1,80 @@
+"""The Triton skinny GEMM (``--gemm triton``): its tile plan and its launch.
+
+A draft pass multiplies 1-20 rows by matrices of 17-117 MB, so every linear is a stream of
+its weight and nothing else; what decides its speed is whether enough programs keep enough
+loads in flight on every SM, and whether a reduce kernel follows.  The plan depends on the
+shape only (never on the GPU or on timing), so a process always picks the same tiles and
+split, and with them the same bits: the gate's digests stay valid from one run to the next.
+"""
+from __future__ import annotations
+
+import attrs
+import torch
+
+# Programs per launch the plan aims for: enough that each of an H200's 132 SMs holds a few
+# strips at once and the last wave is short.
+TARGET_PROGRAMS = 384
+MAX_SPLITS = 8
+
+
+@attrs.frozen
+class SkinnyTiles:
+    """One launch's tiles: BLOCK_N output columns per program, BLOCK_K deep per load, K cut
+    into ``splits`` strips (added in order by the last program of each column block)."""
+
+    block_n: int
+    block_k: int
+    splits: int
+    num_warps: int = 4
+    num_stages: int = 4
+
+    def programs(self, n: int) -> int:
+        return -(-n // self.block_n) * self.splits
+
+
+def plan(rows: int, n: int, k: int, block_n: int = 32, block_k: int = 128) -> SkinnyTiles:
+    """The smallest split (a power of two, K divisible into BLOCK_K multiples) that brings the
+    launch to TARGET_PROGRAMS programs; no split where the column blocks alone are enough."""
+    del rows  # the tiles do not depend on the row count, so pass 0 and later passes agree
+    blocks = -(-n // block_n)
+    splits = 1
+    while (blocks * splits < TARGET_PROGRAMS and splits < MAX_SPLITS
+           and k % (2 * splits * block_k) == 0):
+        splits *= 2
+    return SkinnyTiles(block_n, block_k, splits)
+
+
+class SkinnyGemm:
+    """Launches ``skinny_linear_kernel``; holds the split counters (zero between launches:
+    the last program of each column block resets its own)."""
+
+    MAX_ROWS = 64
+    # Allocated once, up front: a buffer first made inside a graph capture would be the graph's.
+    MAX_COLUMN_BLOCKS = 1 << 16
+
+    def __init__(self, kernels, device: torch.device):
+        self.k = kernels
+        self.counters = torch.zeros(self.MAX_COLUMN_BLOCKS, dtype=torch.int32, device=device)
+
+    def __call__(self, x: torch.Tensor, weight: torch.Tensor, tiles: SkinnyTiles | None = None) -> torch.Tensor:
+        M, K = x.shape
+        N = weight.shape[0]
+        if M > self.MAX_ROWS:
+            raise ValueError(f"skinny GEMM takes at most {self.MAX_ROWS} rows, got {M}")
+        tiles = tiles or plan(M, N, K)
+        k_per_split = K // tiles.splits
+        if K % tiles.splits or k_per_split % tiles.block_k:
+            raise ValueError(f"K={K} does not cut into {tiles.splits} splits of whole {tiles.block_k}-deep blocks")
+        if x.stride(-1) != 1:
+            x = x.contiguous()
+        blocks = -(-N // tiles.block_n)
+        if blocks > self.MAX_COLUMN_BLOCKS:
+            raise ValueError(f"{N} columns make {blocks} column blocks; at most {self.MAX_COLUMN_BLOCKS}")
+        y = torch.empty(M, N, dtype=x.dtype, device=x.device)
+        part = (torch.empty(tiles.splits, M, N, dtype=torch.float32, device=x.device)
+                if tiles.splits > 1 else y)
+        self.k.skinny_linear_kernel[(blocks, tiles.splits)](
+            x, weight, y, part, self.counters, M, N, K, x.stride(0), k_per_split, tiles.splits,
+            BLOCK_M=max(16, self.k.next_power_of_2(M)), BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
+            num_warps=tiles.num_warps, num_stages=tiles.num_stages)
+        return y
