@@ -1,7 +1,7 @@
 """Fused Triton kernels for the worker's small per-pass steps (``--backend triton``).
 
-The GEMMs stay in cuBLAS unless ``--gemm triton`` asks for the skinny GEMM at the end; what these replace is the ~45 small torch kernels per rank
-and pass around them (docs/worker.md, "Where a pass went"): each launch costs a few
+The GEMMs stay in cuBLAS unless ``--gemm triton`` asks for the skinny GEMM at the end;
+what these replace is the ~45 small torch kernels per rank and pass around them (docs/worker.md, "Where a pass went"): each launch costs a few
 microseconds however little it does, and a pass is dependent launches end to end.
 
 Every kernel is deterministic (fixed reduction order; the one atomic, in the split-K
