@@ -376,8 +376,10 @@ def skinny_linear_kernel(X, W, Y, PART, COUNT, M, N, K, x_stride, k_per_split, s
         tl.store(Y + tile, acc.to(Y.dtype.element_ty), mask=out_ok)
     else:
         tl.store(PART + split * M * N + tile, acc, mask=out_ok)
-        # acq_rel: this program's partial is visible before its count; the last one's
-        # loads below see every partial counted before it.
+        # Every thread's stores reach the barrier before the one thread that does the atomic
+        # releases them (acq_rel, gpu scope); the last program's loads, after its acquire,
+        # go to L2 (.cg), where the other programs' partials are.
+        tl.debug_barrier()
         arrived = tl.atomic_add(COUNT + pid_n, 1, sem="acq_rel", scope="gpu")
         if arrived == splits - 1:
             total = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
