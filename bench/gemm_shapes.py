@@ -100,7 +100,17 @@ def main(argv=None) -> int:
     from pp4.worker.skinny_gemm import SkinnyGemm, plan
 
     all_cases = list(cases(rows_list))
-    batches = [all_cases[i::args.jobs] for i in range(args.jobs)]
+    # One compile per Triton specialization: cases that share it go to the same process.
+    by_key = {}
+    for case in all_cases:
+        _, _, _, rows, tiles = case
+        key = (max(16, 1 << (rows - 1).bit_length()), rows == 1, tiles.splits == 1,
+               tiles.block_n, tiles.block_k, tiles.num_warps, tiles.num_stages)
+        by_key.setdefault(key, []).append(case)
+    groups = sorted(by_key.values(), key=len, reverse=True)
+    batches = [[] for _ in range(args.jobs)]
+    for group in groups:
+        min(batches, key=len).extend(group)
     ctx = __import__("multiprocessing").get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(args.jobs, mp_context=ctx) as pool:
         failed = dict(itertools.chain.from_iterable(pool.map(_compile_some, batches)))
