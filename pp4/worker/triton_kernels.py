@@ -298,14 +298,15 @@ def attention_split_kernel(Q, CACHE, POS, pos_stride_b, pos_stride_t, M_OUT, L_O
         s = s0 + tl.arange(0, BLOCK_S)
         s_ok = s < cache_len
         k = tl.load(CACHE + ((b * HKV + kv) * cache_len + s)[:, None] * D + d[None, :], mask=s_ok[:, None], other=0.0)
+        # V's load is issued before the scores need K, so the two are in flight together.
+        v = tl.load(CACHE + (((cache_batch + b) * HKV + kv) * cache_len + s)[:, None] * D + d[None, :],
+                    mask=s_ok[:, None], other=0.0)
         scores = tl.dot(q, tl.trans(k)) * scale
         visible = (s[None, :] <= pos[:, None]) & s_ok[None, :]
         scores = tl.where(visible, scores, float("-inf"))
         m = tl.max(scores, axis=1)
         m_safe = tl.where(m == float("-inf"), 0.0, m)
         p = tl.exp(scores - m_safe[:, None])
-        v = tl.load(CACHE + (((cache_batch + b) * HKV + kv) * cache_len + s)[:, None] * D + d[None, :],
-                    mask=s_ok[:, None], other=0.0)
         acc = tl.dot(p.to(v.dtype), v)
         tl.store(M_OUT + out, m)
         tl.store(L_OUT + out, tl.sum(p, axis=1))
