@@ -167,6 +167,21 @@ def main(argv=None) -> int:
             print("\n".join(lines[-1 - len(planned[:1] + timed[:5]):]), flush=True)
         del weights
         torch.cuda.empty_cache()
+    lines += ["", "One tile choice for every row count (what a plan by shape alone can pick): the three with "
+              "the least total time over the rows"]
+    for name, n, k in SHAPES:
+        cub = {r["rows"]: r["us"] for r in results if r["shape"] == name and r["kernel"] == "cublas"}
+        totals = {}
+        for r in results:
+            if r["shape"] == name and r["kernel"] == "triton" and "us" in r:
+                totals.setdefault(tuple(r["tiles"]), {})[r["rows"]] = r["us"]
+        full = {t: v for t, v in totals.items() if len(v) == len(rows_list)}
+        best = sorted(full.items(), key=lambda kv: sum(kv[1].values()))[:3]
+        lines.append(f"{name}: cuBLAS " + ", ".join(f"{cub[r]:.2f}" for r in rows_list) + f" us at rows {rows_list}")
+        for t, v in best:
+            lines.append(f"  tiles {list(t)}: " + ", ".join(f"{v[r]:.2f}" for r in rows_list)
+                         + f" us = {sum(v.values()) / sum(cub.values()):.3f}x cuBLAS's total")
+    print("\n".join(lines[-4 * len(SHAPES) - 1:]))
     (out / "gemm_shapes.json").write_text(json.dumps(results, indent=1))
     (out / "gemm_shapes.txt").write_text("\n".join(lines) + "\n")
     return 0
