@@ -26,7 +26,7 @@ class SkinnyTiles:
     block_k: int
     splits: int
     num_warps: int = 4
-    num_stages: int = 4
+    num_stages: int = 5
 
     def programs(self, n: int) -> int:
         return -(-n // self.block_n) * self.splits
