@@ -261,8 +261,9 @@ class TritonBackend(TorchBackend):
         B, T = tokens.shape
         H = embed.shape[1]
         out = torch.empty(B * T, H, dtype=embed.dtype, device=embed.device)
-        self.k.embed_gather_kernel[(B * T,)](tokens, tokens.stride(0), tokens.stride(1), T, embed, out,
-                                              vocab_offset, embed.shape[0] - 1, H, BLOCK=min(1024, self.k.next_power_of_2(H)))
+        block = min(1024, self.k.next_power_of_2(H))
+        self.k.embed_gather_kernel[(B * T, self.k.cdiv(H, block))](
+            tokens, tokens.stride(0), tokens.stride(1), T, embed, out, vocab_offset, embed.shape[0] - 1, H, BLOCK=block)
         return out
 
     def residual_norm(self, x, partials, collective, norm_weights, eps: float):

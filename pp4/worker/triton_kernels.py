@@ -20,17 +20,18 @@ from triton import cdiv, next_power_of_2  # noqa: F401 - the launchers' grid and
 @triton.jit
 def embed_gather_kernel(TOK, tok_stride_b, tok_stride_t, T, EMB, OUT, vocab_offset, shard_vocab, H,
                         BLOCK: tl.constexpr):
-    """Vocab-parallel embedding: row (b, t) gets this rank's row of its token, else the zero row."""
+    """Vocab-parallel embedding: row (b, t) gets this rank's row of its token, else the zero row.
+    Program (row, chunk) copies BLOCK columns: a decode pass has one to four rows, and chunks
+    side by side wait for their loads together rather than one after the other."""
     row = tl.program_id(0)
     b = row // T
     t = row % T
     tok = tl.load(TOK + b * tok_stride_b + t * tok_stride_t)
     local = tok - vocab_offset
     local = tl.where((local >= 0) & (local < shard_vocab), local, shard_vocab)
-    for c in range(0, H, BLOCK):
-        offs = c + tl.arange(0, BLOCK)
-        m = offs < H
-        tl.store(OUT + row * H + offs, tl.load(EMB + local * H + offs, mask=m), mask=m)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    m = offs < H
+    tl.store(OUT + row * H + offs, tl.load(EMB + local * H + offs, mask=m), mask=m)
 
 
 @triton.jit
