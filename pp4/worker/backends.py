@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from pp4.worker import sampling
 from pp4.worker.config import GREEDY, SAMPLED, SWITCH
+from pp4.worker import skinny_gemm
 from pp4.worker.skinny_gemm import SkinnyGemm
 
 EXL3_NEEDS_CUDA = "--backend exl3 runs EXL3's CUDA kernels: it needs --device cuda"
@@ -204,8 +205,9 @@ class TritonBackend(TorchBackend):
     ATTENTION = ("fused", "gemm", "sdpa")
     ATTENTION_SPLIT = 64  # cache slots per program: 17 splits x B x hkv programs for 1088 slots
 
-    # --gemm triton: matrices up to this size (qkv, o, down of the default geometry; cuBLAS runs
-    # them at 2.5-3.5 TB/s, two with a split-K reduce kernel) go through pp4/worker/skinny_gemm.py.
+    # --gemm triton: matrices up to this size with a long enough K (qkv and down of the default
+    # geometry, which cuBLAS runs with a split-K reduce kernel after them) go through
+    # pp4/worker/skinny_gemm.py; gate_up (117 MB) measured even with cuBLAS and stays there.
     SKINNY_MAX_BYTES = 64 << 20
     GEMMS = ("cublas", "triton")
 
@@ -228,14 +230,14 @@ class TritonBackend(TorchBackend):
         self.reads_position_tables = attention != "fused"
 
     def kernels(self) -> dict[str, str]:
-        linears = "cuBLAS (torch.mm)" + (", qkv/o/down skinny_linear_kernel" if self.gemm == "triton" else "")
+        linears = "cuBLAS (torch.mm)" + (", qkv/down skinny_linear_kernel" if self.gemm == "triton" else "")
         attention = "triton (split-KV)" if self.attention_kind == "fused" else f"torch ({self.attention_kind})"
         return {"linears": linears, "rms norm": "triton", "rope": "triton (with the K/V write and q fold)",
                 "attention": attention, "other steps": "triton"}
 
     def linear(self, x, weight):
         M, K = x.shape
-        if (self.gemm != "triton" or M > self.skinny.MAX_ROWS or K % 128
+        if (self.gemm != "triton" or not skinny_gemm.takes(M, weight.shape[0], K)
                 or weight.numel() * weight.element_size() > self.SKINNY_MAX_BYTES):
             return super().linear(x, weight)
         return self.skinny(x, weight)

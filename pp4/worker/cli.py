@@ -51,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fused: split-KV Triton kernels (triton backend's default); gemm: two batched GEMMs "
                         "around an fp32 softmax (torch backend's default); sdpa: torch's fused kernel")
     a.add_argument("--gemm", choices=("cublas", "triton"), default="cublas",
-                   help="triton (with --backend triton): qkv, o and down through a skinny-GEMM Triton kernel; "
+                   help="triton (with --backend triton): qkv and down through a split-K Triton kernel; "
                         "cublas: every linear through torch.mm (default)")
     a.add_argument("--head-chunks", type=int, default=None,
                    help="chunks each vocabulary shard row is reduced in (default: automatic; 1: one per row)")

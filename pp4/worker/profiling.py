@@ -12,7 +12,7 @@ import torch
 
 def _category(name: str) -> str:
     n = name.lower()
-    if any(k in n for k in ("gemm", "gemv", "cutlass", "cublas", "sm90_xmma", "nvjet", "splitk")):
+    if any(k in n for k in ("gemm", "gemv", "cutlass", "cublas", "sm90_xmma", "nvjet", "splitk", "linear_kernel")):
         return "gemm"
     if any(k in n for k in ("fmha", "attention", "flash", "efficient")):
         return "attention"

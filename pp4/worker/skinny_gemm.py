@@ -11,10 +11,20 @@ from __future__ import annotations
 import attrs
 import torch
 
-# Programs per launch the plan aims for: enough that each of an H200's 132 SMs holds a few
-# strips at once and the last wave is short.
-TARGET_PROGRAMS = 384
+# Programs per launch the plan aims for: about two strips for each of an H200's 132 SMs.
+# bench/gemm_shapes.py on the H200 (revision 6): down (K 7168) is fastest at 2 splits (256
+# programs, 0.93x cuBLAS's time over 1-20 rows), qkv (K 4096) at 4 (384, 0.94x); aiming at
+# 384 put down at 4 splits, 1.33x cuBLAS at 20 rows.
+TARGET_PROGRAMS = 256
 MAX_SPLITS = 8
+# Shorter strips lose to cuBLAS at every split: o (K 2048) took 1.01-1.14x cuBLAS's time with
+# none, more with splits.  Such matrices stay with cuBLAS.
+MIN_K = 4096
+
+
+def takes(rows: int, n: int, k: int) -> bool:
+    """Whether the skinny GEMM runs this product (else cuBLAS does)."""
+    return rows <= SkinnyGemm.MAX_ROWS and k >= MIN_K and k % 128 == 0
 
 
 @attrs.frozen
