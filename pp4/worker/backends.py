@@ -237,7 +237,7 @@ class TritonBackend(TorchBackend):
 
     def linear(self, x, weight):
         M, K = x.shape
-        if (self.gemm != "triton" or not skinny_gemm.takes(M, weight.shape[0], K)
+        if (self.gemm != "triton" or not skinny_gemm.takes(M, K)
                 or weight.numel() * weight.element_size() > self.SKINNY_MAX_BYTES):
             return super().linear(x, weight)
         return self.skinny(x, weight)

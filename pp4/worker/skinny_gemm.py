@@ -22,7 +22,7 @@ MAX_SPLITS = 8
 MIN_K = 4096
 
 
-def takes(rows: int, n: int, k: int) -> bool:
+def takes(rows: int, k: int) -> bool:
     """Whether the skinny GEMM runs this product (else cuBLAS does)."""
     return rows <= SkinnyGemm.MAX_ROWS and k >= MIN_K and k % 128 == 0
 
@@ -37,9 +37,6 @@ class SkinnyTiles:
     splits: int
     num_warps: int = 4
     num_stages: int = 5
-
-    def programs(self, n: int) -> int:
-        return -(-n // self.block_n) * self.splits
 
 
 def plan(rows: int, n: int, k: int, block_n: int = 32, block_k: int = 128) -> SkinnyTiles:
