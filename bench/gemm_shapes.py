@@ -1,6 +1,6 @@
 """The worker's GEMM shapes, cuBLAS against the Triton skinny GEMM's tile choices, on one GPU.
 
-    python bench/gemm_shapes.py [--out DIR] [--rows 1,4,20] [--jobs 16]
+    python bench/gemm_shapes.py [--out DIR] [--rows 1,4,20] [--jobs 16] [--shapes qkv,o,down,gate_up,head]
 
 Each measurement is one CUDA graph of back-to-back GEMMs, each on its own copy of the weight
 (copies enough for 512 MB, ten times an H200's L2), so every GEMM streams its weight from HBM
@@ -29,24 +29,29 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import attrs  # noqa: E402
 import torch  # noqa: E402
 
-# (name, N, K) of one rank's matrices in the default geometry (hidden 4096, MLP 14336, TP 2).
-SHAPES = [("qkv", 3072, 4096), ("o", 4096, 2048), ("down", 4096, 7168), ("gate_up", 14336, 4096)]
+# (name, N, K, output dtype) of one rank's matrices in the default geometry (hidden 4096, MLP
+# 14336, vocabulary 128256, TP 2).  The head's logits are fp32, as the worker computes them.
+SHAPES = [("qkv", 3072, 4096, torch.float16), ("o", 4096, 2048, torch.float16),
+          ("down", 4096, 7168, torch.float16), ("gate_up", 14336, 4096, torch.float16),
+          ("head", 64128, 4096, torch.float32)]
 STREAM_BYTES = 512 << 20
 REPLAYS = 15
 
 
 def tile_choices(n: int, k: int):
     from pp4.worker.skinny_gemm import SkinnyTiles
+    wide = n > 32768  # the head: thousands of column blocks already, so wider ones and no splits
     for block_n, block_k, splits, warps, stages in itertools.product(
-            (16, 32, 64), (64, 128, 256), (1, 2, 4, 8), (4, 8), (3, 5)):
+            (16, 32, 64, 128) if wide else (16, 32, 64), (64, 128, 256),
+            (1,) if wide else (1, 2, 4, 8), (4, 8), (3, 4, 5) if wide else (3, 5)):
         if k % (splits * block_k) == 0:
             yield SkinnyTiles(block_n, block_k, splits, warps, stages)
 
 
-def cases(rows_list):
-    for (name, n, k), rows in itertools.product(SHAPES, rows_list):
+def cases(shapes, rows_list):
+    for (name, n, k, dtype), rows in itertools.product(shapes, rows_list):
         for tiles in tile_choices(n, k):
-            yield name, n, k, rows, tiles
+            yield name, n, k, dtype, rows, tiles
 
 
 def _compile_some(batch):
@@ -56,11 +61,11 @@ def _compile_some(batch):
     gemm = SkinnyGemm(triton_kernels, torch.device("cuda"))
     failed = []
     for case in batch:
-        _, n, k, rows, tiles = case
+        _, n, k, dtype, rows, tiles = case
         x = torch.randn(rows, k, device="cuda", dtype=torch.float16)
         w = torch.randn(n, k, device="cuda", dtype=torch.float16)
         try:
-            gemm(x, w, tiles)
+            gemm(x, w, tiles, out_dtype=dtype)
         except Exception as exc:  # e.g. a tile choice that needs more shared memory than an SM has
             failed.append((case, f"{type(exc).__name__}: {str(exc)[:200]}"))
     torch.cuda.synchronize()
@@ -92,19 +97,25 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="gemm-out")
     ap.add_argument("--rows", default="1,4,20")
     ap.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1))
+    ap.add_argument("--shapes", default=",".join(s[0] for s in SHAPES))
     args = ap.parse_args(argv)
     rows_list = [int(r) for r in args.rows.split(",")]
+    known = {s[0]: s for s in SHAPES}
+    unknown = [name for name in args.shapes.split(",") if name not in known]
+    if unknown:
+        ap.error(f"--shapes: unknown {unknown}; choose from {sorted(known)}")
+    shapes = [known[name] for name in args.shapes.split(",")]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     from pp4.worker import triton_kernels
     from pp4.worker.skinny_gemm import SkinnyGemm, plan
 
-    all_cases = list(cases(rows_list))
+    all_cases = list(cases(shapes, rows_list))
     # One compile per Triton specialization: cases that share it go to the same process.
     by_key = {}
     for case in all_cases:
-        _, _, _, rows, tiles = case
-        key = (max(16, 1 << (rows - 1).bit_length()), rows == 1, tiles.splits == 1,
+        _, _, _, dtype, rows, tiles = case
+        key = (dtype, max(16, 1 << (rows - 1).bit_length()), rows == 1, tiles.splits == 1,
                tiles.block_n, tiles.block_k, tiles.num_warps, tiles.num_stages)
         by_key.setdefault(key, []).append(case)
     groups = sorted(by_key.values(), key=len, reverse=True)
@@ -121,7 +132,7 @@ def main(argv=None) -> int:
     results = []
     lines = [f"GPU {torch.cuda.get_device_name()}, torch {torch.__version__}, per GEMM in a graph of "
              f"{STREAM_BYTES >> 20} MB of distinct weights (median of {REPLAYS} replays)"]
-    for name, n, k in SHAPES:
+    for name, n, k, dtype in shapes:
         nbytes = n * k * 2
         copies = max(4, -(-STREAM_BYTES // nbytes))
         weights = [(torch.randn(n, k, device="cuda", generator=gen) / k ** 0.5).half() for _ in range(copies)]
@@ -131,26 +142,27 @@ def main(argv=None) -> int:
             outs = [None]
 
             def cublas(i):
-                outs[0] = torch.mm(x, weights[i % copies].t())
+                outs[0] = (torch.mm(x, weights[i % copies].t()) if dtype == torch.float16
+                           else torch.mm(x, weights[i % copies].t(), out_dtype=dtype))
             row = {"shape": name, "n": n, "k": k, "rows": rows, "bytes": nbytes}
             cub = graph_time_us(cublas, copies)
             results.append(dict(row, kernel="cublas", us=cub, tbps=nbytes / cub / 1e6))
             mine = plan(rows, n, k)
             timed = []
             for tiles in tile_choices(n, k):
-                if (name, n, k, rows, tiles) in failed:
+                if (name, n, k, dtype, rows, tiles) in failed:
                     results.append(dict(row, kernel="triton", tiles=list(attrs.astuple(tiles)),
-                                        compile_error=failed[(name, n, k, rows, tiles)]))
+                                        compile_error=failed[(name, n, k, dtype, rows, tiles)]))
                     continue
-                y = gemm(x, weights[0], tiles)
+                y = gemm(x, weights[0], tiles, out_dtype=dtype)
                 err = ((y.double() - ref).norm() / ref.norm()).item()
-                same = torch.equal(gemm(x, weights[0], tiles), y)
+                same = torch.equal(gemm(x, weights[0], tiles, out_dtype=dtype), y)
                 rec = dict(row, kernel="triton", tiles=list(attrs.astuple(tiles)),
                            rel_err=err, same_bits=same, planned=tiles == mine)
                 if err < 1e-3 and same:
 
                     def tri(i, tiles=tiles):
-                        outs[0] = gemm(x, weights[i % copies], tiles)
+                        outs[0] = gemm(x, weights[i % copies], tiles, out_dtype=dtype)
                     rec["us"] = graph_time_us(tri, copies)
                     rec["tbps"] = nbytes / rec["us"] / 1e6
                     timed.append(rec)
@@ -170,7 +182,7 @@ def main(argv=None) -> int:
         torch.cuda.empty_cache()
     lines += ["", "One tile choice for every row count (what a plan by shape alone can pick): the three with "
               "the least total time over the rows"]
-    for name, n, k in SHAPES:
+    for name, n, k, _ in shapes:
         cub = {r["rows"]: r["us"] for r in results if r["shape"] == name and r["kernel"] == "cublas"}
         totals = {}
         for r in results:
@@ -182,7 +194,7 @@ def main(argv=None) -> int:
         for t, v in best:
             lines.append(f"  tiles {list(t)}: " + ", ".join(f"{v[r]:.2f}" for r in rows_list)
                          + f" us = {sum(v.values()) / sum(cub.values()):.3f}x cuBLAS's total")
-    print("\n".join(lines[-4 * len(SHAPES) - 1:]))
+    print("\n".join(lines[-4 * len(shapes) - 1:]))
     (out / "gemm_shapes.json").write_text(json.dumps(results, indent=1))
     (out / "gemm_shapes.txt").write_text("\n".join(lines) + "\n")
     return 0

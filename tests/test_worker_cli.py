@@ -49,6 +49,13 @@ def test_argument_errors_have_exact_messages(argv, message, capsys):
     assert capsys.readouterr().err.strip().splitlines()[-1] == PREFIX + message
 
 
+@pytest.mark.parametrize("backend, gemm", [("torch", "cublas"), ("triton", "triton"), ("exl3", "cublas")])
+def test_gemm_defaults_to_the_skinny_kernel_on_the_triton_backend_only(backend, gemm):
+    args = cli.build_parser().parse_args(["--backend", backend])
+    cli.validate(args)
+    assert args.gemm == gemm
+
+
 def test_argparse_rejects_unknown_choices(capsys):
     with pytest.raises(SystemExit):
         cli.main(["--backend", "cutlass"])

@@ -203,6 +203,27 @@ def test_skinny_linear_matches_float64(rows):
     assert torch.equal(be.linear(x, w), y)  # deterministic
 
 
+@pytest.mark.parametrize("rows", [1, 4])
+def test_skinny_head_writes_fp32_logits_that_match_float64(rows, monkeypatch):
+    """The head's fp32 logits through the skinny kernel (a wide matrix: the head's tiles)."""
+    monkeypatch.setattr(skinny_gemm, "MIN_K", 256)
+    monkeypatch.setattr(skinny_gemm, "WIDE_N", 512)
+    be = TritonBackend(torch.device("cpu"), gemm="triton")
+    gen = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, 512, generator=gen).half()
+    w = (torch.randn(600, 512, generator=gen) / 20).half()  # 600 columns: a partial last 64-block
+    calls = []
+    real = SkinnyGemm.__call__
+    monkeypatch.setattr(SkinnyGemm, "__call__", lambda self, *a, **kw: calls.append(kw) or real(self, *a, **kw))
+    y = be.linear_fp32(x, w)
+    assert calls == [{"out_dtype": torch.float32}]
+    ref = x.double() @ w.double().T
+    assert y.dtype == torch.float32 and y.shape == (rows, 600)
+    # fp32 out, so no fp16 rounding at the end: far closer than the fp16 linears.
+    assert ((y.double() - ref).norm() / ref.norm()).item() < 1e-5
+    assert torch.equal(be.linear_fp32(x, w), y)
+
+
 @pytest.mark.parametrize("tiles", [SkinnyTiles(16, 128, 1), SkinnyTiles(16, 128, 2), SkinnyTiles(32, 64, 4, 8, 3),
                                    SkinnyTiles(64, 64, 8)], ids=str)
 def test_split_k_skinny_linear_adds_its_splits_in_order(tiles):
@@ -233,6 +254,8 @@ def test_skinny_plan_takes_the_long_strips_and_splits_them_by_shape_alone():
     assert skinny_gemm.takes(20, 4096) and skinny_gemm.takes(1, 7168)
     assert not skinny_gemm.takes(4, 2048) and not skinny_gemm.takes(65, 4096)
     assert plan(1, 4096, 384).splits == 1  # 384 does not halve into whole 128-deep blocks
+    # The head (64,128 columns per rank) needs no split; wider, deeper tiles measured fastest.
+    assert plan(1, 64128, 4096) == plan(4, 64128, 4096) == SkinnyTiles(64, 256, 1, 4, 3)
     with pytest.raises(ValueError, match="K=384 does not cut into 2 splits of whole 128-deep blocks"):
         SkinnyGemm(triton_kernels, torch.device("cpu"))(torch.zeros(1, 384).half(), torch.zeros(16, 384).half(),
                                                        SkinnyTiles(16, 128, 2))

@@ -208,6 +208,7 @@ class TritonBackend(TorchBackend):
     # --gemm triton: matrices up to this size with a long enough K (qkv and down of the default
     # geometry, which cuBLAS runs with a split-K reduce kernel after them) go through
     # pp4/worker/skinny_gemm.py; gate_up (117 MB) measured even with cuBLAS and stays there.
+    # The head (fp32 logits) goes through it at any size: 0.82-0.93x cuBLAS's time.
     SKINNY_MAX_BYTES = 64 << 20
     GEMMS = ("cublas", "triton")
 
@@ -230,7 +231,7 @@ class TritonBackend(TorchBackend):
         self.reads_position_tables = attention != "fused"
 
     def kernels(self) -> dict[str, str]:
-        linears = "cuBLAS (torch.mm)" + (", qkv/down skinny_linear_kernel" if self.gemm == "triton" else "")
+        linears = "cuBLAS (torch.mm)" + (", qkv/down/head skinny_linear_kernel" if self.gemm == "triton" else "")
         attention = "triton (split-KV)" if self.attention_kind == "fused" else f"torch ({self.attention_kind})"
         return {"linears": linears, "rms norm": "triton", "rope": "triton (with the K/V write and q fold)",
                 "attention": attention, "other steps": "triton"}
@@ -241,6 +242,11 @@ class TritonBackend(TorchBackend):
                 or weight.numel() * weight.element_size() > self.SKINNY_MAX_BYTES):
             return super().linear(x, weight)
         return self.skinny(x, weight)
+
+    def linear_fp32(self, x, weight, cpu_weight_fp32=None):
+        if self.gemm != "triton" or not skinny_gemm.takes(*x.shape):
+            return super().linear_fp32(x, weight, cpu_weight_fp32)
+        return self.skinny(x, weight, out_dtype=torch.float32)
 
     def rms_norm(self, x, weight, eps: float):
         H = x.shape[-1]

@@ -50,9 +50,10 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--attention", choices=("fused", "gemm", "sdpa"), default=None,
                    help="fused: split-KV Triton kernels (triton backend's default); gemm: two batched GEMMs "
                         "around an fp32 softmax (torch backend's default); sdpa: torch's fused kernel")
-    a.add_argument("--gemm", choices=("cublas", "triton"), default="cublas",
-                   help="triton (with --backend triton): qkv and down through a split-K Triton kernel; "
-                        "cublas: every linear through torch.mm (default)")
+    a.add_argument("--gemm", choices=("cublas", "triton"), default=None,
+                   help="triton (the triton backend's default): qkv, down and the head through a skinny "
+                        "Triton GEMM (split-K where it pays); cublas: every linear through torch.mm "
+                        "(the other backends' default)")
     a.add_argument("--head-chunks", type=int, default=None,
                    help="chunks each vocabulary shard row is reduced in (default: automatic; 1: one per row)")
     a.add_argument("--upload", choices=("before-graph", "in-graph"), default="before-graph",
@@ -151,6 +152,8 @@ def validate(args) -> tuple[Geometry, list[int], list[int], int, int]:
         raise UsageError(f"--lock-timeout must not be negative, got {args.lock_timeout}")
     if args.attention is None:
         args.attention = "gemm" if args.backend == "torch" else "fused"
+    if args.gemm is None:
+        args.gemm = "triton" if args.backend == "triton" else "cublas"
     if args.gemm != "cublas" and args.backend != "triton":
         raise UsageError(f"--gemm {args.gemm} needs --backend triton")
     if args.attention == "fused" and args.backend == "torch":

@@ -39,10 +39,19 @@ class SkinnyTiles:
     num_stages: int = 5
 
 
+# A matrix this many columns wide (the head: 64,128 per rank) has thousands of strips without a
+# split; bench/gemm_shapes.py on the H200 (revision 6) had 64-column, 256-deep tiles at 3
+# stages fastest there over 1-4 rows (123 us, 4.27 TB/s, 0.88x cuBLAS's time).
+WIDE_N = 32768
+WIDE_TILES = SkinnyTiles(64, 256, 1, 4, 3)
+
+
 def plan(rows: int, n: int, k: int, block_n: int = 32, block_k: int = 128) -> SkinnyTiles:
     """The smallest split (a power of two, K divisible into BLOCK_K multiples) that brings the
     launch to TARGET_PROGRAMS programs; no split where the column blocks alone are enough."""
     del rows  # the tiles do not depend on the row count, so pass 0 and later passes agree
+    if n >= WIDE_N and k % WIDE_TILES.block_k == 0:
+        return WIDE_TILES
     blocks = -(-n // block_n)
     splits = 1
     while (blocks * splits < TARGET_PROGRAMS and splits < MAX_SPLITS
@@ -63,7 +72,9 @@ class SkinnyGemm:
         self.k = kernels
         self.counters = torch.zeros(self.MAX_COLUMN_BLOCKS, dtype=torch.int32, device=device)
 
-    def __call__(self, x: torch.Tensor, weight: torch.Tensor, tiles: SkinnyTiles | None = None) -> torch.Tensor:
+    def __call__(self, x: torch.Tensor, weight: torch.Tensor, tiles: SkinnyTiles | None = None,
+                 out_dtype: torch.dtype | None = None) -> torch.Tensor:
+        """x [M, K] @ weight[N, K]^T, accumulated in fp32 and stored as out_dtype (x's by default)."""
         M, K = x.shape
         N = weight.shape[0]
         if M > self.MAX_ROWS:
@@ -77,7 +88,7 @@ class SkinnyGemm:
         blocks = -(-N // tiles.block_n)
         if blocks > self.MAX_COLUMN_BLOCKS:
             raise ValueError(f"{N} columns make {blocks} column blocks; at most {self.MAX_COLUMN_BLOCKS}")
-        y = torch.empty(M, N, dtype=x.dtype, device=x.device)
+        y = torch.empty(M, N, dtype=out_dtype or x.dtype, device=x.device)
         part = (torch.empty(tiles.splits, M, N, dtype=torch.float32, device=x.device)
                 if tiles.splits > 1 else y)
         self.k.skinny_linear_kernel[(blocks, tiles.splits)](
