@@ -40,10 +40,9 @@ REPLAYS = 15
 
 def tile_choices(n: int, k: int):
     from pp4.worker.skinny_gemm import SkinnyTiles
-    wide = n > 32768  # the head: thousands of column blocks already, so wider ones and no splits
+    wide = n > 32768  # the head: thousands of column blocks already, so no splits
     for block_n, block_k, splits, warps, stages in itertools.product(
-            (16, 32, 64, 128) if wide else (16, 32, 64), (64, 128, 256),
-            (1,) if wide else (1, 2, 4, 8), (4, 8), (3, 4, 5) if wide else (3, 5)):
+            (16, 32, 64, 128), (64, 128, 256), (1,) if wide else (1, 2, 4, 8), (4, 8), (3, 4, 5)):
         if k % (splits * block_k) == 0:
             yield SkinnyTiles(block_n, block_k, splits, warps, stages)
 

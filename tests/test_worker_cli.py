@@ -31,6 +31,9 @@ PREFIX = "python -m pp4.worker: error: "
         (["--backend", "triton", "--exl3-module", "facc"], "--exl3-module needs --backend exl3"),
         (["--exl3-select", "autotune"], "--exl3-select needs --backend exl3"),
         (["--backend", "exl3", "--gemm", "triton"], "--gemm triton needs --backend triton"),
+        (["--pdl", "on"], "--pdl on needs --backend triton or exl3 (the torch backend launches no Triton kernels)"),
+        (["--backend", "triton", "--device", "cpu", "--pdl", "on"],
+         "--pdl on needs --device cuda (programmatic dependent launch is a GPU launch attribute)"),
         (["--layers", "0"], "--layers must be between 1 and 5, got 0"),
         (["--context", "8"], "--context must be at least 32, got 8"),
         (["--max-rss", "12X"], "--max-rss: cannot parse '12X' (use a number with K, M, G or T, e.g. 48G)"),
@@ -49,11 +52,14 @@ def test_argument_errors_have_exact_messages(argv, message, capsys):
     assert capsys.readouterr().err.strip().splitlines()[-1] == PREFIX + message
 
 
-@pytest.mark.parametrize("backend, gemm", [("torch", "cublas"), ("triton", "triton"), ("exl3", "cublas")])
-def test_gemm_defaults_to_the_skinny_kernel_on_the_triton_backend_only(backend, gemm):
-    args = cli.build_parser().parse_args(["--backend", backend])
+@pytest.mark.parametrize("argv, gemm, pdl", [
+    (["--backend", "torch"], "cublas", "off"), (["--backend", "triton"], "triton", "on"),
+    (["--backend", "triton", "--device", "cpu"], "triton", "off"), (["--backend", "exl3"], "cublas", "off"),
+    (["--backend", "exl3", "--pdl", "on"], "cublas", "on")])
+def test_the_triton_backend_defaults_to_the_skinny_gemm_and_pdl_on_cuda(argv, gemm, pdl):
+    args = cli.build_parser().parse_args(argv)
     cli.validate(args)
-    assert args.gemm == gemm
+    assert (args.gemm, args.pdl) == (gemm, pdl)
 
 
 def test_argparse_rejects_unknown_choices(capsys):

@@ -212,7 +212,7 @@ class TritonBackend(TorchBackend):
     SKINNY_MAX_BYTES = 64 << 20
     GEMMS = ("cublas", "triton")
 
-    def __init__(self, device: torch.device, attention: str = "fused", gemm: str = "cublas"):
+    def __init__(self, device: torch.device, attention: str = "fused", gemm: str = "cublas", pdl: bool = False):
         if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
             raise BackendUnavailable("--backend triton needs a CUDA device (or TRITON_INTERPRET=1 on a CPU, "
                                      "tests only: the interpreter is very slow)")
@@ -223,9 +223,17 @@ class TritonBackend(TorchBackend):
                                      "pip install triton, or use --backend torch") from exc
         if gemm not in self.GEMMS:
             raise BackendUnavailable(f"unknown --gemm {gemm!r} (choose {' or '.join(self.GEMMS)})")
+        if pdl and device.type != "cuda":
+            raise BackendUnavailable("--pdl on needs a CUDA device (programmatic dependent launch is a GPU launch attribute)")
+        if pdl and not triton_kernels.HAS_PDL:
+            raise BackendUnavailable(f"--pdl on needs a Triton with griddepcontrol (3.4 or later); this is {triton_kernels.triton.__version__}")
         self.k = triton_kernels
         self.gemm = gemm
-        self.skinny = SkinnyGemm(triton_kernels, device) if gemm == "triton" else None
+        self.pdl = pdl
+        # Every Triton launch gets these: the kernel's wait-then-release prologue and the launch
+        # attribute that lets it start before its predecessor has finished (triton_kernels._pdl_enter).
+        self.launch = {"PDL": True, "launch_pdl": True} if pdl else {}
+        self.skinny = SkinnyGemm(triton_kernels, device, self.launch) if gemm == "triton" else None
         super().__init__(device, attention)
         # rope_cache_fold indexes the table by position; fused attention masks by position.
         self.reads_position_tables = attention != "fused"
@@ -255,14 +263,14 @@ class TritonBackend(TorchBackend):
             x2 = x2.contiguous()
         out = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
         self.k.rms_norm_kernel[(x2.shape[0],)](x2, weight, out, x2.stride(0), H, eps,
-                                                BLOCK=self.k.next_power_of_2(H))
+                                                BLOCK=self.k.next_power_of_2(H), **self.launch)
         return out.view(x.shape)
 
     def silu_mul(self, gate_up, channels: int):
         rows = gate_up.shape[0]
         out = torch.empty(rows, channels, dtype=gate_up.dtype, device=gate_up.device)
         n = rows * channels
-        self.k.silu_mul_kernel[(self.k.cdiv(n, 1024),)](gate_up, out, channels, n, BLOCK=1024)
+        self.k.silu_mul_kernel[(self.k.cdiv(n, 1024),)](gate_up, out, channels, n, BLOCK=1024, **self.launch)
         return out
 
     def embed_partial(self, tokens, vocab_to_local, embed, vocab_offset: int):
@@ -271,7 +279,7 @@ class TritonBackend(TorchBackend):
         out = torch.empty(B * T, H, dtype=embed.dtype, device=embed.device)
         block = min(1024, self.k.next_power_of_2(H))
         self.k.embed_gather_kernel[(B * T, self.k.cdiv(H, block))](
-            tokens, tokens.stride(0), tokens.stride(1), T, embed, out, vocab_offset, embed.shape[0] - 1, H, BLOCK=block)
+            tokens, tokens.stride(0), tokens.stride(1), T, embed, out, vocab_offset, embed.shape[0] - 1, H, BLOCK=block, **self.launch)
         return out
 
     def residual_norm(self, x, partials, collective, norm_weights, eps: float):
@@ -288,7 +296,7 @@ class TritonBackend(TorchBackend):
             n = torch.empty_like(p0)
             self.k.residual_sum_norm_kernel[(rows,)](p0 if x is None else x, p0, p1, w, x_new, n, H, eps,
                                                      HAS_X=x is not None, WRITE_X=rank == 0,
-                                                     BLOCK=self.k.next_power_of_2(H))
+                                                     BLOCK=self.k.next_power_of_2(H), **self.launch)
             normed.append(n)
         return x_new, normed
 
@@ -298,14 +306,14 @@ class TritonBackend(TorchBackend):
         pos = step.positions
         self.k.rope_cache_fold_kernel[(B * T, hq + hkv)](
             qkv, pos, pos.stride(0), pos.stride(1), step.rope_table, cache, q,
-            T, cache.shape[1], cache.shape[3], qkv, qkv, HQ=hq, HKV=hkv, D=d)
+            T, cache.shape[1], cache.shape[3], qkv, qkv, HQ=hq, HKV=hkv, D=d, **self.launch)
         return q
 
     def unfold_heads(self, att, T: int, group: int):
         B, hkv, _, d = att.shape
         att = att.contiguous()
         out = torch.empty(B * T, group * hkv * d, dtype=att.dtype, device=att.device)
-        self.k.unfold_attention_kernel[(B * T, group * hkv)](att, out, T, HKV=hkv, GROUP=group, D=d)
+        self.k.unfold_attention_kernel[(B * T, group * hkv)](att, out, T, HKV=hkv, GROUP=group, D=d, **self.launch)
         return out
 
     def attend(self, q, cache, step, scale: float, T: int, group: int):
@@ -326,11 +334,11 @@ class TritonBackend(TorchBackend):
         pos = step.positions
         self.k.attention_split_kernel[(B * hkv, nsplit, row_blocks)](
             q, cache, pos, pos.stride(0), pos.stride(1), m, l, acc, T, cache.shape[1], S, scale, nsplit,
-            rows_padded, HKV=hkv, GROUP=group, D=d, BLOCK_L=block_l, BLOCK_S=block_s)
+            rows_padded, HKV=hkv, GROUP=group, D=d, BLOCK_L=block_l, BLOCK_S=block_s, **self.launch)
         out = torch.empty(B * T, group * hkv * d, dtype=q.dtype, device=dev)
         self.k.attention_combine_kernel[(B * T, group * hkv)](
             m, l, acc, pos, pos.stride(0), pos.stride(1), out, T, nsplit, rows_padded,
-            HKV=hkv, GROUP=group, D=d, BLOCK_S=block_s, BLOCK_SPLIT=self.k.next_power_of_2(nsplit))
+            HKV=hkv, GROUP=group, D=d, BLOCK_S=block_s, BLOCK_SPLIT=self.k.next_power_of_2(nsplit), **self.launch)
         return out
 
     def gumbel_noise(self, seeds, row_depth, premix, out) -> None:
@@ -339,7 +347,7 @@ class TritonBackend(TorchBackend):
             raise ValueError("gumbel_noise wants contiguous vocab rows, seeds and table rows")
         block = 1024
         self.k.gumbel_noise_kernel[(D * B, self.k.cdiv(V, block))](
-            seeds, row_depth, row_depth.stride(0), premix, out, B, V, out.stride(0), out.stride(1), BLOCK=block)
+            seeds, row_depth, row_depth.stride(0), premix, out, B, V, out.stride(0), out.stride(1), BLOCK=block, **self.launch)
 
     def shard_stats(self, logits, mode: str, noise, t1_mask, vocab_offset: int, chunks: int):
         B, V = logits.shape
@@ -354,7 +362,7 @@ class TritonBackend(TorchBackend):
         t1 = t1_mask if mode == SWITCH else logits
         self.k.head_chunk_stats_kernel[(B, chunks)](
             logits, noise_t, noise_t.stride(0), t1, score, best_id, best_logit, lse,
-            V, vocab_offset, chunks, length, MODE=mode_id, BLOCK=self.k.next_power_of_2(length))
+            V, vocab_offset, chunks, length, MODE=mode_id, BLOCK=self.k.next_power_of_2(length), **self.launch)
         return sampling.ShardStats(score, best_id, best_logit, lse)
 
     def merge_choice(self, stats, proposals, confidences, q_payload, depth: int, mode: str, t1_mask, zero):
@@ -367,7 +375,7 @@ class TritonBackend(TorchBackend):
             s0.best_score, s0.best_id, s0.best_logit, s0.chunk_logsumexp,
             s1.best_score, s1.best_id, s1.best_logit, s1.chunk_logsumexp, t1,
             proposals, confidences, q_payload, depth, proposals.stride(0), q_payload.stride(0), chunks,
-            MODE=self.MODES[mode], BLOCK=self.k.next_power_of_2(2 * chunks))
+            MODE=self.MODES[mode], BLOCK=self.k.next_power_of_2(2 * chunks), **self.launch)
 
 
 class Exl3Backend(TritonBackend):
@@ -393,12 +401,12 @@ class Exl3Backend(TritonBackend):
     SELECT = ("heuristic", "autotune")
 
     def __init__(self, device: torch.device, attention: str, module, target: str, bits: int, head_bits: int,
-                 select: str = "heuristic"):
+                 select: str = "heuristic", pdl: bool = False):
         if device.type != "cuda":
             raise BackendUnavailable(EXL3_NEEDS_CUDA)
         if select not in self.SELECT:
             raise BackendUnavailable(f"unknown --exl3-select {select!r} (choose {' or '.join(self.SELECT)})")
-        super().__init__(device, attention)
+        super().__init__(device, attention, pdl=pdl)
         self.ext, self.target, self.bits, self.head_bits, self.select = module, target, bits, head_bits, select
         self.num_sms = torch.cuda.get_device_properties(device).multi_processor_count
         self.reads_start_positions = True
@@ -460,7 +468,7 @@ class Exl3Backend(TritonBackend):
         pos = step.positions
         self.k.rope_cache_fold_kernel[(B * T, hq + hkv)](
             qkv, pos, pos.stride(0), pos.stride(1), step.rope_table, cache, q,
-            T, cache.shape[1], cache.shape[3], q_rot, k_rot, HQ=hq, HKV=hkv, D=d, APPLY_ROPE=False)
+            T, cache.shape[1], cache.shape[3], q_rot, k_rot, HQ=hq, HKV=hkv, D=d, APPLY_ROPE=False, **self.launch)
         return q
 
 
@@ -479,19 +487,21 @@ def load_exl3_module(build_dir: str, target: str):
 
 
 def make_backend(name: str, device: torch.device, attention: str = "gemm", gemm: str = "cublas",
-                 exl3=None) -> TorchBackend:
+                 exl3=None, pdl: bool = False) -> TorchBackend:
     """exl3: the Exl3Options of --backend exl3 (pp4/worker/config.py)."""
     if name != "triton" and gemm != "cublas":
         raise BackendUnavailable(f"--gemm {gemm} needs --backend triton")
+    if name == "torch" and pdl:
+        raise BackendUnavailable("--pdl on needs --backend triton or exl3 (the torch backend launches no Triton kernels)")
     if name == "torch":
         return TorchBackend(device, attention)
     if name == "triton":
-        return TritonBackend(device, attention, gemm)
+        return TritonBackend(device, attention, gemm, pdl)
     if name == "exl3":
         if device.type != "cuda":
             raise BackendUnavailable(EXL3_NEEDS_CUDA)
         if exl3 is None:
             raise BackendUnavailable("--backend exl3 needs its options (build directory, module, bits)")
         module = load_exl3_module(exl3.build_dir, exl3.target)
-        return Exl3Backend(device, attention, module, exl3.target, exl3.bits, exl3.head_bits, exl3.select)
+        return Exl3Backend(device, attention, module, exl3.target, exl3.bits, exl3.head_bits, exl3.select, pdl)
     raise BackendUnavailable(f"unknown backend {name!r} (choose torch, triton or exl3)")

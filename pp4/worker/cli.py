@@ -54,6 +54,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="triton (the triton backend's default): qkv, down and the head through a skinny "
                         "Triton GEMM (split-K where it pays); cublas: every linear through torch.mm "
                         "(the other backends' default)")
+    a.add_argument("--pdl", choices=("on", "off"), default=None,
+                   help="on (the triton backend's default on CUDA; exl3 may ask for it): launch the Triton "
+                        "kernels with programmatic dependent launch, so each starts while the one before it "
+                        "finishes and waits in its first instruction for that one's writes; the same bits either way")
     a.add_argument("--head-chunks", type=int, default=None,
                    help="chunks each vocabulary shard row is reduced in (default: automatic; 1: one per row)")
     a.add_argument("--upload", choices=("before-graph", "in-graph"), default="before-graph",
@@ -156,6 +160,12 @@ def validate(args) -> tuple[Geometry, list[int], list[int], int, int]:
         args.gemm = "triton" if args.backend == "triton" else "cublas"
     if args.gemm != "cublas" and args.backend != "triton":
         raise UsageError(f"--gemm {args.gemm} needs --backend triton")
+    if args.pdl is None:
+        args.pdl = "on" if args.backend == "triton" and args.device == "cuda" else "off"
+    if args.pdl == "on" and args.backend == "torch":
+        raise UsageError("--pdl on needs --backend triton or exl3 (the torch backend launches no Triton kernels)")
+    if args.pdl == "on" and args.device != "cuda":
+        raise UsageError("--pdl on needs --device cuda (programmatic dependent launch is a GPU launch attribute)")
     if args.attention == "fused" and args.backend == "torch":
         raise UsageError("--attention fused needs --backend triton or exl3 (--backend torch has gemm and sdpa)")
     if args.backend == "exl3":
@@ -247,7 +257,7 @@ def _run(args, argv: list[str], checked, cache_dir: str, caches_late: bool, rss:
     settings = ModelSettings(
         geometry=geometry, dtype=args.dtype, context=args.context, weight_seed=args.weight_seed,
         weights_dir=args.weights, backend=args.backend, overlap_noise=not args.no_overlap_noise,
-        attention=args.attention, head_chunks=args.head_chunks, gemm=args.gemm,
+        attention=args.attention, head_chunks=args.head_chunks, gemm=args.gemm, pdl=args.pdl == "on",
         exl3=Exl3Options(args.exl3_build, "exl3" if args.exl3_module == "stock" else "exl3-facc",
                          args.exl3_bits, args.exl3_head_bits, args.exl3_select) if args.backend == "exl3" else None,
     )
@@ -274,7 +284,7 @@ def _run(args, argv: list[str], checked, cache_dir: str, caches_late: bool, rss:
     cuda = device.type == "cuda"
 
     doc: dict = {"tool": "pp4.worker", "format": 1, "argv": argv}
-    _say(f"pp4.worker: backend {args.backend} (attention {args.attention}, gemm {args.gemm}, upload {args.upload}), ranks colocated (2 logical TP ranks on one device, one after the other), "
+    _say(f"pp4.worker: backend {args.backend} (attention {args.attention}, gemm {args.gemm}, pdl {args.pdl}, upload {args.upload}), ranks colocated (2 logical TP ranks on one device, one after the other), "
          f"device {device}, {'CUDA graphs' if cuda else 'eager (CPU: no graphs, host clock)'}")
     _say(f"private caches: {cache_dir}" + (" (torch was already imported: CUDA cache may be the default)"
                                            if caches_late else ""))
@@ -378,7 +388,7 @@ def _run(args, argv: list[str], checked, cache_dir: str, caches_late: bool, rss:
         "digests": result.digests, "config_sha256": config_sha, "runtime": identity, "reference": ref_doc,
         "seconds": round(time.monotonic() - t0, 1),
     }
-    doc.update(backend=args.backend, attention=args.attention, gemm=args.gemm, upload=args.upload, head_chunks=model.ranks[0].vocab_chunks,
+    doc.update(backend=args.backend, attention=args.attention, gemm=args.gemm, pdl=args.pdl, upload=args.upload, head_chunks=model.ranks[0].vocab_chunks,
                overlap_noise=settings.overlap_noise, ranks="colocated", device=str(device), execution="cuda-graph" if cuda else "eager",
                geometry=geometry.as_dict(), dtype=args.dtype, context=args.context, cache_len=model.cache_len,
                weights=model.weights_fingerprint, weight_bytes_per_pass=wbytes, guards=guard_doc,

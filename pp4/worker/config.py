@@ -158,6 +158,10 @@ class ModelSettings:
     # matrices through a skinny-GEMM Triton kernel (pp4/worker/backends.py says which).
     gemm: str = "cublas"
     exl3: Exl3Options | None = None
+    # Programmatic dependent launch of the Triton kernels (triton and exl3 backends).  It moves
+    # launches earlier and changes no arithmetic, so it is not part of the fingerprint: the
+    # same reference digests hold with it on and off.
+    pdl: bool = False
 
     @property
     def cache_len(self) -> int:

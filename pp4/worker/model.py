@@ -395,7 +395,8 @@ class TensorParallelDraft:
             raise NotImplementedError("only --ranks colocated is implemented")
         self.settings, self.g, self.device = settings, g, device
         self.dtype = TORCH_DTYPES[settings.dtype]
-        self.backend = make_backend(settings.backend, device, settings.attention, settings.gemm, settings.exl3)
+        self.backend = make_backend(settings.backend, device, settings.attention, settings.gemm, settings.exl3,
+                                    settings.pdl)
         self.backend.prepare(g)
         self.cache_len = settings.cache_len
         if settings.weights_dir:

@@ -68,8 +68,9 @@ class SkinnyGemm:
     # Allocated once, up front: a buffer first made inside a graph capture would be the graph's.
     MAX_COLUMN_BLOCKS = 1 << 16
 
-    def __init__(self, kernels, device: torch.device):
+    def __init__(self, kernels, device: torch.device, launch: dict | None = None):
         self.k = kernels
+        self.launch = launch or {}  # the backend's launch options (--pdl)
         self.counters = torch.zeros(self.MAX_COLUMN_BLOCKS, dtype=torch.int32, device=device)
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, tiles: SkinnyTiles | None = None,
@@ -94,5 +95,5 @@ class SkinnyGemm:
         self.k.skinny_linear_kernel[(blocks, tiles.splits)](
             x, weight, y, part, self.counters, M, N, K, x.stride(0), k_per_split, tiles.splits,
             BLOCK_M=max(16, self.k.next_power_of_2(M)), BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
-            num_warps=tiles.num_warps, num_stages=tiles.num_stages)
+            num_warps=tiles.num_warps, num_stages=tiles.num_stages, **self.launch)
         return y

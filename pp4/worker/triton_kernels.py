@@ -16,13 +16,33 @@ import triton
 import triton.language as tl
 from triton import cdiv, next_power_of_2  # noqa: F401 - the launchers' grid and block arithmetic
 
+try:
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+    HAS_PDL = True
+except ImportError:  # a Triton without griddepcontrol: launches stay plain (--pdl off)
+    HAS_PDL = False
+
+
+@triton.jit
+def _pdl_enter(PDL: tl.constexpr):
+    """With programmatic dependent launch (``--pdl on``) a kernel may start while the one
+    before it in the stream is still finishing: wait here until that one has completed and
+    its writes are visible, before this kernel reads or writes anything, then let the next
+    kernel start launching.  Every kernel calls this first, so each waits for its
+    predecessor, which waited for its own: the order of all memory effects is the plain
+    stream order.  Without PDL the branch is compiled out."""
+    if PDL:
+        gdc_wait()
+        gdc_launch_dependents()
+
 
 @triton.jit
 def embed_gather_kernel(TOK, tok_stride_b, tok_stride_t, T, EMB, OUT, vocab_offset, shard_vocab, H,
-                        BLOCK: tl.constexpr):
+                        BLOCK: tl.constexpr, PDL: tl.constexpr = False):
     """Vocab-parallel embedding: row (b, t) gets this rank's row of its token, else the zero row.
     Program (row, chunk) copies BLOCK columns: a decode pass has one to four rows, and chunks
     side by side wait for their loads together rather than one after the other."""
+    _pdl_enter(PDL)
     row = tl.program_id(0)
     b = row // T
     t = row % T
@@ -36,7 +56,7 @@ def embed_gather_kernel(TOK, tok_stride_b, tok_stride_t, T, EMB, OUT, vocab_offs
 
 @triton.jit
 def residual_sum_norm_kernel(X, P0, P1, W, X_OUT, N_OUT, H, eps,
-                             HAS_X: tl.constexpr, WRITE_X: tl.constexpr, BLOCK: tl.constexpr):
+                             HAS_X: tl.constexpr, WRITE_X: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
     """One program per row: r = X + (P0 + P1), the colocated all-reduce (rank0 + rank1) and
     the residual add, then N_OUT = rms_norm(r) * W; writes r to X_OUT when WRITE_X.
 
@@ -44,6 +64,7 @@ def residual_sum_norm_kernel(X, P0, P1, W, X_OUT, N_OUT, H, eps,
     unfused ``x + (p0 + p1)`` is; the norm works in fp32 on that rounded r and rounds once,
     as rms_norm_kernel does, so the fused result equals the unfused one bit for bit.
     """
+    _pdl_enter(PDL)
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
     m = offs < H
@@ -61,8 +82,9 @@ def residual_sum_norm_kernel(X, P0, P1, W, X_OUT, N_OUT, H, eps,
 
 
 @triton.jit
-def rms_norm_kernel(X, W, OUT, x_row_stride, H, eps, BLOCK: tl.constexpr):
+def rms_norm_kernel(X, W, OUT, x_row_stride, H, eps, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
     """One program per row: x * rsqrt(mean(x^2) + eps) * w, in fp32, rounded once."""
+    _pdl_enter(PDL)
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK)
     m = offs < H
@@ -76,7 +98,7 @@ def rms_norm_kernel(X, W, OUT, x_row_stride, H, eps, BLOCK: tl.constexpr):
 def rope_cache_fold_kernel(QKV, POS, pos_stride_b, pos_stride_t, ROPE, CACHE, Q_OUT,
                            T, cache_batch, cache_len, Q_ROT, K_ROT,
                            HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
-                           APPLY_ROPE: tl.constexpr = True):
+                           APPLY_ROPE: tl.constexpr = True, PDL: tl.constexpr = False):
     """Rotary embedding of q and k, the K/V cache write and the query fold, in one kernel.
 
     Grid (B*T, HQ + HKV).  Program (row, h < HQ) rotates query head h and writes it
@@ -87,6 +109,7 @@ def rope_cache_fold_kernel(QKV, POS, pos_stride_b, pos_stride_t, ROPE, CACHE, Q_
     APPLY_ROPE=False: q and k were rotated already (EXL3's rope kernel) into Q_ROT
     [B*T, HQ, D] and K_ROT [B*T, HKV, D]; they are read from there, V from QKV.
     """
+    _pdl_enter(PDL)
     GROUP: tl.constexpr = HQ // HKV
     QKV_ROW: tl.constexpr = (HQ + 2 * HKV) * D
     row = tl.program_id(0)
@@ -122,8 +145,9 @@ def rope_cache_fold_kernel(QKV, POS, pos_stride_b, pos_stride_t, ROPE, CACHE, Q_
 
 
 @triton.jit
-def unfold_attention_kernel(ATT, OUT, T, HKV: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr):
+def unfold_attention_kernel(ATT, OUT, T, HKV: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr, PDL: tl.constexpr = False):
     """[B, HKV, T*GROUP, D] -> rows (b, t), columns (member, kv head, D): o's column order."""
+    _pdl_enter(PDL)
     row = tl.program_id(0)
     c = tl.program_id(1)  # member * HKV + kv
     b = row // T
@@ -136,8 +160,9 @@ def unfold_attention_kernel(ATT, OUT, T, HKV: tl.constexpr, GROUP: tl.constexpr,
 
 
 @triton.jit
-def silu_mul_kernel(GU, OUT, M, N, BLOCK: tl.constexpr):
+def silu_mul_kernel(GU, OUT, M, N, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
     """OUT[r, j] = silu(GU[r, j]) * GU[r, M + j], computed in fp32, rounded once."""
+    _pdl_enter(PDL)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = offs < N
     r = offs // M
@@ -164,7 +189,7 @@ def _mix32(x):
 
 @triton.jit
 def gumbel_noise_kernel(SEEDS, ROW_DEPTH, table_stride, PREMIX, OUT, B, V, out_stride_d, out_stride_b,
-                        BLOCK: tl.constexpr):
+                        BLOCK: tl.constexpr, PDL: tl.constexpr = False):
     """log(E), E ~ Exp(1), for (depth, row) = program 0 and BLOCK vocab ids = program 1: the
     torch path's sampling.row_depth_keys and gumbel_log_exponential in one kernel.
 
@@ -172,6 +197,7 @@ def gumbel_noise_kernel(SEEDS, ROW_DEPTH, table_stride, PREMIX, OUT, B, V, out_s
     exact in float32; near u = 1 (|u - 1| < 2**-7) log(u) is its log1p series, accurate to
     2**-28 relative where a plain float32 log would lose every digit, so E is never 0.
     """
+    _pdl_enter(PDL)
     db = tl.program_id(0)
     d = db // B
     b = db % B
@@ -193,7 +219,7 @@ def gumbel_noise_kernel(SEEDS, ROW_DEPTH, table_stride, PREMIX, OUT, B, V, out_s
 @triton.jit
 def head_chunk_stats_kernel(LOGITS, NOISE, noise_row_stride, T1, OUT_SCORE, OUT_ID, OUT_LOGIT, OUT_LSE,
                             V, vocab_offset, CHUNKS, LENGTH,
-                            MODE: tl.constexpr, BLOCK: tl.constexpr):
+                            MODE: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
     """Per (row, chunk) of one rank's logits: best selection score, its global id and logit,
     and the chunk's logsumexp.  One program per (row, chunk).
 
@@ -201,6 +227,7 @@ def head_chunk_stats_kernel(LOGITS, NOISE, noise_row_stride, T1, OUT_SCORE, OUT_
     ``where`` so that a T0 row's score is its logit bit for bit).  tl.argmax returns the
     first maximum, so ties go to the lowest id, as the torch path's torch.max does.
     """
+    _pdl_enter(PDL)
     b = tl.program_id(0)
     c = tl.program_id(1)
     offs = tl.arange(0, BLOCK)
@@ -232,7 +259,7 @@ def head_chunk_stats_kernel(LOGITS, NOISE, noise_row_stride, T1, OUT_SCORE, OUT_
 @triton.jit
 def merge_choice_kernel(SCORE0, ID0, LOGIT0, LSE0, SCORE1, ID1, LOGIT1, LSE1, T1,
                         PROPOSALS, CONFIDENCES, Q, depth, out_stride, q_stride, CHUNKS,
-                        MODE: tl.constexpr, BLOCK: tl.constexpr):
+                        MODE: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
     """One program per row: the exact choice over both ranks' chunk statistics.
 
     Entry i < CHUNKS is rank 0's chunk i, then rank 1's: ids rise with the index, so
@@ -241,6 +268,7 @@ def merge_choice_kernel(SCORE0, ID0, LOGIT0, LSE0, SCORE1, ID1, LOGIT1, LSE1, T1
     chunks) = 1 / sum_c exp(lse_c - logit).  Writes the proposal, its confidence and the
     q payload (the confidence on T1 rows, 0 on T0 rows).
     """
+    _pdl_enter(PDL)
     b = tl.program_id(0)
     i = tl.arange(0, BLOCK)
     in0 = i < CHUNKS
@@ -272,7 +300,7 @@ def merge_choice_kernel(SCORE0, ID0, LOGIT0, LSE0, SCORE1, ID1, LOGIT1, LSE1, T1
 def attention_split_kernel(Q, CACHE, POS, pos_stride_b, pos_stride_t, M_OUT, L_OUT, ACC_OUT,
                            T, cache_batch, cache_len, scale, NSPLIT, ROWS_PADDED,
                            HKV: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr,
-                           BLOCK_L: tl.constexpr, BLOCK_S: tl.constexpr):
+                           BLOCK_L: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr = False):
     """Split-KV attention, part 1: program (b*HKV + kv, split, row block) attends BLOCK_L
     folded query rows of (b, kv) to cache slots [split*BLOCK_S, +BLOCK_S) and writes the
     split's row maxima, exp-sums and unnormalised outputs (fp32).
@@ -282,6 +310,7 @@ def attention_split_kernel(Q, CACHE, POS, pos_stride_b, pos_stride_t, M_OUT, L_O
     the second product as 16-bit, as in the torch path.  A split wholly past the last
     position reads no K/V.
     """
+    _pdl_enter(PDL)
     bh = tl.program_id(0)
     split = tl.program_id(1)
     b = bh // HKV
@@ -320,10 +349,11 @@ def attention_split_kernel(Q, CACHE, POS, pos_stride_b, pos_stride_t, M_OUT, L_O
 @triton.jit
 def attention_combine_kernel(M_IN, L_IN, ACC_IN, POS, pos_stride_b, pos_stride_t, OUT, T, NSPLIT, ROWS_PADDED,
                              HKV: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr,
-                             BLOCK_S: tl.constexpr, BLOCK_SPLIT: tl.constexpr):
+                             BLOCK_S: tl.constexpr, BLOCK_SPLIT: tl.constexpr, PDL: tl.constexpr = False):
     """Split-KV attention, part 2: program (b*T + t, member*HKV + kv) combines the splits of
     query row t*GROUP + member and writes it, in the model dtype, straight into o's input
     layout: rows (b, t), columns (member, kv head, D).  Splits are combined in order."""
+    _pdl_enter(PDL)
     row = tl.program_id(0)
     c = tl.program_id(1)
     b = row // T
@@ -348,7 +378,7 @@ def attention_combine_kernel(M_IN, L_IN, ACC_IN, POS, pos_stride_b, pos_stride_t
 
 @triton.jit
 def skinny_linear_kernel(X, W, Y, PART, COUNT, M, N, K, x_stride, k_per_split, splits,
-                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr = False):
     """Y[M, N] = X[M, K] @ W[N, K]^T for few rows (M <= BLOCK_M <= 64), fp32 accumulation.
 
     Program (n block, split) streams a BLOCK_N x k_per_split strip of W once.  With one split
@@ -359,6 +389,7 @@ def skinny_linear_kernel(X, W, Y, PART, COUNT, M, N, K, x_stride, k_per_split, s
     there is no second kernel (cuBLAS's split-K launches a reduce kernel, ~2.5 us with its
     launch gap).  k_per_split must be a multiple of BLOCK_K; COUNT must start at zero.
     """
+    _pdl_enter(PDL)
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
     rm = tl.arange(0, BLOCK_M)
