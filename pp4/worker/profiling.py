@@ -21,6 +21,21 @@ def _category(name: str) -> str:
     return "other"
 
 
+def covered_us(intervals) -> float:
+    """Time during which at least one of the (start, end) intervals runs.  With programmatic
+    dependent launch a kernel starts before its predecessor ends (and waits inside), so
+    summing durations would count that stretch twice."""
+    total, reach = 0.0, None
+    for start, end in sorted(intervals):
+        if reach is None or start >= reach:
+            total += end - start
+            reach = end
+        elif end > reach:
+            total += end - reach
+            reach = end
+    return total
+
+
 def profile_cells(runners: dict, stager, cells, path: str, log=print) -> dict:
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
@@ -41,7 +56,8 @@ def profile_cells(runners: dict, stager, cells, path: str, log=print) -> dict:
             summary[cell.name] = {"error": f"profiler returned {len(call)} device events"}
             continue
         span = call[-1].time_range.end - call[0].time_range.start
-        busy = sum(e.time_range.elapsed_us() for e in call)
+        durations = sum(e.time_range.elapsed_us() for e in call)
+        busy = covered_us((e.time_range.start, e.time_range.end) for e in call)
         by_cat = collections.Counter()
         by_name = collections.defaultdict(lambda: [0, 0.0])
         for e in call:
@@ -49,14 +65,17 @@ def profile_cells(runners: dict, stager, cells, path: str, log=print) -> dict:
             by_name[e.name][0] += 1
             by_name[e.name][1] += e.time_range.elapsed_us()
         summary[cell.name] = {"span_us": round(span, 1), "kernel_busy_us": round(busy, 1), "kernels": len(call),
+                              "kernel_overlap_us": round(durations - busy, 1),
                               "by_category_us": {k: round(v, 1) for k, v in by_cat.items()}}
         lines.append(f"=== {cell.name}: span {span:.1f} us, kernels {len(call)}, busy {busy:.1f} us, "
-                     f"idle between kernels {span - busy:.1f} us; by category " +
+                     f"idle between kernels {span - busy:.1f} us, kernels overlapping {durations - busy:.1f} us "
+                     "(with --pdl on a kernel starts early and its duration includes its wait for the one "
+                     "before); by category (durations) " +
                      ", ".join(f"{k} {v:.1f} us" for k, v in by_cat.most_common()))
         lines.append("  top kernels by total time (count, total us, mean us, name):")
         for name, (count, total) in sorted(by_name.items(), key=lambda kv: -kv[1][1])[:25]:
             lines.append(f"    {count:4d} {total:9.1f} {total / count:8.2f}  {name[:150]}")
-        lines.append("  kernels of the call in order (start offset us, duration us, gap before us, name):")
+        lines.append("  kernels of the call in order (start offset us, duration us, gap before us (negative: started before the previous one ended), name):")
         prev_end = call[0].time_range.start
         t0 = call[0].time_range.start
         for e in call:
