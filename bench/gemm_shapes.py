@@ -39,8 +39,8 @@ REPLAYS = 15
 
 
 def tile_choices(n: int, k: int):
-    from pp4.worker.skinny_gemm import SkinnyTiles
-    wide = n > 32768  # the head: thousands of column blocks already, so no splits
+    from pp4.worker.skinny_gemm import WIDE_N, SkinnyTiles
+    wide = n >= WIDE_N  # the head: thousands of column blocks already, so no splits
     for block_n, block_k, splits, warps, stages in itertools.product(
             (16, 32, 64, 128), (64, 128, 256), (1,) if wide else (1, 2, 4, 8), (4, 8), (3, 4, 5)):
         if k % (splits * block_k) == 0:

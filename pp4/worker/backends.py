@@ -208,7 +208,7 @@ class TritonBackend(TorchBackend):
     # --gemm triton: matrices up to this size with a long enough K (qkv and down of the default
     # geometry, which cuBLAS runs with a split-K reduce kernel after them) go through
     # pp4/worker/skinny_gemm.py; gate_up (117 MB) measured even with cuBLAS and stays there.
-    # The head (fp32 logits) goes through it at any size: 0.82-0.93x cuBLAS's time.
+    # The head (fp32 logits) goes through it at any size: its tiles took 0.82-0.91x cuBLAS's time.
     SKINNY_MAX_BYTES = 64 << 20
     GEMMS = ("cublas", "triton")
 
@@ -229,7 +229,6 @@ class TritonBackend(TorchBackend):
             raise BackendUnavailable(f"--pdl on needs a Triton with griddepcontrol (3.4 or later); this is {triton_kernels.triton.__version__}")
         self.k = triton_kernels
         self.gemm = gemm
-        self.pdl = pdl
         # Every Triton launch gets these: the kernel's wait-then-release prologue and the launch
         # attribute that lets it start before its predecessor has finished (triton_kernels._pdl_enter).
         self.launch = {"PDL": True, "launch_pdl": True} if pdl else {}

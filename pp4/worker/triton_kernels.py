@@ -1,8 +1,10 @@
 """Fused Triton kernels for the worker's small per-pass steps (``--backend triton``).
 
-The GEMMs stay in cuBLAS unless ``--gemm triton`` asks for the skinny GEMM at the end;
-what these replace is the ~45 small torch kernels per rank and pass around them (docs/worker.md, "Where a pass went"): each launch costs a few
-microseconds however little it does, and a pass is dependent launches end to end.
+o and gate_up stay in cuBLAS; with ``--gemm triton`` (the triton backend's default) qkv, down
+and the head run the skinny GEMM at the end of this file.  What the other kernels replace is
+the ~45 small torch kernels per rank and pass around them (docs/worker.md, "Where a pass
+went"): each launch costs a few microseconds however little it does, and a pass is dependent
+launches end to end.
 
 Every kernel is deterministic (fixed reduction order; the one atomic, in the split-K
 GEMM, only counts arrivals and never adds values), so a graph replays bit for bit and
