@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 
-from pp4 import compat, exl3, extensions, ninjafile, paths, plan, reuse, toolchain  # noqa: E402
+from pp4 import compat, compilerenv, compilers, exl3, extensions, ninjafile, paths, plan, reuse, toolchain  # noqa: E402
 from pp4.files import write_if_changed  # noqa: E402
 from pp4.launch import Limits, parse_cpu_list, parse_size  # noqa: E402
 from pp4.locks import LockError, lock_for_cuda  # noqa: E402
@@ -75,6 +75,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     reuse = ap.add_argument_group("object reuse (see docs/reuse.md)")
     reuse.add_argument("--store", type=Path, help="the object store (default: $PP4_STORE_DIR, else <cache dir>/store)")
     reuse.add_argument("--no-reuse", action="store_true", help="compile everything; store and reuse nothing")
+    env = ap.add_argument_group("the compile environment (see docs/reuse.md): compilers get only what pp4 chose")
+    env.add_argument("--compile-env", action="append", default=[], metavar="NAME=VALUE",
+                     help="also pass this variable to every compiler and linker (repeatable; part of the key)")
     return ap.parse_args(argv)
 
 
@@ -232,17 +235,32 @@ def _default_store(args) -> Path:
     return default_store_dir()
 
 
-def compile_actions(plans: list[plan.ModulePlan], tc: toolchain.Toolchain) -> list[dict]:
-    """Every compile command exactly as build.ninja's rules run it (after the wrapper's --)."""
+def compile_actions(plans: list[plan.ModulePlan], chosen: compilers.Compilers, envs: dict[str, dict]) -> list[dict]:
+    """Every compile command exactly as build.ninja's rules run it (after the wrapper's --), and the
+    environment it runs in (per language)."""
     actions = []
-    cxx = shutil.which("c++") or "c++"
     for p in plans:
         for step in p.steps:
-            compiler = str(tc.nvcc) if step.language == "cuda" else cxx
             obj = str(step.object)
-            argv = [compiler, "-MD", "-MF", obj + ".d", *p.flags_for(step), "-c", str(step.source), "-o", obj]
-            actions.append({"target": p.extension.target, "output": obj, "source": str(step.source), "argv": argv})
+            argv = [chosen.for_language(step.language), "-MD", "-MF", obj + ".d", *p.flags_for(step),
+                    "-c", str(step.source), "-o", obj]
+            actions.append({"target": p.extension.target, "output": obj, "source": str(step.source), "argv": argv,
+                            "env": envs[step.language]})
     return actions
+
+
+def choose_compilers(exts: list[extensions.Extension], tc: toolchain.Toolchain,
+                     folded: compilerenv.Folded) -> compilers.Compilers:
+    """The compilers of this build (pp4.compilers): one host compiler for nvcc, so two -ccbin
+    values in the extensions' flags cannot both be honoured."""
+    named = {v for e in exts for v in [compilers.ccbin_from_flags(list(e.cuda_flags))[0]] if v}
+    named |= {v for v in [compilers.ccbin_from_flags([*folded.prepend_flags, *folded.append_flags])[0]] if v}
+    if len(named) > 1:
+        raise ConfigureError(f"the extensions name different host compilers for nvcc ({', '.join(sorted(named))}): "
+                             "one build runs one; remove -ccbin from all but one, or set CC")
+    toolkit = [(rel, str(tc.prefix / rel)) for rel in toolchain.IDENTITY_FILES]
+    flags = ["-ccbin", named.pop()] if named else []
+    return compilers.choose(dict(os.environ), str(tc.nvcc), toolkit, flags)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -267,13 +285,28 @@ def main(argv: list[str]) -> int:
     supported = supported_archs(tc)
     for a in archs:
         plan.parse_arch(a, supported)
-    report = compat.check(tc, archs=archs, cache_root=args.cache_dir.absolute() if args.cache_dir else None)
 
+    # The compile environment: what the toolchain would read from ours is folded into build.ninja
+    # or dropped, never passed on unseen (pp4.compilerenv).
+    folded = compilerenv.fold(dict(os.environ), root)
+    for line in compilerenv.folded_lines(folded):
+        print(f"configure: folded {line}")
+    for line in compilerenv.notices(dict(os.environ), folded.values, "configure"):
+        print(f"configure: notice: {line}")
     exts = select_extensions(args, builddir, tc)
+    chosen = choose_compilers(exts, tc, folded)
+    compile_section = compilers.compile_section(chosen, folded, compilerenv.parse_compile_env(args.compile_env))
+    envs = compile_section["env"]
+    report = compat.check(tc, archs=archs, cache_root=args.cache_dir.absolute() if args.cache_dir else None,
+                          ccbin=chosen.ccbin, env=envs["cuda"])
+
     torch = torch_build_flags()
     log, table = durations_known(builddir, root)
-    plans = [plan.module_plan(e, torch, tc, archs, builddir, root, log, supported) for e in exts]
+    plans = [plan.module_plan(e, torch, tc, archs, builddir, root, log, supported, chosen, folded) for e in exts]
     ordered = plan.longest_first(plans, table, defer=twin_of_an_earlier_module(plans))
+    identifier = compilers.Identifier(builddir / ".pp4" / "compilers.json", compile_tmpdir(builddir))
+    tool_files = {lang: tuple(identifier.files(chosen, lang, envs[lang])) for lang in ("cuda", "cxx")}
+    identifier.save()
 
     cpus = parse_cpu_list(args.cpus) if args.cpus else tuple(sorted(os.sched_getaffinity(0)))
     jobs = args.jobs or default_jobs(cpus)
@@ -288,22 +321,25 @@ def main(argv: list[str]) -> int:
         "reuse": {"store": store_dir, "roots": sorted({str(e.root) for e in exts}),
                   "erasable": sorted({d for e in exts for d in e.erasable_defines}),
                   "toolchain": toolchain.identity(tc), "state_dir": str(builddir / ".pp4")},
+        "compile": compile_section,
     }
     config_file = builddir / "pp4.json"
     write_if_changed(config_file, json.dumps(config, indent=1, sort_keys=True) + "\n")
     actions_file = builddir / "actions.json"
-    write_if_changed(actions_file, json.dumps({"actions": compile_actions(plans, tc)}, indent=1) + "\n")
+    write_if_changed(actions_file, json.dumps({"actions": compile_actions(plans, chosen, envs)}, indent=1) + "\n")
     for p in plans:
         write_if_changed(builddir / p.extension.target / "plan.json",
                          json.dumps(plan_record(p, tc, root), indent=1, sort_keys=True) + "\n")
 
     spec_files = sorted({str(f) for e in exts for f in e.spec_files})
     generator_inputs = [str(ROOT / "configure.py"), str(ROOT / "build.ninja.in"),
-                        *(str(ROOT / "pp4" / m) for m in ("plan.py", "torchflags.py", "ninjafile.py", "extensions.py", "exl3.py")),
+                        *(str(ROOT / "pp4" / m) for m in ("plan.py", "torchflags.py", "ninjafile.py", "extensions.py",
+                                                          "exl3.py", "compilerenv.py", "compilers.py")),
                         str(torch_package_dir() / "version.py"), *spec_files]
     settings = ninjafile.BuildSettings(
         python=python_command(), configure=str(ROOT / "configure.py"), configure_args=tuple(argv),
-        ninja=ninja_binary(), nvcc=str(tc.nvcc), cxx=shutil.which("c++") or "c++",  # as in compile_actions
+        ninja=ninja_binary(), nvcc=str(tc.nvcc), cxx=chosen.cxx,  # as in compile_actions
+        compile_env={lang: tuple(compilerenv.env_args(e)) for lang, e in envs.items()}, tool_files=tool_files,
         config=str(config_file), actions=str(actions_file), jobs=jobs, builddir=os.path.relpath(builddir, root) if builddir.is_relative_to(root) else str(builddir),
         toolchain_manifest=str(tc.prefix / toolchain.MANIFEST) if tc.pinned else None,
         toolchain_args=tuple(toolchain_args), toolchain_inputs=tuple(toolchain_inputs),
@@ -315,6 +351,7 @@ def main(argv: list[str]) -> int:
     write_if_changed(builddir / "configure.json", json.dumps({"argv": argv, "cwd": str(root)}, indent=1) + "\n")
 
     print(f"configure: {report.summary()}")
+    print(f"configure: compilers: nvcc {chosen.nvcc} with host compiler {chosen.ccbin}; C++ {chosen.cxx}")
     print(f"configure: {len(plans)} module(s): " + ", ".join(f"{p.extension.target} ({len(p.steps)} units)" for p in plans))
     print(f"configure: {jobs} job(s) on CPUs {_cpu_text(cpus)}, nice +{args.nice}"
           + (f", {args.max_memory} address space per compile" if args.max_memory else ""))
@@ -338,6 +375,7 @@ if __name__ == "__main__":
     try:
         sys.exit(main(sys.argv[1:]))
     except (ConfigureError, LockError, WheelError, TorchError, toolchain.ToolchainError, compat.CompatError,
+            compilers.CompilerError,
             extensions.ExtensionError, plan.PlanError, exl3.Exl3Error, ValueError) as e:
         print(f"configure.py: error: {e}", file=sys.stderr)
         sys.exit(2)

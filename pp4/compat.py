@@ -21,7 +21,7 @@ from pathlib import Path
 import attrs
 
 from pp4 import paths
-from pp4.compilerenv import compiler_env, host_compiler
+from pp4.compilerenv import process_env
 from pp4.toolchain import Toolchain
 from pp4.torchenv import torch_cuda_version, torch_version
 
@@ -56,8 +56,9 @@ class CompatReport:
                 f"torch CUDA {self.torch_cuda}; probe {how} for {archs}")
 
 
-def _run(cmd: list[str], tmp: Path, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, env=compiler_env(tmp), capture_output=True, text=True, **kw)
+def _run(cmd: list[str], tmp: Path, env: dict[str, str] | None = None, **kw) -> subprocess.CompletedProcess:
+    base = env if env is not None else {"PATH": os.environ.get("PATH", os.defpath), "LC_ALL": "C"}
+    return subprocess.run(cmd, env=process_env(base, tmp), capture_output=True, text=True, **kw)
 
 
 def nvcc_version(nvcc: Path, tmp: Path) -> tuple[str, str]:
@@ -71,11 +72,11 @@ def nvcc_version(nvcc: Path, tmp: Path) -> tuple[str, str]:
     return m.group(1), m.group(2)
 
 
-def header_release(nvcc: Path, tmp: Path) -> tuple[str, Path]:
+def header_release(nvcc: Path, tmp: Path, ccbin: str | None = None, env: dict[str, str] | None = None) -> tuple[str, Path]:
     """CUDART_VERSION of the cuda_runtime_api.h that nvcc's include path finds, and where it is."""
     src = tmp / "pp4_header_probe.cpp"
     src.write_text("#include <cuda_runtime_api.h>\npp4_cudart_version = CUDART_VERSION;\n")
-    proc = _run([str(nvcc), "-E", "-x", "c++", str(src)], tmp)
+    proc = _run([str(nvcc), *(["-ccbin", ccbin] if ccbin else []), "-E", "-x", "c++", str(src)], tmp, env)
     m = re.search(r"pp4_cudart_version = (\d+)", proc.stdout)
     if proc.returncode != 0 or not m:
         raise CompatError(f"nvcc {nvcc} cannot find cuda_runtime_api.h:\n{proc.stderr.strip()[-2000:]}")
@@ -85,30 +86,32 @@ def header_release(nvcc: Path, tmp: Path) -> tuple[str, Path]:
     return f"{v // 1000}.{(v % 1000) // 10}", where
 
 
-def _probe_key(nvcc: Path, version: str, arch: str) -> str:
+def _probe_key(nvcc: Path, version: str, arch: str, ccbin: str | None, env: dict[str, str] | None) -> str:
     st = nvcc.stat()
-    cxx = host_compiler()
-    cxx_id = f"{cxx}:{cxx.stat().st_size}:{cxx.stat().st_mtime_ns}" if cxx else "none"
-    ident = f"{nvcc}:{st.st_size}:{st.st_mtime_ns}:{version}:{cxx_id}:{arch}"
+    host = Path(os.path.realpath(ccbin)) if ccbin else None
+    host_id = f"{ccbin}:{host.stat().st_size}:{host.stat().st_mtime_ns}" if host else "default"
+    ident = f"{nvcc}:{st.st_size}:{st.st_mtime_ns}:{version}:{host_id}:{arch}:{sorted((env or {}).items())}"
     return hashlib.sha256(ident.encode()).hexdigest()[:24]
 
 
-def probe_compile(nvcc: Path, version: str, arch: str, tmp: Path, cache_root: Path | None) -> bool:
+def probe_compile(nvcc: Path, version: str, arch: str, tmp: Path, cache_root: Path | None,
+                  ccbin: str | None = None, env: dict[str, str] | None = None) -> bool:
     """Compile the probe kernel for one architecture; True when the result came from the cache."""
-    stamp = paths.toolchains_dir(cache_root) / "probes" / f"{_probe_key(nvcc, version, arch)}.ok"
+    stamp = paths.toolchains_dir(cache_root) / "probes" / f"{_probe_key(nvcc, version, arch, ccbin, env)}.ok"
     if stamp.is_file():
         return True
     cc = arch.replace(".", "")
     src = tmp / "pp4_probe.cu"
     src.write_text(PROBE_SOURCE)
-    cmd = [str(nvcc), "-c", str(src), "-o", str(tmp / "pp4_probe.o"),
+    cmd = [str(nvcc), *(["-ccbin", ccbin] if ccbin else []), "-c", str(src), "-o", str(tmp / "pp4_probe.o"),
            f"-gencode=arch=compute_{cc},code=sm_{cc}"]
-    proc = _run(cmd, tmp)
+    proc = _run(cmd, tmp, env)
     if proc.returncode != 0:
+        host = f"the host compiler {ccbin}" if ccbin else "the host compiler (gcc on PATH)"
         raise CompatError(
-            f"nvcc {version} at {nvcc} cannot compile a probe kernel for sm_{cc}:\n"
+            f"nvcc {version} at {nvcc} cannot compile a probe kernel for sm_{cc} with {host}:\n"
             f"{proc.stderr.strip()[-2000:]}\nCheck --arch (this nvcc lists its architectures with "
-            f"`{nvcc} --list-gpu-arch`) and that a supported host compiler (g++) is on PATH."
+            f"`{nvcc} --list-gpu-arch`) and that nvcc supports that host compiler (choose another with CC)."
         )
     stamp.parent.mkdir(parents=True, exist_ok=True)
     stamp.write_text(" ".join(cmd) + "\n")
@@ -116,7 +119,9 @@ def probe_compile(nvcc: Path, version: str, arch: str, tmp: Path, cache_root: Pa
 
 
 def check(toolchain: Toolchain, archs: list[str] | tuple[str, ...] = (), cache_root: Path | None = None,
-          torch_cuda: str | None = None) -> CompatReport:
+          torch_cuda: str | None = None, ccbin: str | None = None, env: dict[str, str] | None = None) -> CompatReport:
+    """ccbin and env: the host compiler and compile environment the build will use (configure's
+    choice); without them, nvcc's default host compiler on this PATH."""
     torch_cuda = torch_cuda or torch_cuda_version()
     if not torch_cuda:
         raise CompatError(
@@ -137,11 +142,12 @@ def check(toolchain: Toolchain, archs: list[str] | tuple[str, ...] = (), cache_r
                 f"for CUDA {want}: extensions built so would not load or would misbehave. Fix: {fix}, "
                 f"or pass --cuda-home with a CUDA {want} toolkit."
             )
-        hdr, hdr_path = header_release(toolchain.nvcc, tmp)
+        hdr, hdr_path = header_release(toolchain.nvcc, tmp, ccbin, env)
         if hdr != want:
             raise CompatError(
                 f"nvcc {full} at {toolchain.nvcc} includes headers of CUDA {hdr} ({hdr_path}), but torch was "
                 f"built for CUDA {want} and nvcc is {release}: a mixed toolkit. Fix: {fix}."
             )
-        cached = all([probe_compile(toolchain.nvcc, full, a, tmp, cache_root) for a in archs]) if archs else True
+        cached = (all([probe_compile(toolchain.nvcc, full, a, tmp, cache_root, ccbin, env) for a in archs])
+                  if archs else True)
     return CompatReport(toolchain.nvcc, release, full, hdr, hdr_path, want, tuple(archs), cached)

@@ -1,32 +1,186 @@
-"""The environment every nvcc and host-compiler process runs in.
+"""The environment of every compiler and linker process: an allow-list, chosen at configure time.
 
-nvcc reads NVCC_PREPEND_FLAGS / NVCC_APPEND_FLAGS / NVCC_CCBIN from the environment, which would
-make a command line lie about what it compiles, so they are removed. Temporary files go to a folder
-pp4 owns. No GPU is visible: a compile never needs one, and must not create a CUDA context.
+A compiler reads more than its command line. nvcc expands INCLUDES, PTXAS_FLAGS and the other
+variables of its nvcc.profile into the commands it runs, and adds NVCC_PREPEND_FLAGS and
+NVCC_APPEND_FLAGS to its own; gcc searches CPATH and CPLUS_INCLUDE_PATH, finds its programs through
+GCC_EXEC_PREFIX, COMPILER_PATH and PATH, and writes __DATE__ from SOURCE_DATE_EPOCH; the dynamic
+loader lets LD_PRELOAD and LD_LIBRARY_PATH replace code. None of that would be in the key. So a
+compile or link gets exactly the variables pp4 chose and nothing else:
+
+- PATH: the folder of the host compiler configure resolved, then /usr/bin and /bin (per language:
+  a CUDA compile's host compiler is nvcc's -ccbin, a C++ compile's is the C++ compiler);
+- LC_ALL=C: fixed diagnostics and character handling, whatever the shell's locale;
+- SOURCE_DATE_EPOCH: the user's value when configure ran, else 0, so __DATE__ and __TIME__ are the
+  same in every compile and a stored object is what a compile gives now;
+- the variables named with `configure --compile-env NAME=VALUE`;
+- TMPDIR (pp4's folder) and CUDA_VISIBLE_DEVICES="" (no GPU), which change no object.
+
+The first four form the action's environment: they are written into build.ninja's commands, so
+ninja rebuilds when they change, and the reuse rule keys on them. Of the variables the toolchain
+reads, configure folds the ones a user legitimately sets into the commands it writes (`FOLDED`),
+and drops the others with a notice (`DROPPED`), at configure time and once per build.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
+import shlex
 from pathlib import Path
 
-# Variables that change what nvcc does without appearing on its command line.
-HIDDEN_NVCC_INPUTS = ("NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS", "NVCC_CCBIN")
-# Variables that point at some other CUDA; nvcc itself ignores them, but tools we call might not.
-FOREIGN_CUDA = ("CUDA_HOME", "CUDA_PATH", "CUDA_ROOT", "CUDAToolkit_ROOT")
+import attrs
+
+# Read by the toolchain and folded by configure into the commands of build.ninja (visible, keyed).
+FOLDED = {
+    "NVCC_PREPEND_FLAGS": "put before the nvcc flags of every CUDA compile",
+    "NVCC_APPEND_FLAGS": "put after the nvcc flags of every CUDA compile",
+    "NVCC_CCBIN": "the host compiler nvcc runs (-ccbin), unless the flags or CC name one",
+    "CC": "the host compiler nvcc runs (-ccbin, as torch does), unless the flags name one",
+    "CXX": "the C++ compiler of .cpp units (as torch does)",
+    "CPATH": "each folder added as -I after the others",
+    "CPLUS_INCLUDE_PATH": "each folder added as -isystem after the others",
+    "SOURCE_DATE_EPOCH": "passed on (default 0): the date and time of __DATE__ and __TIME__",
+}
+
+# Read by the toolchain (nvcc.profile, nvcc, gcc, binutils, the dynamic loader) and never passed on.
+# Each with the way to get its effect through the flags instead, which the key does cover.
+DROPPED = {
+    "INCLUDES": "nvcc.profile adds it to every host-compiler command; use -I/-D in the flags",
+    "SYSTEM_INCLUDES": "nvcc.profile adds it to every host-compiler command; use -isystem in the flags",
+    "LIBRARIES": "nvcc.profile adds it to nvcc's link commands; use ld_flags",
+    "CUDAFE_FLAGS": "nvcc.profile passes it to cudafe++; use -Xcudafe in cuda_flags",
+    "PTXAS_FLAGS": "nvcc.profile passes it to ptxas; use -Xptxas in cuda_flags",
+    "TOP": "nvcc.profile sets where nvcc's own files are; choose the toolkit with --cuda-home",
+    "CICC_PATH": "nvcc.profile sets where cicc is; choose the toolkit with --cuda-home",
+    "NVVMIR_LIBRARY_DIR": "nvcc.profile sets where libdevice is; choose the toolkit with --cuda-home",
+    "C_INCLUDE_PATH": "searched for C sources only, and pp4 compiles C++ and CUDA",
+    "OBJC_INCLUDE_PATH": "searched for Objective-C sources only",
+    "GCC_EXEC_PREFIX": "changes where gcc finds cc1plus and as; choose the compiler with CC/CXX",
+    "COMPILER_PATH": "changes where gcc finds its programs; choose the compiler with CC/CXX",
+    "LIBRARY_PATH": "changes where gcc and ld find libraries; use -L in ld_flags",
+    "GCC_COMPARE_DEBUG": "makes gcc compile twice and compare",
+    "DEPENDENCIES_OUTPUT": "makes gcc write another dependency file",
+    "SUNPRO_DEPENDENCIES": "makes gcc write another dependency file",
+    "LD_PRELOAD": "loads other code into every compiler process",
+    "LD_AUDIT": "loads other code into every compiler process",
+    "LD_LIBRARY_PATH": "changes which libraries the compilers load and ld links; "
+                       "use --compile-env LD_LIBRARY_PATH=... if your compiler needs it",
+    "LD_RUN_PATH": "ld adds it to the module's run path; use -Wl,-rpath in ld_flags",
+    "LDEMULATION": "changes what ld produces",
+    "GNUTARGET": "changes the object format binutils assume",
+    "COLLECT_GCC_OPTIONS": "gcc's internal hand-over to its sub-programs",
+}
+
+# Not passed on and never worth a notice: set in nearly every shell, or diagnostics only.
+REPLACED = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "LC_MESSAGES", "TMPDIR", "TMP", "TEMP", "GCC_COLORS",
+            "GCC_URLS", "TERM_URLS", "GCC_EXTRA_DIAGNOSTIC_OUTPUT", "TERM", "MAKEFLAGS", "CUDA_VISIBLE_DEVICES")
+
+BASE_PATH = ("/usr/bin", "/bin")
+DEFAULT_SOURCE_DATE_EPOCH = "0"
 
 
-def compiler_env(tmpdir: Path, base: dict[str, str] | None = None) -> dict[str, str]:
-    env = dict(os.environ if base is None else base)
-    for name in HIDDEN_NVCC_INPUTS + FOREIGN_CUDA:
-        env.pop(name, None)
-    env["CUDA_VISIBLE_DEVICES"] = ""
-    env["TMPDIR"] = str(tmpdir)
-    return env
+class EnvError(ValueError):
+    """A --compile-env setting pp4 cannot honour."""
 
 
-def host_compiler() -> Path | None:
-    """The C++ compiler nvcc will call (it runs the first g++/gcc on PATH unless -ccbin says otherwise)."""
-    found = shutil.which("g++") or shutil.which("c++")
-    return Path(found).resolve() if found else None
+@attrs.frozen
+class Folded:
+    """What configure took from the environment into the commands it writes."""
+
+    prepend_flags: tuple[str, ...] = ()
+    append_flags: tuple[str, ...] = ()
+    quote_dirs: tuple[str, ...] = ()  # CPATH, as -I
+    system_dirs: tuple[str, ...] = ()  # CPLUS_INCLUDE_PATH, as -isystem
+    source_date_epoch: str = DEFAULT_SOURCE_DATE_EPOCH
+    values: dict = attrs.field(factory=dict, hash=False)  # NAME -> value as configure saw it
+
+
+def fold(env: dict[str, str], cwd: Path) -> Folded:
+    """The variables of FOLDED that configure turns into flags and settings."""
+    def dirs(name: str) -> tuple[str, ...]:
+        # An empty element means the current folder (gcc's rule); ninja runs in configure's.
+        parts = env[name].split(os.pathsep) if env.get(name) else []
+        return tuple(str((cwd / p).absolute()) if p else str(cwd) for p in parts)
+
+    try:
+        prepend = tuple(shlex.split(env.get("NVCC_PREPEND_FLAGS", "")))
+        append = tuple(shlex.split(env.get("NVCC_APPEND_FLAGS", "")))
+    except ValueError as e:
+        raise EnvError(f"NVCC_PREPEND_FLAGS/NVCC_APPEND_FLAGS cannot be split like a shell would ({e}): "
+                       "fix the quoting") from None
+    epoch = env.get("SOURCE_DATE_EPOCH", DEFAULT_SOURCE_DATE_EPOCH)
+    if not epoch.isdigit():
+        raise EnvError(f"SOURCE_DATE_EPOCH={epoch!r} is not a number of seconds since 1970: unset it or fix it")
+    values = {k: env[k] for k in FOLDED if k in env}
+    return Folded(prepend, append, dirs("CPATH"), dirs("CPLUS_INCLUDE_PATH"), epoch, values)
+
+
+def parse_compile_env(items: list[str]) -> dict[str, str]:
+    """--compile-env NAME=VALUE settings."""
+    out = {}
+    for item in items:
+        name, eq, value = item.partition("=")
+        if not eq or not name or not name.replace("_", "a").isalnum() or name[0].isdigit():
+            raise EnvError(f"--compile-env {item!r}: write it as NAME=VALUE")
+        if name in ("PATH", "TMPDIR", "CUDA_VISIBLE_DEVICES", "LC_ALL", "SOURCE_DATE_EPOCH") or name in FOLDED:
+            raise EnvError(f"--compile-env {name}: pp4 sets {name} itself (docs/reuse.md, the compile environment)"
+                           + (f"; {name} is taken from the environment at configure time" if name in FOLDED else ""))
+        out[name] = value
+    return out
+
+
+def action_env(host_compiler: str, folded: Folded, extra: dict[str, str]) -> dict[str, str]:
+    """The variables a compile's compilers get that can change its output: part of its key. PATH
+    holds the host compiler's folder (where a toolset keeps its own `as`), then /usr/bin and /bin."""
+    path = list(dict.fromkeys([os.path.dirname(host_compiler), *BASE_PATH]))
+    return {"PATH": os.pathsep.join(path), "LC_ALL": "C", "SOURCE_DATE_EPOCH": folded.source_date_epoch, **extra}
+
+
+def process_env(action: dict[str, str], tmpdir: Path) -> dict[str, str]:
+    """The whole environment of a compiler or linker process: the action's variables, a temporary
+    folder, no GPU. Nothing of the caller's environment."""
+    return {**action, "TMPDIR": str(tmpdir), "CUDA_VISIBLE_DEVICES": ""}
+
+
+def env_args(action: dict[str, str]) -> list[str]:
+    """The action's environment as command-line arguments of the wrapper: --env NAME=VALUE ..."""
+    out = []
+    for k in sorted(action):
+        out += ["--env", f"{k}={action[k]}"]
+    return out
+
+
+def parse_env_args(argv: list[str]) -> tuple[dict[str, str], list[str]]:
+    """Split leading --env NAME=VALUE pairs off a wrapper's arguments."""
+    env, i = {}, 0
+    while i + 1 < len(argv) and argv[i] == "--env":
+        k, _, v = argv[i + 1].partition("=")
+        env[k] = v
+        i += 2
+    return env, argv[i:]
+
+
+def notices(env: dict[str, str], folded_values: dict[str, str], when: str) -> list[str]:
+    """One line per toolchain variable that is set here and will not reach the compilers as set.
+
+    when: "configure" (the values are being folded now) or "build" (compared with what configure
+    folded)."""
+    lines = []
+    for name, why in DROPPED.items():
+        if name in env:
+            lines.append(f"{name} is set and not passed to the compilers ({why})")
+    if when == "build":
+        for name in FOLDED:
+            now, then = env.get(name), folded_values.get(name)
+            if now != then:
+                lines.append(f"{name} is {_shown(now)} here but was {_shown(then)} when configure ran: "
+                             "build.ninja uses the configured value; re-run configure to take this one")
+    return lines
+
+
+def folded_lines(folded: Folded) -> list[str]:
+    """What configure took from the environment, one line each, for its report."""
+    return [f"{name}={value!r} {FOLDED[name]}" for name, value in sorted(folded.values.items())]
+
+
+def _shown(value: str | None) -> str:
+    return "unset" if value is None else repr(value)

@@ -14,6 +14,7 @@ a small TOML file passed to configure with --ext-spec:
 
 from __future__ import annotations
 
+import os
 import re
 import tomllib
 from pathlib import Path
@@ -68,7 +69,7 @@ def p2p() -> Extension:
 
 def from_spec(path: Path) -> Extension:
     """A user's extension described by a TOML file (see this module's docstring)."""
-    path = path.expanduser().absolute()
+    path = Path(os.path.abspath(path.expanduser()))  # normalized: a root spelled with .. must still match its sources
     try:
         doc = tomllib.loads(path.read_text())
     except FileNotFoundError:

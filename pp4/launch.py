@@ -1,12 +1,13 @@
 """Run one compile or link under the build's resource limits, then become the compiler.
 
-    python -m pp4.launch LIMITS.json -- nvcc ...
+    python -m pp4.launch LIMITS.json [--env NAME=VALUE]... -- COMMAND...
 
 The limits (CPU list, nice level, address-space cap, nvcc thread count) are chosen at configure time
 and read from a file, so changing them does not change any compile command: ninja does not rebuild
 for it, and the action key of the reuse rule stays the same. The command after `--` is exactly what
 is compiled; the launcher adds nothing to it except nvcc's --threads, which only says how many
-architectures nvcc compiles at once and does not change its output.
+architectures nvcc compiles at once and does not change its output. The command runs in exactly the
+environment given by the --env arguments (pp4.compilerenv), plus a temporary folder and no GPU.
 
 No GPU is visible to the compiler (CUDA_VISIBLE_DEVICES is empty) and nothing here touches CUDA, so
 a build never creates a CUDA context. GPU runs guard resident memory instead of address space:
@@ -23,7 +24,7 @@ from pathlib import Path
 
 import attrs
 
-from pp4.compilerenv import compiler_env
+from pp4.compilerenv import parse_env_args, process_env
 
 
 @attrs.frozen
@@ -102,12 +103,13 @@ def parse_size(text: str) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if len(argv) < 3 or argv[1] != "--":
-        print("usage: python -m pp4.launch LIMITS.json -- COMMAND...", file=sys.stderr)
+    action_env, rest = parse_env_args(argv[1:])
+    if not argv or len(rest) < 2 or rest[0] != "--":
+        print("usage: python -m pp4.launch LIMITS.json [--env NAME=VALUE]... -- COMMAND...", file=sys.stderr)
         return 2
     limits = Limits.from_file(Path(argv[0]))
-    command = command_for(limits, argv[2:])
-    env = compiler_env(Path(limits.tmpdir) if limits.tmpdir else Path(os.environ.get("TMPDIR", "/tmp")))
+    command = command_for(limits, rest[1:])
+    env = process_env(action_env, Path(limits.tmpdir) if limits.tmpdir else Path(os.environ.get("TMPDIR", "/tmp")))
     if limits.tmpdir:
         Path(limits.tmpdir).mkdir(parents=True, exist_ok=True)
     apply(limits)

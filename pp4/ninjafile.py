@@ -24,6 +24,8 @@ class BuildSettings:
     ninja: str
     nvcc: str
     cxx: str
+    compile_env: dict  # language -> --env NAME=VALUE arguments of the wrapper: the compilers' environment
+    tool_files: dict  # language -> files whose bytes are the compilers' identity (implicit inputs)
     config: str  # build/pp4.json: limits and reuse settings, read by launcher and wrapper
     actions: str  # build/actions.json: every compile command, for the prepass and the certificate
     jobs: int
@@ -91,6 +93,8 @@ def render(settings: BuildSettings, rules: str, plans: list[ModulePlan],
     w.variable("ninja", _shell([settings.ninja]))
     w.variable("nvcc", _shell([settings.nvcc]))
     w.variable("cxx", _shell([settings.cxx]))
+    w.variable("cuda_env", _shell(settings.compile_env["cuda"]))
+    w.variable("cxx_env", _shell(settings.compile_env["cxx"]))
     w.variable("config", _shell([settings.config]))
     w.variable("actions", _shell([settings.actions]))
     w.variable("toolchain_args", _shell(settings.toolchain_args))
@@ -121,7 +125,7 @@ def render(settings: BuildSettings, rules: str, plans: list[ModulePlan],
     for plan, step in ordered:
         t = _var(plan.extension.target)
         rule = "cuda_compile" if step.language == "cuda" else "cxx_compile"
-        _build(w, _path(step.object), rule, str(step.source),
+        _build(w, _path(step.object), rule, str(step.source), implicit=list(settings.tool_files.get(step.language, ())),
                order_only=["toolchain", stamp], variables={"flags": f"${t}_{step.language}_flags"})
     w.newline()
 

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import attrs
 
+from pp4.compilerenv import Folded
+from pp4.compilers import Compilers, ccbin_from_flags
 from pp4.extensions import Extension
 from pp4.toolchain import Toolchain
 from pp4.torchflags import COMMON_NVCC_FLAGS, TorchBuildFlags
@@ -94,19 +96,29 @@ def object_path(builddir: Path, ext: Extension, source_rel: str) -> Path:
 
 def module_plan(ext: Extension, torch: TorchBuildFlags, toolchain: Toolchain, archs: list[str],
                 builddir: Path, root: Path, durations: dict[str, int] | None = None,
-                supported_archs: list[str] | None = None) -> ModulePlan:
+                supported_archs: list[str] | None = None, compilers: Compilers | None = None,
+                folded: Folded | None = None) -> ModulePlan:
+    """compilers: configure's choice (the host compiler nvcc runs goes in as an absolute -ccbin);
+    folded: the toolchain variables configure took from the environment (pp4.compilerenv)."""
     durations = durations or {}
+    folded = folded or Folded()
     common = [f"-DTORCH_EXTENSION_NAME={ext.module}", "-DTORCH_API_INCLUDE_EXTENSION_H"]
     common += [f"-I{ext.root / inc}" for inc in ext.include_dirs]
     system = [*torch.include_dirs, toolchain.include_dir, torch.python_include]
     for inc in system:
         common += ["-isystem", str(inc)]
     std = f"-std={torch.cxx_standard}"
-    cxx = [*common, "-fPIC", std, *ext.cxx_flags]
-    cuda = [*common, *COMMON_NVCC_FLAGS, *gencode_flags(archs, supported_archs), "--compiler-options", "-fPIC",
-            *ext.cuda_flags]
+    # CPATH and CPLUS_INCLUDE_PATH, as gcc reads them: after every -I, and after every -isystem.
+    env_dirs = [f"-I{d}" for d in folded.quote_dirs] + [a for d in folded.system_dirs for a in ("-isystem", d)]
+    cxx = [*common, "-fPIC", std, *ext.cxx_flags, *env_dirs]
+    _, ext_cuda = ccbin_from_flags(list(ext.cuda_flags))  # replaced by the absolute path configure resolved
+    cuda = [*folded.prepend_flags, *common, *COMMON_NVCC_FLAGS, *gencode_flags(archs, supported_archs),
+            "--compiler-options", "-fPIC", *ext_cuda]
     if not any(f.startswith("-std=") for f in cuda):
         cuda.append(std)
+    if compilers is not None:
+        cuda += ["-ccbin", compilers.ccbin]
+    cuda += [*env_dirs, *folded.append_flags]
     link = [f"-L{torch.lib_dir}", *(f"-l{lib}" for lib in torch.libraries), f"-L{toolchain.lib_dir}", "-lcudart",
             # Found without LD_LIBRARY_PATH: torch's libraries, and the CUDA runtime torch itself loads.
             f"-Wl,-rpath,{torch.lib_dir}"]
