@@ -1,15 +1,15 @@
 """What makes two compiles the same: the parts of an action key, and the checks of its inputs.
 
 A compile is identified in two steps, as ccache's direct mode does:
-- the *manifest key* hashes what is known before compiling: the normalized command, the toolchain's
-  identity (nvcc, cicc, ptxas, ... and the host compiler, by content), and the environment variables
-  that change what a compiler produces;
+- the *manifest key* hashes what is known before compiling: the normalized command, the identity of
+  what it runs (nvcc, cicc, ptxas, ... and the host compiler, by content: pp4.compilers), and the
+  action's whole environment (pp4.compilerenv);
 - each manifest entry then names the inputs (every file of the full dependency file of the compile
-  that made it, with its sha256): the entry matches when every input still has those bytes and no
-  new header shadows one of them on the include search path. The inputs outside the extension's
-  tree are kept as a shared, content-addressed input set (pp4.inputsets). The *action key* hashes
-  the manifest key, the unit's own inputs and the names of its input sets, and names the stored
-  object.
+  that made it, with its sha256) and the probe digest of its include search (pp4.probes): the entry
+  matches when every input still has those bytes and every place the search could look at holds
+  the same files as then. The inputs outside the extension's tree are kept as a shared,
+  content-addressed input set (pp4.inputsets). The *action key* hashes the manifest key, the unit's
+  own inputs, the names of its input sets and its probe digest, and names the stored object.
 
 Normalization makes a command independent of where its tree lives: the object and dependency-file
 paths become $OUT and $DEP, an extension's source root becomes $SRC. The "erasable" defines (the
@@ -23,17 +23,10 @@ import hashlib
 import json
 import os
 import re
-import shutil
-import subprocess
-from pathlib import Path
 
 import attrs
 
 from pp4.files import sha256_fd
-
-# Variables that change what gcc or nvcc produce without appearing on the command line.
-OUTPUT_ENV = ("CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH", "GCC_EXEC_PREFIX", "COMPILER_PATH",
-              "SOURCE_DATE_EPOCH", "LIBRARY_PATH")
 
 
 class CommandError(Exception):
@@ -44,15 +37,62 @@ class CommandError(Exception):
 class CompileArgs:
     argv: tuple[str, ...]
     compiler: str
+    language: str  # "cuda" (nvcc) or "cxx"
     source: str
     output: str
     depfile: str
-    search_dirs: tuple[str, ...]  # -iquote, -I, -isystem, in the order the compiler searches them
+    # The include folders the command names, by kind, in command-line order (pp4.probes orders them).
+    quote_dirs: tuple[str, ...] = ()  # -iquote
+    plain_dirs: tuple[str, ...] = ()  # -I, --include-path
+    system_dirs: tuple[str, ...] = ()  # -isystem, --system-include
+    after_dirs: tuple[str, ...] = ()  # -idirafter
+
+
+_DIR_OPTIONS = {"-iquote": "quote", "-I": "plain", "--include-path": "plain", "-isystem": "system",
+                "--system-include": "system", "-idirafter": "after"}
+_HOST_PASS = ("-Xcompiler", "--compiler-options")
+
+
+def _include_dirs(argv: list[str], nvcc: bool) -> dict[str, list[str]]:
+    """Include folders by kind. nvcc takes comma-separated lists (-Ia,b) and passes -Xcompiler
+    options on to the host compiler: both readings are kept, a folder too many only costs a look."""
+    found: dict[str, list[str]] = {"quote": [], "plain": [], "system": [], "after": []}
+
+    def add(kind: str, value: str) -> None:
+        found[kind].append(value)
+        if nvcc and "," in value:
+            found[kind].extend(v for v in value.split(",") if v)
+
+    def scan(words: list[str]) -> None:
+        i = 0
+        while i < len(words):
+            a = words[i]
+            nxt = words[i + 1] if i + 1 < len(words) else None
+            if a in _DIR_OPTIONS and nxt is not None:
+                add(_DIR_OPTIONS[a], nxt)
+                i += 2
+                continue
+            if nvcc and a in _HOST_PASS and nxt is not None:
+                scan(nxt.split(","))
+                i += 2
+                continue
+            for opt, kind in _DIR_OPTIONS.items():
+                if a.startswith(opt) and len(a) > len(opt):
+                    value = a[len(opt):]
+                    add(kind, value.removeprefix("=") if opt.startswith("--") else value)
+                    break
+            else:
+                for opt in _HOST_PASS:
+                    if nvcc and a.startswith(opt + "="):
+                        scan(a[len(opt) + 1:].split(","))
+            i += 1
+
+    scan(argv)
+    return found
 
 
 def parse_compile(argv: list[str]) -> CompileArgs:
     output = depfile = source = None
-    quote, plain, system = [], [], []
     i = 1
     while i < len(argv):
         a = argv[i]
@@ -66,14 +106,6 @@ def parse_compile(argv: list[str]) -> CompileArgs:
         if a == "-c" and nxt is not None and not nxt.startswith("-"):
             source, i = nxt, i + 2
             continue
-        if a in ("-isystem", "-I", "-iquote") and nxt is not None:
-            {"-isystem": system, "-I": plain, "-iquote": quote}[a].append(nxt)
-            i += 2
-            continue
-        if a.startswith("-I") and len(a) > 2:
-            plain.append(a[2:])
-        elif a.startswith("-isystem") and len(a) > 8:
-            system.append(a[8:])
         i += 1
     if source is None:  # nvcc and gcc also take `-c` alone with the source elsewhere
         cands = [a for a in argv[1:] if a.endswith((".cu", ".cpp", ".cc", ".cxx", ".c")) and not a.startswith("-")]
@@ -81,8 +113,10 @@ def parse_compile(argv: list[str]) -> CompileArgs:
     missing = [n for n, v in (("-o OUTPUT", output), ("-MF DEPFILE", depfile), ("a source after -c", source)) if v is None]
     if missing:
         raise CommandError(f"the compile command has no {', '.join(missing)}: {' '.join(argv)}")
-    src_dir = os.path.dirname(os.path.abspath(source))
-    return CompileArgs(tuple(argv), argv[0], source, output, depfile, tuple([src_dir, *quote, *plain, *system]))
+    nvcc = os.path.basename(argv[0]) == "nvcc"
+    dirs = _include_dirs(list(argv[1:]), nvcc)
+    return CompileArgs(tuple(argv), argv[0], "cuda" if nvcc or source.endswith(".cu") else "cxx", source, output,
+                       depfile, tuple(dirs["quote"]), tuple(dirs["plain"]), tuple(dirs["system"]), tuple(dirs["after"]))
 
 
 def normalize(args: CompileArgs, root: str | None, erasable: tuple[str, ...]) -> tuple[list[str], dict[str, str]]:
@@ -116,21 +150,20 @@ def from_src(text: str, root: str | None) -> str:
     return text.replace("$SRC", root) if root else text
 
 
-def output_env(env: dict[str, str]) -> dict[str, str]:
-    return {k: env[k] for k in OUTPUT_ENV if k in env}
-
-
 def manifest_key(normalized: list[str], toolchain_id: dict, env: dict[str, str]) -> str:
-    # format 2: entries name their shared inputs through input sets (pp4.inputsets)
-    doc = {"argv": normalized, "toolchain": toolchain_id, "env": env, "format": 2}
+    """toolchain_id: the identity of what the compile runs (pp4.compilers); env: the action's
+    environment (pp4.compilerenv). Format 3: entries carry a probe digest (pp4.probes)."""
+    doc = {"argv": normalized, "toolchain": toolchain_id, "env": env, "format": 3}
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 
-def action_key(mkey: str, inputs: list[list[str]], input_sets: list[str], erased: dict[str, str] | None) -> str:
+def action_key(mkey: str, inputs: list[list[str]], input_sets: list[str], erased: dict[str, str] | None,
+               probes: str) -> str:
     """inputs: the unit's own inputs with their sha256; input_sets: the names (content hashes) of
-    the sets holding the others. erased is None when no input mentions an erasable identifier:
-    then its value cannot matter."""
-    doc = {"manifest": mkey, "inputs": inputs, "input_sets": input_sets, "erased": erased}
+    the sets holding the others; probes: the digest of what its include search could find
+    (pp4.probes). erased is None when no input mentions an erasable identifier: then its value
+    cannot matter."""
+    doc = {"manifest": mkey, "inputs": inputs, "input_sets": input_sets, "erased": erased, "probes": probes}
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
 
@@ -241,79 +274,3 @@ DEPFILE_JOIN = " \\\n  "
 def format_depfile(output: str, deps: list[str] | None = None, bodies: list[str] | None = None) -> str:
     parts = ([depfile_body(deps)] if deps else []) + [b for b in bodies or [] if b]
     return _depfile_escape(output) + ": " + DEPFILE_JOIN.join(parts) + "\n"
-
-
-class ShadowFinder:
-    """Paths that, if a file existed there, would be found before an input via the search path.
-
-    For an input found under search directory k as <dir_k>/<rel>, a file <dir_j>/<rel> for j < k
-    would be included instead: that is the shadowing the reuse rule must notice. `candidates` returns
-    those that exist now (recorded when an entry is stored, then compared at lookup). Each input is
-    worked out once per process and search path: the 41 input sets of an EXL3 build share nearly all
-    of their 1,400 headers, and working each set out afresh cost a quarter of the prepass."""
-
-    def __init__(self, search_dirs: tuple[str, ...], hasher: FileHasher):
-        self.dirs = [os.path.normpath(d) for d in search_dirs]
-        self.hasher = hasher
-        self._of: dict[str, tuple[str, ...]] = {}
-
-    def of(self, p: str) -> tuple[str, ...]:
-        """The existing candidates that would shadow one input."""
-        found = self._of.get(p)
-        if found is None:
-            norm = os.path.normpath(p)
-            cands = []
-            for k, d in enumerate(self.dirs):
-                if not norm.startswith(d + os.sep):
-                    continue
-                rel = norm[len(d) + 1:]
-                for e in self.dirs[:k]:
-                    cand = os.path.join(e, rel)
-                    if cand != norm and self.hasher.exists(cand):
-                        cands.append(cand)
-            found = self._of[p] = tuple(cands)
-        return found
-
-    def candidates(self, inputs: list[str]) -> list[str]:
-        found: set[str] = set()
-        for p in inputs:
-            found.update(self.of(p))
-        return sorted(found)
-
-
-def _hash_binary(path: str) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
-
-
-def host_compiler_identity(cache_file: Path) -> dict[str, str]:
-    """sha256 of the host compiler nvcc and the C++ rule run (g++ on PATH, its cc1plus, as).
-
-    Cached in a file keyed by each binary's path, size and mtime, so a build hashes them once.
-    """
-    tools = {}
-    cxx = shutil.which("g++") or shutil.which("c++")
-    if cxx:
-        tools["c++"] = os.path.realpath(cxx)
-        try:
-            cc1 = subprocess.run([cxx, "-print-prog-name=cc1plus"], capture_output=True, text=True).stdout.strip()
-            if cc1 and os.path.isfile(cc1):
-                tools["cc1plus"] = os.path.realpath(cc1)
-        except OSError:
-            pass
-    asm = shutil.which("as")
-    if asm:
-        tools["as"] = os.path.realpath(asm)
-    stamp = {k: [v, os.stat(v).st_size, os.stat(v).st_mtime_ns] for k, v in tools.items()}
-    try:
-        cached = json.loads(cache_file.read_text())
-        if cached.get("stamp") == stamp:
-            return cached["identity"]
-    except (OSError, ValueError):
-        pass
-    identity = {k: _hash_binary(v) for k, v in tools.items()}
-    cache_file.parent.mkdir(parents=True, exist_ok=True)
-    tmp = cache_file.with_name(f".{cache_file.name}.{os.getpid()}")
-    tmp.write_text(json.dumps({"stamp": stamp, "identity": identity}))
-    os.replace(tmp, cache_file)
-    return identity

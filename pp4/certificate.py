@@ -2,9 +2,10 @@
 
     python -m pp4.certificate write CONFIG ACTIONS OUT.json.gz     (run by ninja after the pins)
 
-The certificate is a gzip-compressed JSON manifest of every object: its action key, its inputs with
-their sha256, whether it was compiled or reused (and from which action, compiled for which output),
-its sha256, the toolchain and the compile duration. Inputs outside an extension's tree are listed
+The certificate is a gzip-compressed JSON manifest of every object: its command and environment,
+its action key, its inputs with their sha256, the probe digest of its include search, whether it was
+compiled or reused (and from which action, compiled for which output), its sha256, the identity of
+the compilers it ran and the compile duration. Inputs outside an extension's tree are listed
 once per distinct set, in "input_sets" (name -> [path, sha256] pairs; the name is the sha256 of the
 set's canonical text, pp4.inputsets), and each object names its sets: 194 EXL3 units share a few
 sets of 1,400 torch and CUDA headers instead of repeating them. Its hash is the sha256 of the
@@ -78,7 +79,8 @@ def write(config_path: Path, actions_path: Path, out: Path) -> str:
             "output": action["output"], "target": action["target"], "source": action["source"],
             "status": ev["status"], "action_key": ev.get("action_key"), "not_stored": ev.get("not_stored"),
             "reused_from": ev.get("reused_from"), "root": ev.get("root"),
-            "inputs": ev["inputs"], "input_sets": ev.get("input_sets", []), "object_sha256": sha, "object_size": size,
+            "inputs": ev["inputs"], "input_sets": ev.get("input_sets", []), "probes": ev.get("probes"),
+            "object_sha256": sha, "object_size": size, "argv": action["argv"], "env": action.get("env", {}),
             "toolchain": ev.get("toolchain"), "compile_duration_s": ev.get("compile_duration_s"),
         })
         for sid in ev.get("input_sets", []):
@@ -90,7 +92,7 @@ def write(config_path: Path, actions_path: Path, out: Path) -> str:
     if problems:
         raise CertificateError("cannot certify this build:\n  " + "\n  ".join(problems))
     modules = _modules(actions, out)
-    doc = {"format": 2, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    doc = {"format": 3, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
            "objects": objects, "input_sets": sets, "modules": modules}
     raw = canonical(doc)
     digest = hashlib.sha256(raw).hexdigest()

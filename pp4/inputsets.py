@@ -4,8 +4,8 @@ An EXL3 unit names about 1,400 inputs, nearly all of them the same torch, CUDA, 
 headers as its neighbours'. Written out in full into every manifest entry, store record, event and
 certificate object, those lists made a restore, a variant's reuse checks and an audit parse, hash
 and compare some 270,000 entries per variant. Kept as a set, named by the sha256 of its canonical
-text, each distinct list is written once, and read, checked against the files and searched for
-shadowing headers once per process. An action key still covers every byte of every input: it
+text, each distinct list is written once, and read, checked against the files and probed
+(pp4.probes) once per process. An action key still covers every byte of every input: it
 hashes the set's name, which is the hash of the set's content, which holds every input's sha256.
 
 Sets live in a directory of their own in the store (for manifests) and in the build's state
@@ -18,7 +18,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from pp4.actionkey import FileHasher, ShadowFinder, depfile_body
+from pp4.actionkey import FileHasher, depfile_body
 from pp4.files import write_whole
 
 SRC = "$SRC"  # inputs under the extension's own source root; they stay inline
@@ -104,24 +104,16 @@ def _intact(path: Path, sid: str) -> bool:
 
 
 class SetChecker:
-    """Per-process answers about sets: their content, whether every file still has its recorded
-    bytes, and which headers would now shadow one of theirs. Each is worked out once per set."""
+    """Per-process answers about sets: their content and whether every file still has its recorded
+    bytes. Each is worked out once per set."""
 
     def __init__(self, hasher: FileHasher):
         self.hasher = hasher
         self._sets: dict[str, list[list[str]] | None] = {}
         self._bytes: dict[str, bytes | None] = {}
         self._match: dict[str, bool] = {}
-        self._shadows: dict[tuple[str, tuple[str, ...]], list[str]] = {}
         self._depfile_bodies: dict[str, str] = {}
-        self._finders: dict[tuple[str, ...], ShadowFinder] = {}
-
-    def finder(self, search_dirs: tuple[str, ...]) -> ShadowFinder:
-        """One per search path, so a header shared by many sets is looked at once."""
-        key = tuple(search_dirs)
-        if key not in self._finders:
-            self._finders[key] = ShadowFinder(key, self.hasher)
-        return self._finders[key]
+        self._paths: dict[str, list[str]] = {}
 
     def load(self, directory: str | Path, sid: str) -> list[list[str]] | None:
         if sid not in self._sets:
@@ -147,7 +139,10 @@ class SetChecker:
         return len(self._sets)
 
     def paths(self, directory: str | Path, sid: str) -> list[str]:
-        return [p for p, _ in self.load(directory, sid) or []]
+        found = self._paths.get(sid)
+        if found is None:
+            found = self._paths[sid] = [p for p, _ in self.load(directory, sid) or []]
+        return found
 
     def depfile_body(self, directory: str | Path, sid: str) -> str:
         """The set's paths, escaped for a dependency file: every restored object of a build that
@@ -155,12 +150,6 @@ class SetChecker:
         if sid not in self._depfile_bodies:
             self._depfile_bodies[sid] = depfile_body(self.paths(directory, sid))
         return self._depfile_bodies[sid]
-
-    def shadows(self, directory: str | Path, sid: str, search_dirs: tuple[str, ...]) -> list[str]:
-        key = (sid, tuple(search_dirs))
-        if key not in self._shadows:
-            self._shadows[key] = self.finder(key[1]).candidates(self.paths(directory, sid))
-        return self._shadows[key]
 
 
 def verify(directory: str | Path, repair: bool) -> list[tuple[str, str, bool]]:

@@ -2,8 +2,8 @@
 
 Two entry points, both run by ninja:
 
-    python -m pp4.reuse CONFIG -- COMPILER ARGS...          one compile (the rule's command)
-    python -m pp4.reuse --prepass CONFIG ACTIONS STAMP      all compiles of the build at once
+    python -m pp4.reuse CONFIG [--env NAME=VALUE]... -- COMPILER ARGS...   one compile (the rule's command)
+    python -m pp4.reuse --prepass CONFIG ACTIONS STAMP                    all compiles of the build at once
 
 The per-compile wrapper looks its action up (pp4.actionkey), and on a match materializes the stored
 object, rechecks its hash and writes the complete dependency file for ninja; otherwise it compiles
@@ -28,14 +28,17 @@ from pathlib import Path
 
 import attrs
 
-from pp4 import actionkey, events, inputsets
-from pp4.actionkey import CompileArgs, FileHasher
-from pp4.compilerenv import compiler_env
+from pp4 import actionkey, compilerenv, events, inputsets
+from pp4.actionkey import CompileArgs
+from pp4.basis import Basis
+from pp4.compilers import Compilers, CompilerError
 from pp4.launch import Limits, apply, command_for
 from pp4.store import CorruptObject, ObjectMissing, Store, StoreError, hash_file
 
 MARKER_SUFFIX = ".pp4-reused"
 MANIFEST_ENTRIES = 16  # most recent input sets kept per command
+# A unit whose inputs name this macro embeds its source's mtime, which no key covers: never stored.
+UNKEYED_MACROS = (b"__TIMESTAMP__",)
 
 
 @attrs.frozen
@@ -43,17 +46,22 @@ class ReuseConfig:
     store: str | None  # None: reuse is off, every compile runs
     roots: tuple[str, ...]  # extension source roots, longest first
     erasable: tuple[str, ...]
-    toolchain: dict
+    compilers: Compilers
     state_dir: str
     limits: Limits
+    folded: dict  # the toolchain variables configure folded into build.ninja, as it saw them
 
     @classmethod
     def load(cls, path: str | Path) -> "ReuseConfig":
         doc = json.loads(Path(path).read_text())
         r = doc["reuse"]
         return cls(store=r["store"], roots=tuple(sorted(r["roots"], key=len, reverse=True)),
-                   erasable=tuple(r["erasable"]), toolchain=r["toolchain"], state_dir=r["state_dir"],
-                   limits=Limits.from_dict(doc["limits"]))
+                   erasable=tuple(r["erasable"]), compilers=Compilers.from_dict(doc["compile"]["compilers"]),
+                   state_dir=r["state_dir"], limits=Limits.from_dict(doc["limits"]),
+                   folded=doc["compile"].get("folded", {}))
+
+    def tmpdir(self) -> Path:
+        return Path(self.limits.tmpdir) if self.limits.tmpdir else Path(os.environ.get("TMPDIR", "/tmp"))
 
     def root_for(self, source: str) -> str | None:
         src = os.path.abspath(source)
@@ -69,10 +77,11 @@ class Hit:
 class Reuser:
     """Lookups and stores against one store, sharing one FileHasher (each file hashed once)."""
 
-    def __init__(self, cfg: ReuseConfig, env: dict[str, str] | None = None):
+    def __init__(self, cfg: ReuseConfig):
         self.cfg = cfg
-        self.hasher = FileHasher()
-        self.sets = inputsets.SetChecker(self.hasher)
+        self.basis = Basis(cfg.compilers, cfg.state_dir, cfg.tmpdir())
+        self.hasher = self.basis.hasher
+        self.sets = self.basis.sets
         self.state_sets = inputsets.directory(cfg.state_dir)
         self._in_state: set[str] = set()  # sets this process made sure the build's state dir holds
         self.store_sets = inputsets.directory(cfg.store) if cfg.store else None
@@ -84,23 +93,23 @@ class Reuser:
             self.store_problem = str(e)
             print(f"pp4.reuse: warning: {e} (building without reuse: every object is compiled, none stored)",
                   file=sys.stderr)
-        env = os.environ if env is None else env
-        host = actionkey.host_compiler_identity(Path(cfg.state_dir) / "host-compiler.json")
-        self.toolchain_id = {"nvcc": cfg.toolchain, "host": host}
-        self.env_id = actionkey.output_env(dict(env))
-        self._keys: dict[tuple[str, ...], tuple] = {}
+        self._keys: dict[tuple, tuple] = {}
 
     # -- keys -------------------------------------------------------------------------------
 
-    def keys(self, args: CompileArgs) -> tuple[str, str | None, list[str], dict]:
+    def identity(self, args: CompileArgs, env: dict[str, str]):
+        return self.basis.identity(args, env)
+
+    def keys(self, args: CompileArgs, env: dict[str, str]) -> tuple[str, str | None, list[str], dict]:
         """Manifest key, source root, normalized command, erased defines; computed once per command
         (a compile asks for them at lookup, at its lock and when it stores)."""
-        cached = self._keys.get(args.argv)
+        key = (args.argv, tuple(sorted(env.items())))
+        cached = self._keys.get(key)
         if cached is None:
             root = self.cfg.root_for(args.source)
             normalized, erased = actionkey.normalize(args, root, self.cfg.erasable)
-            mkey = actionkey.manifest_key(normalized, self.toolchain_id, self.env_id)
-            cached = self._keys[args.argv] = (mkey, root, normalized, erased)
+            mkey = actionkey.manifest_key(normalized, self.identity(args, env).hashes, env)
+            cached = self._keys[key] = (mkey, root, normalized, erased)
         return cached
 
     def _manifest_path(self, mkey: str) -> Path:
@@ -116,26 +125,24 @@ class Reuser:
 
     # -- lookup -----------------------------------------------------------------------------
 
-    def lookup(self, args: CompileArgs) -> Hit | None:
+    def lookup(self, args: CompileArgs, env: dict[str, str]) -> Hit | None:
         if self.store is None:
             return None
-        mkey, root, _, erased = self.keys(args)
+        mkey, root, _, erased = self.keys(args, env)
         for entry in reversed(self._read_manifest(mkey)):
             if not sound_entry(mkey, entry):
                 continue  # a damaged manifest entry (manifests have no checksum): never trust it
             if entry.get("uses_erasable") and entry.get("erased") != erased:
                 continue  # an input mentions the module name or internals id: values must match
-            own = [(actionkey.from_src(p, root), sha) for p, sha in entry["inputs"]]
-            if any(self.hasher.sha256(p) != sha for p, sha in own):
+            own = [(actionkey.from_src(p, root), p, sha) for p, sha in entry["inputs"]]
+            if any(self.hasher.sha256(p) != sha for p, _, sha in own):
                 continue
             if not all(self.sets.matches(self.store_sets, sid) for sid in entry["input_sets"]):
                 continue  # a shared header changed (or the set is gone or damaged)
-            recorded = {actionkey.from_src(p, root) for p in entry.get("shadows", [])}
-            now = set(self.sets.finder(args.search_dirs).candidates([p for p, _ in own]))
-            for sid in entry["input_sets"]:
-                now.update(self.sets.shadows(self.store_sets, sid, args.search_dirs))
-            if any(c not in recorded for c in now):
-                continue  # a header appeared that the compiler would now find first
+            digest = self.basis.probe_digest(args, env, [(p, shown) for p, shown, _ in own], entry["input_sets"],
+                                       self.store_sets)
+            if digest != entry["probes"]:
+                continue  # a file appeared or vanished where its include search looks
             try:
                 record = self.store.lookup(entry["action_key"])
             except StoreError as e:
@@ -155,7 +162,8 @@ class Reuser:
             # A copy, not a hard link: a later compile writing to the output in place must never
             # reach the stored object through a shared inode.
             self.store.materialize(hit.record, out, allow_link=False)
-        except (CorruptObject, ObjectMissing):
+        except (CorruptObject, ObjectMissing) as e:
+            print(f"pp4.reuse: warning: {e}; compiling {args.output} instead", file=sys.stderr)
             return False
         deps = [actionkey.from_src(p, root) for p, _ in hit.entry["inputs"]]
         bodies = []
@@ -169,18 +177,22 @@ class Reuser:
 
     # -- store ------------------------------------------------------------------------------
 
-    def store_compile(self, args: CompileArgs, started: float, duration: float) -> dict:
+    def store_compile(self, args: CompileArgs, env: dict[str, str], started: float, duration: float) -> dict:
         """Store a fresh object. Returns the event fields: action key (None when not stored, with
-        the reason), the own inputs with their hashes and the input sets, the object's sha256."""
-        mkey, root, normalized, erased = self.keys(args)
+        the reason), the own inputs with their hashes and the input sets, the probe digest, the
+        object's sha256."""
+        mkey, root, normalized, erased = self.keys(args, env)
         deps = [os.path.abspath(p) for p in actionkey.parse_depfile(Path(args.depfile).read_text())]
         hashes = [self.hasher.sha256(p) for p in deps]
         own, shared = inputsets.split([[actionkey.to_src(p, root), sha] for p, sha in zip(deps, hashes)])
         sid, set_bytes = inputsets.encode(shared)
         inputsets.write_canonical(self.state_sets, sid, set_bytes)
         sets = [sid]
+        digest = self.basis.probe_digest(args, env, [(actionkey.from_src(p, root), p) for p, _ in own], sets, self.state_sets)
         sha, _ = hash_file(args.output)
-        result = {"action_key": None, "inputs": own, "input_sets": sets, "object_sha256": sha, "not_stored": None}
+        toolchain = self.identity(args, env).hashes
+        result = {"action_key": None, "inputs": own, "input_sets": sets, "probes": digest, "object_sha256": sha,
+                  "not_stored": None, "env": env, "toolchain": toolchain}
         if self.store is None:
             return dict(result, not_stored=self.store_problem or "reuse is off")
         for p, h in zip(deps, hashes):
@@ -191,14 +203,17 @@ class Reuser:
                     return dict(result, not_stored=f"{p} changed while it was being compiled")
             except OSError:
                 return dict(result, not_stored=f"{p} vanished during the compile")
+        unkeyed = [(p, m.decode()) for p in deps for m in UNKEYED_MACROS if self.hasher.mentions(p, m)]
+        if unkeyed:
+            return dict(result, not_stored=f"{unkeyed[0][0]} uses {unkeyed[0][1]} (a file's modification time, "
+                                           "which no key covers): this unit is compiled every time")
         uses = any(self.hasher.mentions(p, name.encode()) for p in deps for name in self.cfg.erasable)
-        akey = actionkey.action_key(mkey, own, sets, erased if uses else None)
-        shadows = [actionkey.to_src(c, root) for c in self.sets.finder(args.search_dirs).candidates(deps)]
+        akey = actionkey.action_key(mkey, own, sets, erased if uses else None, digest)
         payload = {"manifest_key": mkey, "command": normalized, "inputs": own, "input_sets": sets, "erased": erased,
-                   "uses_erasable": uses, "shadows": shadows, "toolchain": self.toolchain_id,
+                   "uses_erasable": uses, "probes": digest, "toolchain": toolchain, "env": env,
                    "compiled_for": {"output": os.path.abspath(args.output), "root": root},
                    "duration_s": round(duration, 3)}
-        entry = {"action_key": akey, "inputs": own, "input_sets": sets, "shadows": shadows, "uses_erasable": uses,
+        entry = {"action_key": akey, "inputs": own, "input_sets": sets, "probes": digest, "uses_erasable": uses,
                  "erased": erased if uses else None}
         existing = self.store.lookup(akey)
         if existing is not None:
@@ -242,7 +257,7 @@ class Reuser:
                   file=sys.stderr)
 
     @contextmanager
-    def compile_lock(self, args: CompileArgs):
+    def compile_lock(self, args: CompileArgs, env: dict[str, str]):
         """Held while compiling, per manifest key: the same unit of two variants in one build has one
         key, so the second waits for the first and then reuses its object when the rule allows.
 
@@ -253,7 +268,7 @@ class Reuser:
         if self.store is None:
             yield False
             return
-        mkey = self.keys(args)[0]
+        mkey = self.keys(args, env)[0]
         path = Path(self.cfg.store) / "locks" / mkey[:2] / mkey
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -285,16 +300,17 @@ class Reuser:
     def event(self, args: CompileArgs, **fields) -> None:
         events.write(self.cfg.state_dir, args.output, self.event_doc(args, **fields))
 
-    def hit_doc(self, args: CompileArgs, hit: Hit, seconds: float, via: str) -> dict:
+    def hit_doc(self, args: CompileArgs, env: dict[str, str], hit: Hit, seconds: float, via: str) -> dict:
         payload = hit.record.payload
         return self.event_doc(args, status="reused", via=via, action_key=hit.entry["action_key"],
                               object_sha256=hit.record.object_sha256, inputs=hit.entry["inputs"],
-                              input_sets=hit.entry["input_sets"],
+                              input_sets=hit.entry["input_sets"], probes=hit.entry["probes"],
                               reused_from=payload.get("compiled_for"), compile_duration_s=payload.get("duration_s"),
-                              restore_duration_s=round(seconds, 4), toolchain=self.toolchain_id)
+                              restore_duration_s=round(seconds, 4), toolchain=self.identity(args, env).hashes,
+                              env=env)
 
-    def hit_event(self, args: CompileArgs, hit: Hit, seconds: float, via: str) -> None:
-        events.write(self.cfg.state_dir, args.output, self.hit_doc(args, hit, seconds, via))
+    def hit_event(self, args: CompileArgs, env: dict[str, str], hit: Hit, seconds: float, via: str) -> None:
+        events.write(self.cfg.state_dir, args.output, self.hit_doc(args, env, hit, seconds, via))
 
 
 def verify_manifests(store_root: Path, repair: bool) -> list[tuple[str, str, bool]]:
@@ -331,9 +347,9 @@ def sound_entry(mkey: str, entry) -> bool:
     try:
         return (all(isinstance(p, str) and isinstance(h, str) for p, h in entry["inputs"])
                 and all(isinstance(s, str) for s in entry["input_sets"])
-                and all(isinstance(p, str) for p in entry.get("shadows", []))
-                and actionkey.action_key(mkey, entry["inputs"], entry["input_sets"], entry.get("erased"))
-                == entry["action_key"])
+                and isinstance(entry["probes"], str)
+                and actionkey.action_key(mkey, entry["inputs"], entry["input_sets"], entry.get("erased"),
+                                         entry["probes"]) == entry["action_key"])
     except (TypeError, ValueError, KeyError, AttributeError):
         return False
 
@@ -351,44 +367,86 @@ def worth_waiting(source: str) -> bool:
 # one compile
 
 
-def compile_one(cfg: ReuseConfig, argv: list[str]) -> int:
+def notify_once(cfg: ReuseConfig) -> None:
+    """Print the toolchain variables set here that do not reach the compilers (pp4.compilerenv),
+    once per ninja run: the first of its processes to claim the run prints them."""
+    lines = compilerenv.notices(dict(os.environ), cfg.folded, "build")
+    if not lines:
+        return
+    run = _ninja_run()
+    if run is not None:
+        marks = Path(cfg.state_dir) / "notices"
+        try:
+            marks.mkdir(parents=True, exist_ok=True)
+            for old in marks.iterdir():  # runs that are over
+                if not Path("/proc", old.name.split("-")[0]).exists():
+                    old.unlink(missing_ok=True)
+            os.close(os.open(marks / run, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            return
+        except OSError:
+            pass
+    for line in lines:
+        print(f"pp4: notice: {line}", file=sys.stderr)
+
+
+def _ninja_run() -> str | None:
+    """pid-starttime of the ninja process this one runs under, if any."""
+    pid = os.getppid()
+    for _ in range(4):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return None
+        name = stat[stat.index("(") + 1:stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2:].split()
+        if name == "ninja":
+            return f"{pid}-{fields[19]}"
+        pid = int(fields[1])
+    return None
+
+
+def compile_one(cfg: ReuseConfig, env: dict[str, str], argv: list[str]) -> int:
     args = actionkey.parse_compile(argv)
     marker = Path(args.output + MARKER_SUFFIX)
     if marker.exists():  # the prepass of this build restored it already
         marker.unlink()
         return 0
+    notify_once(cfg)
     reuser = Reuser(cfg)
     t0 = time.monotonic()
-    hit = reuser.lookup(args)
+    hit = reuser.lookup(args, env)
     if hit is not None and reuser.materialize(hit, args):
-        reuser.hit_event(args, hit, time.monotonic() - t0, via="wrapper")
+        reuser.hit_event(args, env, hit, time.monotonic() - t0, via="wrapper")
+        reuser.basis.save()
         return 0
-    with reuser.compile_lock(args) as waited:
+    with reuser.compile_lock(args, env) as waited:
         if waited:  # a twin (the other variant's same unit) was compiling: it may have stored ours
-            hit = reuser.lookup(args)
+            hit = reuser.lookup(args, env)
             if hit is not None and reuser.materialize(hit, args):
-                reuser.hit_event(args, hit, time.monotonic() - t0, via="wrapper, after its twin")
+                reuser.hit_event(args, env, hit, time.monotonic() - t0, via="wrapper, after its twin")
+                reuser.basis.save()
                 return 0
-        return _compile(cfg, reuser, args, argv)
+        return _compile(cfg, reuser, args, env, argv)
 
 
-def _compile(cfg: ReuseConfig, reuser: Reuser, args: CompileArgs, argv: list[str]) -> int:
+def _compile(cfg: ReuseConfig, reuser: Reuser, args: CompileArgs, env: dict[str, str], argv: list[str]) -> int:
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
     if out.exists() or out.is_symlink():
         out.unlink()  # never write through a link that may share its inode with a stored object
-    tmpdir = Path(cfg.limits.tmpdir) if cfg.limits.tmpdir else Path(os.environ.get("TMPDIR", "/tmp"))
+    tmpdir = cfg.tmpdir()
     tmpdir.mkdir(parents=True, exist_ok=True)
     started = time.time()
     t1 = time.monotonic()
-    proc = subprocess.run(command_for(cfg.limits, list(argv)), env=compiler_env(tmpdir),
+    proc = subprocess.run(command_for(cfg.limits, list(argv)), env=compilerenv.process_env(env, tmpdir),
                           preexec_fn=lambda: apply(cfg.limits))
     duration = time.monotonic() - t1
     if proc.returncode != 0:
         return proc.returncode
-    stored = reuser.store_compile(args, started, duration)
-    reuser.event(args, status="compiled", compile_duration_s=round(duration, 3), toolchain=reuser.toolchain_id,
-                 **stored)
+    stored = reuser.store_compile(args, env, started, duration)
+    reuser.event(args, status="compiled", compile_duration_s=round(duration, 3), **stored)
+    reuser.basis.save()
     return 0
 
 
@@ -399,11 +457,13 @@ def _compile(cfg: ReuseConfig, reuser: Reuser, args: CompileArgs, argv: list[str
 def prepass(cfg: ReuseConfig, actions_file: Path, stamp: Path) -> int:
     t0, cpu0 = time.monotonic(), time.process_time()
     actions = json.loads(actions_file.read_text())["actions"]
+    notify_once(cfg)
     reuser = Reuser(cfg)
     restored = checked = 0
     hits: dict[str, dict] = {}
     for action in actions:
         args = actionkey.parse_compile(action["argv"])
+        env = action["env"]
         marker = Path(args.output + MARKER_SUFFIX)
         if marker.exists():  # restored by an earlier prepass that never got claimed: start over
             for p in (marker, Path(args.output), Path(args.depfile)):
@@ -412,11 +472,12 @@ def prepass(cfg: ReuseConfig, actions_file: Path, stamp: Path) -> int:
             continue  # ninja decides about existing objects; their edges run the full wrapper
         checked += 1
         t = time.monotonic()
-        hit = reuser.lookup(args)
+        hit = reuser.lookup(args, env)
         if hit is not None and reuser.materialize(hit, args):
             marker.write_text(hit.entry["action_key"] + "\n")
-            hits[args.output] = reuser.hit_doc(args, hit, time.monotonic() - t, via="prepass")
+            hits[args.output] = reuser.hit_doc(args, env, hit, time.monotonic() - t, via="prepass")
             restored += 1
+    reuser.basis.save()
     # One batch file for all of them, after the markers: killed before it is in place, the markers
     # make the next prepass restore those objects again (pp4/events.py).
     batch = events.write_batch(cfg.state_dir, hits)
@@ -453,11 +514,17 @@ def main(argv: list[str] | None = None) -> int:
                 print("usage: python -m pp4.reuse --prepass CONFIG ACTIONS STAMP", file=sys.stderr)
                 return 2
             return prepass(ReuseConfig.load(argv[1]), Path(argv[2]), Path(argv[3]))
-        if len(argv) < 3 or argv[1] != "--":
-            print("usage: python -m pp4.reuse CONFIG -- COMPILER ARGS...", file=sys.stderr)
+        env, rest = compilerenv.parse_env_args(argv[1:])
+        if not argv or len(rest) < 2 or rest[0] != "--":
+            print("usage: python -m pp4.reuse CONFIG [--env NAME=VALUE]... -- COMPILER ARGS...", file=sys.stderr)
             return 2
-        return compile_one(ReuseConfig.load(argv[0]), argv[2:])
-    except actionkey.CommandError as e:
+        if "PATH" not in env:
+            print("pp4.reuse: error: no --env PATH=...: a compile runs only in the environment configure chose; "
+                  "run it as build.ninja does, with the action's \"env\" from actions.json as --env NAME=VALUE",
+                  file=sys.stderr)
+            return 2
+        return compile_one(ReuseConfig.load(argv[0]), env, rest[1:])
+    except (actionkey.CommandError, CompilerError) as e:
         print(f"pp4.reuse: error: {e}", file=sys.stderr)
         return 2
 
