@@ -1,13 +1,20 @@
 """Audit a build against its certificate: `ninja certify`, or
 
-    python -m pp4.audit build/certificate.json.gz [--objects] [--recompile N]
+    python -m pp4.audit build/certificate.json.gz [--objects] [--recompile N] [--invalidate]
 
-Rechecks the certificate's hash against the build record, every object's and every input's sha256
-against the certificate, each object's action against the store, and every module against its pin
-and the build record. --recompile N compiles N reused objects again in scratch from their stored
-command and compares them with the stored object byte for byte, except the only bytes two nvcc
-runs differ in: the process id nvcc writes into its temporary file names (tmpxft_<pid>_...), which
-end up in symbol names (docs/reuse.md). Exits non-zero on any mismatch.
+Rechecks the certificate's hash against the build record, and for every object that compiling it
+now would still give it: its sha256, every input's sha256, the identity of the compilers it ran
+(pp4.compilers) and the probe digest of its include search (pp4.probes), all against the
+certificate; each object's action against the store; every module against its pin and the build
+record. --recompile N compiles N reused objects again in scratch from their stored command and
+compares them with the stored object byte for byte, except the only bytes two nvcc runs differ in:
+the process id nvcc writes into its temporary file names (tmpxft_<pid>_...), which end up in symbol
+names (docs/reuse.md). Exits non-zero on any mismatch.
+
+--invalidate removes every object and module the audit found out of date, so that the next `ninja`
+rebuilds exactly those (and links what uses them): the repair when an input changed in a way
+ninja's mtimes do not show (a file written with an old mtime, a header appearing where the
+include search looks, a compiler edited in place).
 """
 
 from __future__ import annotations
@@ -23,7 +30,9 @@ import time
 from pathlib import Path
 
 from pp4 import actionkey, certificate, inputsets, pin
-from pp4.compilerenv import compiler_env
+from pp4.basis import Basis
+from pp4.compilerenv import process_env
+from pp4.compilers import Compilers, CompilerError
 from pp4.store import Store, StoreError
 
 # nvcc names its temporary files tmpxft_<8 hex digits of its pid>_<8 hex digits>-<n>_<name>.
@@ -50,7 +59,7 @@ def differing_bytes(a: bytes, b: bytes) -> list[int]:
 
 
 class Audit:
-    def __init__(self, cert_path: Path, store_dir: str | None):
+    def __init__(self, cert_path: Path, store_dir: str | None, config: dict):
         self.cert_path = cert_path
         self.doc, self.digest = certificate.read(cert_path)
         self.store_problem = None
@@ -58,9 +67,14 @@ class Audit:
             self.store = Store(store_dir) if store_dir else None
         except StoreError as e:  # unusable store (read-only, no layout): objects that name an action fail below
             self.store, self.store_problem = None, str(e)
-        self.hasher = actionkey.FileHasher()
+        state_dir = config["reuse"]["state_dir"]
+        tmpdir = Path(config["limits"].get("tmpdir") or tempfile.gettempdir())
+        self.basis = Basis(Compilers.from_dict(config["compile"]["compilers"]), state_dir, tmpdir)
+        self.hasher = self.basis.hasher
+        self.sets_dir = inputsets.directory(state_dir)
         self.failures: list[str] = []
         self.per_object: list[tuple[str, str, str]] = []
+        self.stale: list[str] = []  # outputs that compiling now would not give: --invalidate removes them
 
     def fail(self, what: str) -> None:
         self.failures.append(what)
@@ -81,10 +95,13 @@ class Audit:
             sha = self.hasher.sha256(str(module))
             if sha != m["sha256"] or by_target.get(m["target"], {}).get("sha256") != m["sha256"]:
                 self.fail(f"module {module}: sha256 {sha} differs from the certificate/build record ({m['sha256']})")
+                self.stale.append(str(module))
+                continue
             try:
                 pin.check(module, sha)
             except pin.PinError as e:
                 self.fail(str(e))
+                self.stale.append(str(module))
 
     def check_input_sets(self) -> dict[str, list[str]]:
         """Each shared input set once: its name must be its content's hash, its files their bytes."""
@@ -112,6 +129,10 @@ class Audit:
                     problems.append(f"input {path} has sha256 {got}, certificate says {want}")
             for sid in obj.get("input_sets", []):
                 problems += set_problems.get(sid, [f"input set {sid[:16]} is not in the certificate"])
+            if not problems:  # same bytes in: do the compilers and the include search still match?
+                problems += self.check_basis(obj)
+            if problems:
+                self.stale.append(obj["output"])
             if self.store is None and self.store_problem and obj.get("action_key"):
                 problems.append(f"action {obj['action_key'][:16]} cannot be checked: {self.store_problem}")
             if self.store is not None and obj.get("action_key"):
@@ -130,6 +151,53 @@ class Audit:
             self.per_object.append((status, obj["output"], detail))
             for p in problems:
                 self.fail(f"{obj['output']}: {p}")
+
+    def check_basis(self, obj: dict) -> list[str]:
+        """What compiling the object now would depend on besides its inputs' bytes: the compilers
+        it runs and what its include search finds."""
+        if obj.get("probes") is None or "argv" not in obj:
+            return ["the certificate does not record its compile's basis (written by an older pp4): rebuild"]
+        args = actionkey.parse_compile(obj["argv"])
+        env = obj.get("env", {})
+        try:
+            now = self.basis.identity(args, env).hashes
+        except (CompilerError, OSError) as e:
+            return [f"its compilers cannot be identified now ({e})"]
+        if obj.get("toolchain") is not None and now != obj["toolchain"]:
+            changed = sorted(k for k in set(now) | set(obj["toolchain"]) if now.get(k) != obj["toolchain"].get(k))
+            return [f"the compilers it ran changed since it was built ({', '.join(changed)})"]
+        root = obj.get("root")
+        own = [(actionkey.from_src(p, root), p) for p, _ in obj["inputs"]]
+        digest = self.basis.probe_digest(args, env, own, obj.get("input_sets", []), self.sets_dir)
+        if digest != obj["probes"]:
+            return ["a file appeared or vanished where its include search looks"
+                    + self._new_candidates(obj, args, env, own)]
+        return []
+
+    def _new_candidates(self, obj: dict, args, env, own) -> str:
+        """The files its include search could find now that are newer than the object: the likely cause."""
+        files = [p for p, _ in own] + [p for sid in obj.get("input_sets", [])
+                                       for p in self.basis.sets.paths(self.sets_dir, sid)]
+        try:
+            built = os.stat(obj["output"]).st_mtime
+        except OSError:
+            return ""
+        new = [p for p in self.basis.prober.present_paths(files, self.basis.search_path(args, env))
+               if os.stat(p).st_ctime > built]
+        return f" (new since it was built: {', '.join(new[:5])})" if new else ""
+
+    def invalidate(self) -> list[str]:
+        """Remove the stale outputs (and any restore marker beside them): the next ninja rebuilds them."""
+        removed = []
+        for out in dict.fromkeys(self.stale):
+            for p in (Path(out), Path(out + ".pp4-reused")):
+                try:
+                    p.unlink()
+                    if p == Path(out):
+                        removed.append(out)
+                except FileNotFoundError:
+                    pass
+        return removed
 
     @staticmethod
     def _stored_for(record, obj: dict) -> bool:
@@ -159,7 +227,8 @@ class Audit:
                     for a in record.payload["command"]]
             argv[1:1] = [f"-D{k}={v}" for k, v in sorted(record.payload.get("erased", {}).items())]
             t0 = time.monotonic()
-            proc = subprocess.run(argv, env=compiler_env(scratch), capture_output=True, text=True)
+            proc = subprocess.run(argv, env=process_env(record.payload.get("env", {}), scratch),
+                                  capture_output=True, text=True)
             if proc.returncode != 0:
                 self.fail(f"{obj['output']}: recompiling failed:\n{proc.stderr[-2000:]}")
                 continue
@@ -179,13 +248,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--recompile", type=int, default=0, metavar="N",
                     help="recompile N reused objects in scratch and compare them byte for byte")
     ap.add_argument("--store", help="the store (default: the one build/pp4.json names)")
+    ap.add_argument("--invalidate", action="store_true",
+                    help="remove the objects and modules found out of date, so that the next `ninja` rebuilds them")
     args = ap.parse_args(argv)
     t0 = time.monotonic()
     try:
         config = json.loads((args.certificate.parent / "pp4.json").read_text())
         store_dir = args.store or config["reuse"]["store"]
-        audit = Audit(args.certificate, store_dir)
-    except (certificate.CertificateError, OSError, ValueError) as e:
+        audit = Audit(args.certificate, store_dir, config)
+    except (certificate.CertificateError, OSError, ValueError, KeyError) as e:
         print(f"pp4.audit: error: {e}", file=sys.stderr)
         return 1
     audit.check_record()
@@ -207,10 +278,20 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {status:8} {out}  {detail}")
     for line in lines:
         print(line)
+    audit.basis.save()
+    if args.invalidate:
+        removed = audit.invalidate()
+        for out in removed:
+            print(f"  invalidated {out}")
+        if removed:
+            print(f"{len(removed)} output(s) removed: `ninja` rebuilds exactly these and what uses them")
     if audit.failures:
         print(f"AUDIT FAILED: {len(audit.failures)} mismatch(es):", file=sys.stderr)
         for f in audit.failures[:50]:
             print(f"  {f}", file=sys.stderr)
+        if audit.stale and not args.invalidate:
+            print(f"{len(dict.fromkeys(audit.stale))} output(s) no longer match how they were built. To rebuild "
+                  f"exactly those: {sys.executable} -m pp4.audit --invalidate {args.certificate} && ninja", file=sys.stderr)
         return 1
     print("audit passed")
     return 0
