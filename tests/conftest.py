@@ -56,6 +56,18 @@ def toolchain(shared_cache, lock):
     return provision(lock, shared_cache).toolchain
 
 
+def compile_section(toolchain) -> dict:
+    """The "compile" part of a build/pp4.json for tests that drive the reuse wrapper in-process:
+    the real pinned nvcc and this machine's host compilers, in the compile environment configure
+    would choose."""
+    from pp4 import compilerenv, compilers
+    from pp4.toolchain import IDENTITY_FILES
+
+    chosen = compilers.choose({"PATH": os.environ.get("PATH", os.defpath)}, str(toolchain.nvcc),
+                              [(rel, str(toolchain.prefix / rel)) for rel in IDENTITY_FILES], [])
+    return compilers.compile_section(chosen, compilerenv.Folded(), {})
+
+
 def content_snapshot(root: Path) -> dict[str, tuple]:
     """snapshot() plus each regular file's sha256: a rewrite with equal size and mtime shows too."""
     snap = snapshot(root)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, compile_section
 from pp4 import certificate, events, reuse
 from pp4.actionkey import parse_compile
 
@@ -22,7 +22,7 @@ from pp4.actionkey import parse_compile
 class Scene:
     """Three units with shared headers, stored; the build's objects then removed."""
 
-    def __init__(self, base: Path, units: int = 3):
+    def __init__(self, base: Path, toolchain, units: int = 3):
         self.src = base / "src"
         (self.src / "include").mkdir(parents=True)
         shared = base / "sys"
@@ -38,7 +38,9 @@ class Scene:
                              "tmpdir": str(build / "tmp")},
                   "reuse": {"erasable": ["PYBIND11_STDLIB", "TORCH_EXTENSION_NAME"], "roots": [str(self.src)],
                             "state_dir": str(self.state), "store": str(base / "store"),
-                            "toolchain": {"bin/nvcc": "0" * 64}}}
+                            "toolchain": {"bin/nvcc": "0" * 64}},
+                  "compile": compile_section(toolchain)}
+        env = config["compile"]["env"]["cuda"]
         build.mkdir()
         (build / "pp4.json").write_text(json.dumps(config))
         self.config = build / "pp4.json"
@@ -59,10 +61,10 @@ class Scene:
             dep.write_text(f"{out}: " + " ".join([str(unit)] + headers) + "\n")
             out.write_bytes(rnd.randbytes(4096))
             args = parse_compile(argv)
-            stored = r.store_compile(args, time.time() + 10, 1.0)
+            stored = r.store_compile(args, env, time.time() + 10, 1.0)
             assert stored["action_key"], stored
-            r.event(args, status="compiled", compile_duration_s=1.0, toolchain=r.toolchain_id, **stored)
-            self.actions.append({"argv": argv, "output": str(out), "target": "t", "source": str(unit)})
+            r.event(args, status="compiled", compile_duration_s=1.0, **stored)
+            self.actions.append({"argv": argv, "output": str(out), "target": "t", "source": str(unit), "env": env})
         self.actions_file = build / "actions.json"
         self.actions_file.write_text(json.dumps({"actions": self.actions}))
         self.stamp = self.state / "prepass.stamp"
@@ -79,8 +81,8 @@ class Scene:
         return json.loads(self.stamp.read_text())
 
 
-def test_prepass_writes_one_batch_that_supersedes_the_event_files(tmp_path):
-    s = Scene(tmp_path)
+def test_prepass_writes_one_batch_that_supersedes_the_event_files(tmp_path, toolchain):
+    s = Scene(tmp_path, toolchain)
     for o in s.outputs():
         assert events.event_path(str(s.state), o).exists()  # the compiles' own events
     s.remove_objects()
@@ -106,10 +108,10 @@ def test_prepass_writes_one_batch_that_supersedes_the_event_files(tmp_path):
     assert known.get(s.outputs()[1])["status"] == "reused" and known.get(s.outputs()[2])["status"] == "reused"
 
 
-def test_prepass_killed_before_its_batch_restores_again(tmp_path):
+def test_prepass_killed_before_its_batch_restores_again(tmp_path, toolchain):
     """The state a kill leaves between the markers and the batch: objects and markers, no events.
     The next prepass must start those objects over, and then every one has its event."""
-    s = Scene(tmp_path)
+    s = Scene(tmp_path, toolchain)
     s.remove_objects()
     s.prepass()
     events.batch_path(str(s.state)).unlink()
@@ -120,10 +122,10 @@ def test_prepass_killed_before_its_batch_restores_again(tmp_path):
     assert all(known.get(o)["status"] == "reused" for o in s.outputs())
 
 
-def test_stale_event_file_left_by_a_kill_is_caught_by_the_certificate_check(tmp_path):
+def test_stale_event_file_left_by_a_kill_is_caught_by_the_certificate_check(tmp_path, toolchain):
     """Killed after the batch but before the older event files are removed: the older event wins,
     and it names another object's sha256, which the certificate's own recheck refuses."""
-    s = Scene(tmp_path)
+    s = Scene(tmp_path, toolchain)
     out = s.outputs()[0]
     stale = json.loads(events.event_path(str(s.state), out).read_text())
     s.remove_objects()

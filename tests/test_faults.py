@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
-from pp4 import actionkey, audit
+from pp4 import actionkey, audit, compilerenv
 from pp4 import certificate as pp4_certificate
 from pp4.store import Store
 from test_build import FIXTURE, ninja_bin, run
@@ -231,7 +231,8 @@ def test_sigkill_of_the_wrapper_while_storing(seed, tmp_path, step):
     action = next(a for a in json.loads((work / "build" / "actions.json").read_text())["actions"]
                   if a["output"].endswith("shift.cu.o"))
     marker = tmp_path / "paused"
-    proc = subprocess.Popen([PY, "-m", "pp4.reuse", "build/pp4.json", "--", *action["argv"]], cwd=work,
+    proc = subprocess.Popen([PY, "-m", "pp4.reuse", "build/pp4.json", *compilerenv.env_args(action["env"]),
+                             "--", *action["argv"]], cwd=work,
                             env=env_with(PP4_STORE_TEST_PAUSE=step, PP4_STORE_TEST_PAUSE_MARKER=str(marker)),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     try:

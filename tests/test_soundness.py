@@ -1,0 +1,411 @@
+"""Soundness against hidden inputs: a restored object must be the object a compile gives now.
+
+Each case changes one thing outside the sources (the environment, a folder the include search looks
+in, a compiler), builds the probe fixture (tests/fixtures/probe: one CUDA unit without torch, one
+pybind11 unit, four -I folders) in a fresh folder against a store that already holds the objects of
+the unchanged build, and compares every object with a `--no-reuse` build made under the same
+conditions: the tag strings both embed, and their bytes except the eight hex digits of nvcc's
+process id in its temporary file names. Each case also checks the tags against what the C
+preprocessor must make of the change (an oracle that owes nothing to pp4). Cases that change
+something a finished build cannot see (ninja's mtimes do not show it) also check that
+`ninja certify` names the stale object and that `python -m pp4.audit --invalidate` then makes
+`ninja` rebuild exactly it.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+import shutil
+import stat
+import sys
+from pathlib import Path
+
+import attrs
+import pytest
+
+from conftest import REPO
+from test_build import ninja_bin, run
+
+pytestmark = pytest.mark.slow
+
+FIXTURE = REPO / "tests" / "fixtures" / "probe"
+CU, CPP = "tagged.cu.o", "tagged_bind.cpp.o"
+TAG = re.compile(rb"PP4TAGS\[[\x20-\x5c\x5e-\x7e]*\]")
+PID_DIGITS = re.compile(rb"(?<=tmpxft_)[0-9a-f]{8}(?=_)")
+BASE_TAGS = "PP4TAGS[angle=OFF quote=OFF foo=OFF chain=inc next=inc link=one date=Jan  1 1970 00:00:00]"
+
+
+@attrs.frozen
+class Build:
+    work: Path
+    out: str  # configure's and ninja's stdout and stderr
+    status: dict  # object file name -> "compiled" | "reused"
+    tags: dict  # object file name -> its PP4TAGS[...] string
+    data: dict  # object file name -> bytes
+
+    def tag(self, name: str) -> str:
+        return self.tags[name]
+
+
+def masked(data: bytes) -> bytes:
+    return PID_DIGITS.sub(b"00000000", data)
+
+
+class Lab:
+    """The fixture's sources, one store, and a fresh build folder per build."""
+
+    def __init__(self, base: Path):
+        self.base = base
+        self.src = base / "src"
+        shutil.copytree(FIXTURE, self.src, symlinks=True)
+        self.store = base / "store"
+        self.n = 0
+
+    def env(self, **changes) -> dict:
+        env = dict(os.environ)
+        for k, v in changes.items():
+            if v is None:
+                env.pop(k, None)
+            else:
+                env[k] = v
+        return env
+
+    def build(self, env: dict | None = None, build_env: dict | None = None, reuse: bool = True,
+              spec: Path | None = None) -> Build:
+        """configure (in env) and ninja (in build_env, else env) in a new folder."""
+        self.n += 1
+        work = self.base / f"work{self.n}"
+        work.mkdir()
+        env = env or self.env()
+        args = [sys.executable, str(REPO / "configure.py"), "--arch", "9.0", "--ext-spec",
+                str(spec or self.src / "ext.toml"), "--store", str(self.store)] + ([] if reuse else ["--no-reuse"])
+        conf = run(args, work, env)
+        made = run([ninja_bin()], work, build_env or env)
+        return read_build(work, conf.stdout + conf.stderr + made.stdout + made.stderr)
+
+    def compare(self, env: dict | None = None, build_env: dict | None = None) -> tuple[Build, Build]:
+        """A build against the store and a --no-reuse build under the same conditions; every object
+        of the first must be the second's, tags and bytes."""
+        got = self.build(env, build_env)
+        want = self.build(env, build_env, reuse=False)
+        assert set(want.status.values()) == {"compiled"}
+        for name in (CU, CPP):
+            assert got.tags[name] == want.tags[name], f"{name} ({got.status[name]}) is stale: {got.out}"
+            assert masked(got.data[name]) == masked(want.data[name]), \
+                f"{name} ({got.status[name]}) differs from a real compile beyond nvcc's pid digits"
+        return got, want
+
+
+def read_build(work: Path, out: str) -> Build:
+    doc = json.loads(gzip.decompress((work / "build" / "certificate.json.gz").read_bytes()))
+    status, tags, data = {}, {}, {}
+    for o in doc["objects"]:
+        name = Path(o["output"]).name
+        status[name] = o["status"]
+        data[name] = (work / o["output"]).read_bytes()
+        found = TAG.findall(data[name])
+        tags[name] = found[0].decode() if found else None
+    return Build(work, out, status, tags, data)
+
+
+def certify(work: Path, check=False):
+    return run([ninja_bin(), "certify"], work, check=check)
+
+
+def repair(work: Path) -> str:
+    """The documented repair: --invalidate, then ninja. Returns ninja's output."""
+    proc = run([sys.executable, "-m", "pp4.audit", "--invalidate", "build/certificate.json.gz"], work,
+               dict(os.environ, PYTHONPATH=str(REPO)), check=False)
+    assert proc.returncode == 1 and "invalidated" in proc.stdout, proc.stdout + proc.stderr
+    return run([ninja_bin()], work).stdout
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory, toolchain):
+    lab = Lab(tmp_path_factory.mktemp("soundness"))
+    first = lab.build()
+    assert first.status == {CU: "compiled", CPP: "compiled"}
+    assert first.tags == {CU: BASE_TAGS, CPP: BASE_TAGS}
+    again = lab.build()
+    assert again.status == {CU: "reused", CPP: "reused"}  # a fresh folder restores both
+    lab.first = first
+    return lab
+
+
+def _wrapper(path: Path, body: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"#!/bin/sh\n{body}\n")
+    path.chmod(0o755)
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+# absent-file probes
+
+
+@pytest.mark.parametrize("variable", ["CPATH", "CPLUS_INCLUDE_PATH"])
+def test_include_path_folder_absent_at_first_gains_a_probed_header(lab, variable):
+    """The folder does not exist at the first build; then a header the unit probes with
+    __has_include(<probe_h.h>) appears there."""
+    folder = lab.base / f"{variable}-dir"
+    env = lab.env(**{variable: str(folder)})
+    before = lab.build(env)
+    assert before.tags[CU] == before.tags[CPP] == BASE_TAGS
+    assert f"folded {variable}=" in before.out
+    folder.mkdir()
+    (folder / "probe_h.h").write_text("// now it exists\n")
+    try:
+        got, _ = lab.compare(env)
+        assert got.status == {CU: "compiled", CPP: "compiled"}
+        assert "angle=ON" in got.tag(CU) and "angle=ON" in got.tag(CPP)
+        # The finished build of before cannot see it through mtimes; the audit does, and the repair works.
+        proc = certify(before.work)
+        assert proc.returncode == 1 and "a file appeared or vanished where its include search looks" in proc.stderr
+        assert str(folder / "probe_h.h") in proc.stderr, proc.stderr
+        out = repair(before.work)
+        assert read_build(before.work, out).tags[CU].startswith("PP4TAGS[angle=ON")
+        assert "audit passed" in certify(before.work, check=True).stdout
+    finally:
+        shutil.rmtree(folder)
+
+
+def test_quote_probe_appears_in_an_include_folder(lab):
+    """__has_include("probe.h") and probe.h then appears in the third of the extension's -I folders."""
+    probe = lab.src / "incC" / "probe.h"
+    probe.write_text("// appeared\n")
+    try:
+        got, _ = lab.compare()
+        assert got.status == {CU: "compiled", CPP: "compiled"}
+        assert "quote=ON" in got.tag(CU) and "quote=ON" in got.tag(CPP)
+        proc = certify(lab.first.work)
+        assert proc.returncode == 1 and str(probe) in proc.stderr, proc.stderr
+    finally:
+        probe.unlink()
+    assert "audit passed" in certify(lab.first.work, check=True).stdout
+
+
+def test_dangling_symlink_that_comes_alive(lab):
+    """A link in an -I folder that points nowhere is not found; once its target exists it is."""
+    link, target = lab.src / "incC" / "probe_h.h", lab.base / "late-target.h"
+    link.symlink_to(target)
+    try:
+        before = lab.build()
+        assert before.status == {CU: "reused", CPP: "reused"} and "angle=OFF" in before.tag(CU)
+        target.write_text("// alive\n")
+        got, _ = lab.compare()
+        assert "angle=ON" in got.tag(CU) and got.status[CU] == "compiled"
+    finally:
+        link.unlink()
+        target.unlink(missing_ok=True)
+
+
+def test_new_header_shadows_one_in_a_later_folder(lab):
+    """<chain.h> is found in inc/, the last -I folder, until incB/ (earlier) gains one."""
+    shadow = lab.src / "incB" / "chain.h"
+    shadow.write_text('#define PP4_CHAIN "incB"\n')
+    try:
+        got, _ = lab.compare()
+        assert "chain=incB" in got.tag(CU) and "chain=incB" in got.tag(CPP)
+    finally:
+        shadow.unlink()
+
+
+def test_include_next_chain_gains_a_header_in_the_middle(lab):
+    """incA/next.h #include_next's <next.h>: inc/next.h, until incB/ gains one."""
+    middle = lab.src / "incB" / "next.h"
+    middle.write_text('#define PP4_NEXT "incB"\n')
+    try:
+        got, _ = lab.compare()
+        assert "next=incB" in got.tag(CU) and "next=incB" in got.tag(CPP)
+    finally:
+        middle.unlink()
+
+
+def test_retargeted_header_symlink(lab):
+    link = lab.src / "inc" / "link.h"
+    link.unlink()
+    link.symlink_to("../variants/two.h")
+    try:
+        got, _ = lab.compare()
+        assert "link=two" in got.tag(CU) and "link=two" in got.tag(CPP)
+    finally:
+        link.unlink()
+        link.symlink_to("../variants/one.h")
+
+
+def test_header_edited_with_its_old_mtime(lab):
+    """An edit ninja cannot see (the mtime put back): a fresh folder must not restore the old
+    object, and in the finished build certify names it and the repair rebuilds exactly it."""
+    header = lab.src / "inc" / "chain.h"
+    original, st = header.read_bytes(), header.stat()
+    header.write_bytes(b'#define PP4_CHAIN "edit"\n')
+    os.utime(header, ns=(st.st_atime_ns, st.st_mtime_ns))
+    try:
+        got, _ = lab.compare()
+        assert "chain=edit" in got.tag(CU)
+        work = lab.first.work
+        assert "ninja: no work to do." in run([ninja_bin()], work).stdout  # ninja's mtimes see nothing
+        proc = certify(work)
+        assert proc.returncode == 1 and f"input {header} has sha256" in proc.stderr
+        assert "-m pp4.audit --invalidate" in proc.stderr  # the advice names the repair
+        out = repair(work)
+        assert sorted(re.findall(r"(?:CUDA|CXX) \S+/(\S+)$", out, re.M)) == sorted([CPP, CU])
+        assert "chain=edit" in read_build(work, out).tags[CU]
+    finally:
+        header.write_bytes(original)
+        os.utime(header, ns=(st.st_atime_ns, st.st_mtime_ns))
+    out = repair(lab.first.work)  # back to the old bytes, which ninja cannot see either
+    assert read_build(lab.first.work, out).tags[CU] == BASE_TAGS
+
+
+# ---------------------------------------------------------------------------------------------
+# the compilers that run
+
+
+def test_gcc_wrapper_first_on_path_when_configuring(lab):
+    """nvcc runs `gcc` for host code: a wrapper adding -DFOO, first on PATH when configure runs,
+    becomes the -ccbin, and its bytes are in the key."""
+    wrapper = _wrapper(lab.base / "wrap" / "gcc", 'exec /usr/bin/gcc -DFOO "$@"')
+    env = lab.env(PATH=f"{wrapper.parent}:{os.environ['PATH']}")
+    try:
+        got, _ = lab.compare(env)
+        assert got.status[CU] == "compiled" and "foo=ON" in got.tag(CU)
+        assert got.status[CPP] == "reused" and "foo=OFF" in got.tag(CPP)
+        assert f"host compiler {wrapper}" in got.out
+    finally:
+        shutil.rmtree(wrapper.parent)
+
+
+def test_compiler_wrappers_on_path_at_build_time_only_change_nothing(lab):
+    """Configured without them, built with gcc, g++ and c++ wrappers first on PATH: the compilers
+    are absolute and the compile environment's PATH is fixed, so nothing reaches them."""
+    folder = lab.base / "wrap-build"
+    for name in ("gcc", "g++", "c++"):
+        _wrapper(folder / name, f'exec /usr/bin/{name} -DFOO "$@"')
+    try:
+        got, _ = lab.compare(lab.env(), lab.env(PATH=f"{folder}:{os.environ['PATH']}"))
+        assert got.status == {CU: "reused", CPP: "reused"} and got.tags[CU] == BASE_TAGS
+    finally:
+        shutil.rmtree(folder)
+
+
+def test_cxx_wrapper_edited_in_place_keeping_size_and_mtime(lab):
+    wrapper = _wrapper(lab.base / "cxxwrap" / "c++", 'exec /usr/bin/c++ -DBAR "$@"')
+    env = lab.env(CXX=str(wrapper))
+    try:
+        before = lab.build(env)
+        assert "foo=OFF" in before.tag(CPP)
+        st = wrapper.stat()
+        wrapper.write_text(wrapper.read_text().replace("-DBAR", "-DFOO"))  # same size
+        os.utime(wrapper, ns=(st.st_atime_ns, st.st_mtime_ns))  # same mtime: only its ctime moved
+        got, _ = lab.compare(env)
+        assert got.status[CPP] == "compiled" and "foo=ON" in got.tag(CPP)
+        assert got.status[CU] == "reused"
+        work = before.work
+        assert "ninja: no work to do." in run([ninja_bin()], work, env).stdout
+        proc = certify(work)
+        assert proc.returncode == 1 and "the compilers it ran changed since it was built" in proc.stderr
+        out = repair(work)
+        assert re.findall(r"(?:CUDA|CXX) \S+/(\S+)$", out, re.M) == [CPP]
+        assert "foo=ON" in read_build(work, out).tags[CPP]
+    finally:
+        shutil.rmtree(wrapper.parent)
+
+
+# ---------------------------------------------------------------------------------------------
+# the environment
+
+
+def test_includes_variable_is_dropped_with_a_notice(lab):
+    """nvcc.profile expands INCLUDES into every host-compiler command: pp4 never passes it on."""
+    env = lab.env(INCLUDES="-DFOO")
+    got, _ = lab.compare(env)
+    assert got.status == {CU: "reused", CPP: "reused"} and got.tags[CU] == BASE_TAGS
+    assert "configure: notice: INCLUDES is set and not passed to the compilers" in got.out
+
+
+def test_ptxas_flags_are_dropped(lab):
+    """PTXAS_FLAGS="-O0 -g" would change the device code (a bigger object): never passed on, so the
+    restored object is the compile's, byte for byte."""
+    env = lab.env(PTXAS_FLAGS="-O0 -g")
+    got, want = lab.compare(env)
+    assert got.status[CU] == "reused" and len(want.data[CU]) == len(lab.first.data[CU])
+    assert "PTXAS_FLAGS is set and not passed to the compilers" in got.out
+
+
+def test_dropped_variables_reach_no_compiler(lab, tmp_path):
+    """gcc would write a second dependency file for DEPENDENCIES_OUTPUT and look for its programs
+    under GCC_EXEC_PREFIX: neither reaches it, and the build says so."""
+    extra = tmp_path / "extra.d"
+    env = lab.env(DEPENDENCIES_OUTPUT=str(extra), GCC_EXEC_PREFIX="/nonexistent/", COMPILER_PATH="/nonexistent")
+    got, _ = lab.compare(env)
+    assert not extra.exists()
+    assert got.status == {CU: "reused", CPP: "reused"}
+    for name in ("DEPENDENCIES_OUTPUT", "GCC_EXEC_PREFIX", "COMPILER_PATH"):
+        assert f"{name} is set and not passed to the compilers" in got.out
+
+
+def test_nvcc_append_and_prepend_flags_are_folded_into_the_commands(lab):
+    env = lab.env(NVCC_APPEND_FLAGS="-DFOO", NVCC_PREPEND_FLAGS="-lineinfo")
+    got, _ = lab.compare(env)
+    assert got.status == {CU: "compiled", CPP: "reused"}
+    assert "foo=ON" in got.tag(CU) and "foo=OFF" in got.tag(CPP)
+    assert "configure: folded NVCC_APPEND_FLAGS='-DFOO'" in got.out
+    text = (got.work / "build.ninja").read_text()
+    assert "-lineinfo" in text and "-DFOO" in text
+    # The same folder built without them: build.ninja keeps what configure folded, and says so.
+    made = run([ninja_bin()], got.work, lab.env(NVCC_APPEND_FLAGS=None, NVCC_PREPEND_FLAGS=None))
+    assert "no work to do" in made.stdout
+    (got.work / "build" / "pp4_probe" / "obj" / "src" / CU).unlink()
+    made = run([ninja_bin()], got.work, lab.env(NVCC_APPEND_FLAGS=None, NVCC_PREPEND_FLAGS=None))
+    assert "pp4: notice: NVCC_APPEND_FLAGS is unset here but was '-DFOO' when configure ran" in made.stdout
+    assert "foo=ON" in read_build(got.work, "").tags[CU]
+
+
+def test_source_date_epoch_is_folded_and_fixed_otherwise(lab):
+    env = lab.env(SOURCE_DATE_EPOCH="86400")
+    got, _ = lab.compare(env)
+    assert got.status == {CU: "compiled", CPP: "compiled"}
+    assert "date=Jan  2 1970 00:00:00" in got.tag(CU)
+    # Unset, __DATE__ and __TIME__ are those of epoch 0 in every compile: a restore hours later is exact.
+    assert lab.build().tags[CU] == BASE_TAGS
+
+
+def test_timestamp_macro_unit_is_never_stored(lab):
+    """__TIMESTAMP__ is the source's mtime, which no key covers: such a unit compiles every time."""
+    src = lab.src / "src" / "stamped.cpp"
+    src.write_text('extern "C" const char pp4_stamp[] = __TIMESTAMP__;\n')
+    spec = lab.src / "ext-stamped.toml"
+    spec.write_text((lab.src / "ext.toml").read_text().replace('"src/tagged_bind.cpp"]',
+                                                                '"src/tagged_bind.cpp", "src/stamped.cpp"]'))
+    try:
+        first = lab.build(spec=spec)
+        second = lab.build(spec=spec)
+        assert first.status["stamped.cpp.o"] == second.status["stamped.cpp.o"] == "compiled"
+        assert second.status[CU] == "reused"
+        doc = json.loads(gzip.decompress((second.work / "build" / "certificate.json.gz").read_bytes()))
+        stamped = next(o for o in doc["objects"] if o["output"].endswith("stamped.cpp.o"))
+        assert "__TIMESTAMP__" in stamped["not_stored"]
+    finally:
+        src.unlink()
+        spec.unlink()
+
+
+def test_damaged_stored_object_is_recompiled_with_a_warning(lab):
+    from pp4.store import Store
+
+    restored = lab.build()
+    assert restored.status[CU] == "reused"
+    doc = json.loads(gzip.decompress((restored.work / "build" / "certificate.json.gz").read_bytes()))
+    obj = next(o for o in doc["objects"] if o["output"].endswith(CU))
+    path = Store(lab.store).object_path(obj["object_sha256"])
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    path.chmod(stat.S_IRUSR | stat.S_IWUSR)
+    path.write_bytes(bytes(data))
+    got, _ = lab.compare()
+    assert got.status == {CU: "compiled", CPP: "reused"}
+    assert re.search(r"pp4\.reuse: warning: .*(damaged|corrupt).*compiling \S*tagged\.cu\.o instead", got.out, re.I), got.out
