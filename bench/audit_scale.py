@@ -17,7 +17,8 @@ process's own (user + system, Python start-up included), as `ninja certify` woul
                                 [--object-kib 700] [--rounds 3] [--against REV ...]
 
 --against REV audits the same build with pp4 at that git revision (a worktree under /tmp): the
-certificate format must be one both read.
+certificate format must be one both read (a revision before the compile environment was keyed reads
+the newer certificate and ignores what it does not know: it audits less, at its own cost).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import sys
 import time
 from pathlib import Path
 
-from checkouts import with_revisions
+from checkouts import ReuseAPI, compile_section, with_revisions
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -88,11 +89,14 @@ def make_build(work: Path, units: int, nsets: int, families: int, shared_n: int,
     config = {"limits": {"address_space": None, "cpus": None, "nice": 0, "nvcc_threads": 1, "tmpdir": str(build / "tmp")},
               "reuse": {"erasable": ["PYBIND11_STDLIB", "TORCH_EXTENSION_NAME"],
                         "roots": [str(r) for _, r, _ in targets], "state_dir": str(state), "store": str(store),
-                        "toolchain": {"bin/nvcc": "0" * 64}}}
+                        "toolchain": {"bin/nvcc": "0" * 64}},
+              "compile": compile_section()}
     build.mkdir()
     (build / "pp4.json").write_text(json.dumps(config))
     cfg = reuse.ReuseConfig.load(build / "pp4.json")
     reuser = reuse.Reuser(cfg)
+    env = config["compile"]["env"]["cuda"]
+    api = ReuseAPI(reuse, env)
     actions = []
     sizes = [max(50, min(12_000, int(rnd.lognormvariate(0, 0.9) * object_kib))) for _ in range(units)]
     total = n_reused = 0
@@ -110,18 +114,17 @@ def make_build(work: Path, units: int, nsets: int, families: int, shared_n: int,
             kib = sizes[i] if target != "p2p" else 60
             total += kib * 1024
             args = parse_compile(argv)
-            hit = reuser.lookup(args)
+            hit = api.lookup(reuser, args)
             if hit is not None:  # a facc unit its stock twin's object serves, as in the real build
                 assert reuser.materialize(hit, args)
                 n_reused += 1
-                reuser.hit_event(args, hit, 0.01, via="prepass")
+                api.hit_event(reuser, args, hit, 0.01, via="prepass")
             else:
                 out.write_bytes(rnd.randbytes(kib * 1024))
-                stored = reuser.store_compile(args, time.time() + 10, 30.0)
+                stored = api.store_compile(reuser, args, time.time() + 10, 30.0)
                 assert stored["action_key"], stored
-                reuser.event(args, status="compiled", compile_duration_s=30.0, toolchain=reuser.toolchain_id,
-                             **stored)
-            actions.append({"argv": argv, "output": str(out), "target": target, "source": str(unit)})
+                api.compiled_event(reuser, args, stored, 30.0)
+            actions.append({"argv": argv, "output": str(out), "target": target, "source": str(unit), "env": env})
             objs.append(out)
         module = tdir / f"pp4_{target.replace('-', '_')}.so"
         with open(module, "wb") as f:  # a link is about as big as its objects together

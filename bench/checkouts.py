@@ -27,3 +27,52 @@ def with_revisions(revisions: list[str], prefix: str):
         for _, path in checkouts[1:]:
             subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(path)], capture_output=True)
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def compile_section() -> dict:
+    """The "compile" part of a build/pp4.json for benches that drive the reuse wrapper without
+    configure: the pinned nvcc (provisioned into pp4's cache if it is not there yet) and this
+    machine's host compilers, as configure would choose them."""
+    import os
+
+    from pp4 import compilerenv, compilers
+    from pp4.locks import lock_for_cuda
+    from pp4.toolchain import IDENTITY_FILES, provision
+    from pp4.torchenv import torch_cuda_version
+
+    tc = provision(lock_for_cuda(torch_cuda_version())).toolchain
+    chosen = compilers.choose({"PATH": os.environ.get("PATH", os.defpath)}, str(tc.nvcc),
+                              [(rel, str(tc.prefix / rel)) for rel in IDENTITY_FILES], [])
+    return compilers.compile_section(chosen, compilerenv.Folded(), {})
+
+
+class ReuseAPI:
+    """The calls a bench makes on pp4.reuse, at this checkout's revision or an older one: since the
+    compile environment became part of each action, lookups, stores and events take it."""
+
+    def __init__(self, reuse_module, env: dict):
+        import inspect
+
+        self.reuse = reuse_module
+        self.env = env
+        self.with_env = "env" in inspect.signature(reuse_module.Reuser.store_compile).parameters
+
+    def lookup(self, reuser, args):
+        return reuser.lookup(args, self.env) if self.with_env else reuser.lookup(args)
+
+    def store_compile(self, reuser, args, started: float, duration: float) -> dict:
+        if self.with_env:
+            return reuser.store_compile(args, self.env, started, duration)
+        return reuser.store_compile(args, started, duration)
+
+    def compiled_event(self, reuser, args, stored: dict, duration: float) -> None:
+        if self.with_env:
+            reuser.event(args, status="compiled", compile_duration_s=duration, **stored)
+        else:
+            reuser.event(args, status="compiled", compile_duration_s=duration, toolchain=reuser.toolchain_id, **stored)
+
+    def hit_event(self, reuser, args, hit, seconds: float, via: str) -> None:
+        if self.with_env:
+            reuser.hit_event(args, self.env, hit, seconds, via=via)
+        else:
+            reuser.hit_event(args, hit, seconds, via=via)

@@ -28,16 +28,17 @@ import shutil
 import statistics
 import subprocess
 import sys
+import sysconfig
 import time
 from pathlib import Path
 
-from checkouts import with_revisions
+from checkouts import ReuseAPI, compile_section, with_revisions
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 def child(work: Path, units: int, nsets: int, shared_n: int, object_kib: int, variant_mentions: int | None = None,
-          rounds: int = 5) -> dict:
+          rounds: int = 5, compile_doc: dict | None = None) -> dict:
     import torch  # noqa: F401 - only to find its headers; pp4 itself never imports it here
 
     from pp4 import reuse
@@ -72,10 +73,13 @@ def child(work: Path, units: int, nsets: int, shared_n: int, object_kib: int, va
     config = {"limits": {"address_space": None, "cpus": None, "nice": 0, "nvcc_threads": 1, "tmpdir": str(build / "tmp")},
               "reuse": {"erasable": ["PYBIND11_STDLIB", "TORCH_EXTENSION_NAME"], "roots": [str(src), str(variant_src)],
                         "state_dir": str(state), "store": str(store),
-                        "toolchain": {"bin/nvcc": "0" * 64}}}
+                        "toolchain": {"bin/nvcc": "0" * 64}},
+              "compile": compile_doc}
     build.mkdir()
     (build / "pp4.json").write_text(json.dumps(config))
     cfg = reuse.ReuseConfig.load(build / "pp4.json")
+    env = compile_doc["env"]["cuda"]
+    api = ReuseAPI(reuse, env)
     actions = []
     old = time.time() - 3600
     for p in project + [str(naming)]:
@@ -88,7 +92,7 @@ def child(work: Path, units: int, nsets: int, shared_n: int, object_kib: int, va
         out, dep = build / "obj" / f"unit{i}.cu.o", build / "obj" / f"unit{i}.cu.o.d"
         out.parent.mkdir(exist_ok=True)
         argv = ["nvcc", "-c", str(unit), "-o", str(out), "-MD", "-MF", str(dep), "-I", str(src / "include"),
-                "-isystem", str(inc), "-isystem", str(api), "-O3", "--use_fast_math", "-std=c++17",
+                "-isystem", str(inc), "-isystem", str(api), "-isystem", sysconfig.get_paths()["include"], "-O3", "--use_fast_math", "-std=c++17",
                 "-DTORCH_EXTENSION_NAME=ext_stock", '-DPYBIND11_STDLIB="_ext_stock"']
         deps = [str(unit)] + rnd.sample(project, 8) + sets[i % nsets]
         if variant_mentions is not None and i < variant_mentions:
@@ -96,10 +100,10 @@ def child(work: Path, units: int, nsets: int, shared_n: int, object_kib: int, va
         dep.write_text(f"{out}: " + " \\\n  ".join(deps) + "\n")
         out.write_bytes(rnd.randbytes(object_kib * 1024))
         args = parse_compile(argv)
-        stored = reuser.store_compile(args, time.time() + 10, 30.0)
+        stored = api.store_compile(reuser, args, time.time() + 10, 30.0)
         assert stored["action_key"], stored
-        reuser.event(args, status="compiled", compile_duration_s=30.0, toolchain=reuser.toolchain_id, **stored)
-        actions.append({"argv": argv, "output": str(out)})
+        api.compiled_event(reuser, args, stored, 30.0)
+        actions.append({"argv": argv, "output": str(out), "env": env})
     actions_file = build / "actions.json"
     actions_file.write_text(json.dumps({"actions": actions}))
     runs = []
@@ -133,7 +137,7 @@ def variant_runs(cfg, src: Path, variant_src: Path, stock: list[dict], build: Pa
         argv = [x.replace("/obj/", "/obj-facc/").replace("ext_stock", "ext_facc") for x in argv]
         out = argv[argv.index("-o") + 1]
         Path(out).parent.mkdir(exist_ok=True)
-        actions.append({"argv": argv, "output": out})
+        actions.append({"argv": argv, "output": out, "env": a["env"]})
     actions_file = build / "actions-facc.json"
     actions_file.write_text(json.dumps({"actions": actions}))
     runs = []
@@ -163,11 +167,13 @@ def main() -> int:
                          "macro and must miss (EXL3: --units 194 --variant 124)")
     ap.add_argument("--rounds", type=int, default=5, help="warm runs per checkout after a cold one; the median is reported")
     ap.add_argument("--child", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--compile-json", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         print(json.dumps(child(args.child, args.units, args.sets, args.shared, args.object_kib, args.variant,
-                               args.rounds)))
+                               args.rounds, json.loads(args.compile_json))))
         return 0
+    compile_json = json.dumps(compile_section())
     with with_revisions(args.against, "pp4-prepass-") as (tmp, checkouts):
         results = []
         for name, path in checkouts:
@@ -176,7 +182,8 @@ def main() -> int:
             extra = ["--variant", str(args.variant)] if args.variant is not None else []
             proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child", str(work),
                                    "--units", str(args.units), "--sets", str(args.sets), "--shared", str(args.shared),
-                                   "--object-kib", str(args.object_kib), "--rounds", str(args.rounds), *extra],
+                                   "--object-kib", str(args.object_kib), "--rounds", str(args.rounds), *extra,
+                                   "--compile-json", compile_json],
                                   env=dict(os.environ, PYTHONPATH=str(path)), capture_output=True, text=True)
             if proc.returncode != 0:
                 raise SystemExit(f"{name}: {proc.stderr[-3000:]}")
