@@ -25,17 +25,26 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 
-from pp4 import compat, compilerenv, compilers, exl3, extensions, ninjafile, paths, plan, reuse, toolchain  # noqa: E402
+from pp4 import paths  # noqa: E402
+from pp4.toolchain import compat  # noqa: E402
+from pp4.toolchain import compilerenv  # noqa: E402
+from pp4.toolchain import compilers  # noqa: E402
+from pp4.sources import exl3  # noqa: E402
+from pp4.sources import extensions  # noqa: E402
+from pp4.plan import ninjafile  # noqa: E402
+from pp4.plan import modules as plan  # noqa: E402
+from pp4.reuse import wrapper as reuse  # noqa: E402
+from pp4.toolchain import provision as toolchain  # noqa: E402
 from pp4.files import write_if_changed  # noqa: E402
-from pp4.launch import Limits, parse_cpu_list, parse_size  # noqa: E402
-from pp4.locks import LockError, lock_for_cuda  # noqa: E402
-from pp4.torchenv import TorchError, torch_cuda_version, torch_package_dir  # noqa: E402
-from pp4.torchflags import torch_build_flags  # noqa: E402
-from pp4.wheelcache import WheelError  # noqa: E402
+from pp4.plan.launch import Limits, parse_cpu_list, parse_size  # noqa: E402
+from pp4.toolchain.locks import LockError, lock_for_cuda  # noqa: E402
+from pp4.toolchain.torchenv import TorchError, torch_cuda_version, torch_package_dir  # noqa: E402
+from pp4.plan.torchflags import torch_build_flags  # noqa: E402
+from pp4.toolchain.wheelcache import WheelError  # noqa: E402
 
 BUILTIN_EXTENSIONS = ["p2p", "exl3", "exl3-facc"]
 DEFAULT_EXTENSIONS = BUILTIN_EXTENSIONS
-DURATION_TABLES = ROOT / "pp4" / "durations"
+DURATION_TABLES = ROOT / "pp4" / "plan" / "durations"
 COMPILE_MEMORY_GUESS = 5 << 30  # the heaviest known unit (EXL3 bindings.cpp) peaks at 4.5 GB
 
 
@@ -59,7 +68,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--exl3-source", type=Path, metavar="PATH",
                     help="build EXL3 from this exllamav3 checkout instead of the pinned release")
     ap.add_argument("--ext-spec", action="append", default=[], type=Path, metavar="FILE.toml",
-                    help="also build the extension a TOML file describes (see pp4/extensions.py)")
+                    help="also build the extension a TOML file describes (see pp4/sources/extensions.py)")
     ap.add_argument("--cuda-home", type=Path, help="use this CUDA toolkit instead of the pinned wheels "
                     "(still checked against torch)")
     ap.add_argument("--cache-dir", type=Path, help="pp4's cache: wheels, toolchains (default: $PP4_CACHE_DIR or ~/.cache/pp4)")
@@ -228,7 +237,7 @@ def plan_record(p: plan.ModulePlan, tc: toolchain.Toolchain, root: Path) -> dict
 
 
 def _default_store(args) -> Path:
-    from pp4.store import default_store_dir
+    from pp4.store.local import default_store_dir
 
     if args.cache_dir and not os.environ.get("PP4_STORE_DIR"):
         return args.cache_dir.absolute() / "store"
@@ -333,8 +342,9 @@ def main(argv: list[str]) -> int:
 
     spec_files = sorted({str(f) for e in exts for f in e.spec_files})
     generator_inputs = [str(ROOT / "configure.py"), str(ROOT / "build.ninja.in"),
-                        *(str(ROOT / "pp4" / m) for m in ("plan.py", "torchflags.py", "ninjafile.py", "extensions.py",
-                                                          "exl3.py", "compilerenv.py", "compilers.py")),
+                        *(str(ROOT / "pp4" / m) for m in ("plan/modules.py", "plan/torchflags.py", "plan/ninjafile.py",
+                                                          "sources/extensions.py", "sources/exl3.py",
+                                                          "toolchain/compilerenv.py", "toolchain/compilers.py")),
                         str(torch_package_dir() / "version.py"), *spec_files]
     settings = ninjafile.BuildSettings(
         python=python_command(), configure=str(ROOT / "configure.py"), configure_args=tuple(argv),

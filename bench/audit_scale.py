@@ -35,7 +35,7 @@ import sys
 import time
 from pathlib import Path
 
-from checkouts import ReuseAPI, compile_section, with_revisions
+from checkouts import ReuseAPI, compile_section, pp4_modules, with_revisions
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -44,8 +44,8 @@ def make_build(work: Path, units: int, nsets: int, families: int, shared_n: int,
                reused: int = 70) -> dict:
     import torch  # noqa: F401 - only to find its headers
 
-    from pp4 import certificate, pin, reuse
-    from pp4.actionkey import parse_compile
+    m = pp4_modules()
+    certificate, pin, reuse, parse_compile = m.certificate, m.pin, m.reuse, m.actionkey.parse_compile
 
     inc = Path(torch.__file__).parent / "include"
     pool = sorted(str(p) for p in inc.rglob("*.h"))

@@ -35,15 +35,30 @@ def compile_section() -> dict:
     machine's host compilers, as configure would choose them."""
     import os
 
-    from pp4 import compilerenv, compilers
-    from pp4.locks import lock_for_cuda
-    from pp4.toolchain import IDENTITY_FILES, provision
-    from pp4.torchenv import torch_cuda_version
+    from pp4.toolchain import compilerenv
+    from pp4.toolchain import compilers
+    from pp4.toolchain.locks import lock_for_cuda
+    from pp4.toolchain.provision import IDENTITY_FILES, provision
+    from pp4.toolchain.torchenv import torch_cuda_version
 
     tc = provision(lock_for_cuda(torch_cuda_version())).toolchain
     chosen = compilers.choose({"PATH": os.environ.get("PATH", os.defpath)}, str(tc.nvcc),
                               [(rel, str(tc.prefix / rel)) for rel in IDENTITY_FILES], [])
     return compilers.compile_section(chosen, compilerenv.Folded(), {})
+
+
+def pp4_modules():
+    """pp4's reuse, actionkey, certificate and pin modules, from the package layout of this
+    checkout or the flat one of revisions before it (a bench runs both side by side)."""
+    from types import SimpleNamespace
+
+    try:
+        from pp4.certify import certificate, pin
+        from pp4.reuse import actionkey
+        from pp4.reuse import wrapper as reuse
+    except ImportError:
+        from pp4 import actionkey, certificate, pin, reuse
+    return SimpleNamespace(reuse=reuse, actionkey=actionkey, certificate=certificate, pin=pin)
 
 
 class ReuseAPI:

@@ -365,7 +365,7 @@ class Bench:
 
     def extension(self, variant: str, tree: Path):
         """pp4's Extension record of the variant, its sources unpacked (and patched) below tree."""
-        from pp4 import exl3
+        from pp4.sources import exl3
 
         stock = exl3.fetch_sources(self.work / "cache", tree, self.args.wheel_dir)
         return exl3.exl3_extension(variant, stock, work_dir=tree, nvcc=self.nvcc)

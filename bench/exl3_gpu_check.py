@@ -23,7 +23,7 @@ def main() -> int:
     builddir = Path(sys.argv[1])
     import torch
 
-    from pp4.loader import load_target
+    from pp4.certify.loader import load_target
 
     stock = load_target("exl3", builddir)
     facc = load_target("exl3-facc", builddir)

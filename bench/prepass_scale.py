@@ -32,7 +32,7 @@ import sysconfig
 import time
 from pathlib import Path
 
-from checkouts import ReuseAPI, compile_section, with_revisions
+from checkouts import ReuseAPI, compile_section, pp4_modules, with_revisions
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -41,8 +41,8 @@ def child(work: Path, units: int, nsets: int, shared_n: int, object_kib: int, va
           rounds: int = 5, compile_doc: dict | None = None) -> dict:
     import torch  # noqa: F401 - only to find its headers; pp4 itself never imports it here
 
-    from pp4 import reuse
-    from pp4.actionkey import parse_compile
+    m = pp4_modules()
+    reuse, parse_compile = m.reuse, m.actionkey.parse_compile
 
     inc = Path(torch.__file__).parent / "include"
     api = inc / "torch" / "csrc" / "api" / "include"
@@ -127,7 +127,7 @@ def variant_runs(cfg, src: Path, variant_src: Path, stock: list[dict], build: Pa
                  nsets: int, shared_n: int, object_kib: int, mentions: int, rounds: int) -> dict:
     """The reuse checks of a variant build: the same units from a copy of the tree, another module
     name and pybind11 tag; the units whose inputs mention neither are restored, the others miss."""
-    from pp4 import reuse
+    reuse = pp4_modules().reuse
 
     shutil.copytree(src, variant_src, copy_function=shutil.copy2)
     actions = []

@@ -5,6 +5,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+# pp4 runs from its checkout (pip install -e .): the locks in toolchain/ live beside the package.
+REPO_ROOT = Path(__file__).resolve().parent.parent
+LOCK_DIR = REPO_ROOT / "toolchain"
+
 
 def cache_dir() -> Path:
     """$PP4_CACHE_DIR, else $XDG_CACHE_HOME/pp4, else ~/.cache/pp4."""

@@ -18,9 +18,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from pp4 import paths  # noqa: E402
-from pp4.locks import lock_for_cuda  # noqa: E402
-from pp4.torchenv import torch_cuda_version  # noqa: E402
-from pp4.wheelcache import cached_wheel_path, ensure_wheels  # noqa: E402
+from pp4.toolchain.locks import lock_for_cuda  # noqa: E402
+from pp4.toolchain.torchenv import torch_cuda_version  # noqa: E402
+from pp4.toolchain.wheelcache import cached_wheel_path, ensure_wheels  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -51,7 +51,7 @@ def wheelhouse(shared_cache, lock, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def toolchain(shared_cache, lock):
-    from pp4.toolchain import provision
+    from pp4.toolchain.provision import provision
 
     return provision(lock, shared_cache).toolchain
 
@@ -60,8 +60,9 @@ def compile_section(toolchain) -> dict:
     """The "compile" part of a build/pp4.json for tests that drive the reuse wrapper in-process:
     the real pinned nvcc and this machine's host compilers, in the compile environment configure
     would choose."""
-    from pp4 import compilerenv, compilers
-    from pp4.toolchain import IDENTITY_FILES
+    from pp4.toolchain import compilerenv
+    from pp4.toolchain import compilers
+    from pp4.toolchain.provision import IDENTITY_FILES
 
     chosen = compilers.choose({"PATH": os.environ.get("PATH", os.defpath)}, str(toolchain.nvcc),
                               [(rel, str(toolchain.prefix / rel)) for rel in IDENTITY_FILES], [])

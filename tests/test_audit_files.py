@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
-from pp4 import audit
-from pp4.actionkey import FileHasher
+from pp4.certify import audit
+from pp4.reuse.actionkey import FileHasher
 
 sys.path.insert(0, str(REPO / "bench"))
 import audit_scale  # noqa: E402

@@ -58,7 +58,7 @@ def fixture_build(tmp_path_factory, toolchain):
 
 
 def _call_fixture(work: Path) -> dict:
-    code = ("import sys, json; sys.path.insert(0, %r); from pp4.loader import load_target; "
+    code = ("import sys, json; sys.path.insert(0, %r); from pp4.certify.loader import load_target; "
             "m = load_target('pp4_fixture', 'build'); print(json.dumps([m.scale(6), m.shift(6), m.shift_constant]))") % str(REPO)
     proc = run([sys.executable, "-c", code], work)
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -160,7 +160,7 @@ def test_compdb_is_usable_by_clangd(fixture_build):
     for e in entries:
         first = e["command"].split()[0]
         assert Path(first).name in ("nvcc", "c++", "g++"), e["command"]
-        assert "pp4.launch" not in e["command"]
+        assert "pp4.plan.launch" not in e["command"]
         assert Path(e["file"]).is_file()
 
 
@@ -170,7 +170,7 @@ def test_pin_mismatch_is_refused(fixture_build):
     saved = module.read_bytes()
     try:
         module.write_bytes(saved + b"\0")
-        code = f"import sys; sys.path.insert(0, {str(REPO)!r}); from pp4.loader import load_target; load_target('pp4_fixture', 'build')"
+        code = f"import sys; sys.path.insert(0, {str(REPO)!r}); from pp4.certify.loader import load_target; load_target('pp4_fixture', 'build')"
         proc = run([sys.executable, "-c", code], work, check=False)
         assert proc.returncode != 0
         assert "but its pin says" in proc.stderr and "Rebuild it with ninja; do not load it." in proc.stderr
@@ -188,7 +188,7 @@ def test_limits_are_applied_to_compiles(fixture_build, tmp_path):
     custom = dict(limits, cpus=[0], nice=7, address_space=8 << 30)
     lf = tmp_path / "limits.json"
     lf.write_text(json.dumps(custom))
-    out = run([sys.executable, "-m", "pp4.launch", str(lf), "--", str(probe)], REPO).stdout
+    out = run([sys.executable, "-m", "pp4.plan.launch", str(lf), "--", str(probe)], REPO).stdout
     assert re.search(r"Cpus_allowed_list:\s+0$", out, re.M)
     assert f"{8 << 20}" in out  # ulimit -v reports KiB
     assert re.search(r"^\d+$", out, re.M) and int(re.findall(r"^(\d+)$", out, re.M)[-1]) >= 7
@@ -218,7 +218,7 @@ def test_p2p_builds_with_decoys_and_imports_without_a_cuda_context(tmp_path, too
         assert "/usr/local/cuda" not in deps
         assert str(toolchain.prefix) in deps or "cuda_runtime" not in deps
     assert str(toolchain.prefix) in run([ninja_bin(), "-t", "deps", "build/p2p/obj/p2p.cu.o"], work).stdout
-    code = (f"import sys; sys.path.insert(0, {str(REPO)!r}); import torch; from pp4.loader import load_target;"
+    code = (f"import sys; sys.path.insert(0, {str(REPO)!r}); import torch; from pp4.certify.loader import load_target;"
             "m = load_target('p2p', 'build');"
             "maps = open('/proc/self/maps').read();"  # the driver library is loaded at the first CUDA call
             "print('context', torch.cuda.is_initialized(), '/libcuda.so' in maps, sorted(n for n in dir(m) if not n.startswith('_')))")

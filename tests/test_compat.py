@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
-from pp4 import compat
-from pp4.toolchain import Toolchain
+from pp4.toolchain import compat
+from pp4.toolchain.provision import Toolchain
 
 
 def test_pinned_toolchain_is_compatible(toolchain, shared_cache):

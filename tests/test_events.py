@@ -1,4 +1,4 @@
-"""The prepass's batched events (pp4/events.py), on real files and a real store, without a compiler:
+"""The prepass's batched events (pp4/reuse/events.py), on real files and a real store, without a compiler:
 objects are random bytes stored through the Reuser exactly as a compile stores them."""
 
 from __future__ import annotations
@@ -15,8 +15,10 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, compile_section
-from pp4 import certificate, events, reuse
-from pp4.actionkey import parse_compile
+from pp4.certify import certificate
+from pp4.reuse import events
+from pp4.reuse import wrapper as reuse
+from pp4.reuse.actionkey import parse_compile
 
 
 class Scene:
@@ -138,7 +140,7 @@ def test_stale_event_file_left_by_a_kill_is_caught_by_the_certificate_check(tmp_
 
 WRITER = """
 import sys
-from pp4 import events
+from pp4.reuse import events
 state = sys.argv[1]
 gen = 0
 while True:

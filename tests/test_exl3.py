@@ -14,8 +14,11 @@ from pathlib import Path
 import pytest
 
 from conftest import content_snapshot
-from pp4 import exl3, extensions, paths, plan
-from pp4.torchflags import torch_build_flags
+from pp4 import paths
+from pp4.sources import exl3
+from pp4.sources import extensions
+from pp4.plan import modules as plan
+from pp4.plan.torchflags import torch_build_flags
 
 ARCH = ["9.0"]
 # Light real units (2-core machine, sm_90, full flags: about 2.5 s, 7 s and 15-20 s each): a C++ unit,
@@ -218,7 +221,7 @@ def test_extension_records(stock_root, sources_dir, toolchain):
     assert stock.ld_flags == facc.ld_flags == ()
     extensions.validate([extensions.p2p(), stock, facc])
     assert stock.provenance["exllamav3"] == "1.6.5" and stock.provenance["origin"] == "pinned"
-    assert facc.provenance["patch"] == "pp4/patches/exl3-facc.patch"
+    assert facc.provenance["patch"] == "pp4/sources/patches/exl3-facc.patch"
     assert facc.provenance["pybind11_internals"] == "PYBIND11_STDLIB=_pp4_exl3_facc"
     assert exl3.FACC_PATCH in facc.spec_files and exl3.LOCK_PATH in stock.spec_files
     with pytest.raises(exl3.Exl3Error, match="needs a work_dir"):
@@ -277,7 +280,7 @@ def test_a_broken_hunk_gives_the_exact_error(stock_root, tmp_path):
     fps = {fp.path: fp for fp in exl3.parse_patch(exl3.FACC_PATCH)}
     hunk = fps["exllamav3_ext/quant/exl3_gemv_kernel.cuh"].hunks[2]
     assert (hunk.index, hunk.old_start) == (3, 402)
-    expected = ("pp4/patches/exl3-facc.patch: hunk 3 of exllamav3_ext/quant/exl3_gemv_kernel.cuh (at line 402) "
+    expected = ("pp4/sources/patches/exl3-facc.patch: hunk 3 of exllamav3_ext/quant/exl3_gemv_kernel.cuh (at line 402) "
                 "does not apply: the source changed; update the patch")
     changed = _copy_tree(stock_root, tmp_path / "changed" / exl3.EXT_DIR_NAME)
     f = changed / "quant/exl3_gemv_kernel.cuh"

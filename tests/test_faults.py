@@ -23,9 +23,11 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
-from pp4 import actionkey, audit, compilerenv
-from pp4 import certificate as pp4_certificate
-from pp4.store import Store
+from pp4.reuse import actionkey
+from pp4.certify import audit
+from pp4.toolchain import compilerenv
+from pp4.certify import certificate as pp4_certificate
+from pp4.store.local import Store
 from test_build import FIXTURE, ninja_bin, run
 
 pytestmark = pytest.mark.slow
@@ -436,7 +438,7 @@ def test_read_only_store(seed, tmp_path, content):
 
 
 def test_toolchain_prefix_with_a_file_removed(seed, tmp_path, lock, wheelhouse):
-    from pp4 import toolchain as tc
+    from pp4.toolchain import provision as tc
 
     cache = tmp_path / "cache"
     prefix = tc.provision(lock, cache, wheelhouse).toolchain.prefix
@@ -537,7 +539,7 @@ def test_two_extensions_with_one_module_name(tmp_path, toolchain):
 def test_patch_that_does_not_apply(tmp_path):
     """The pinned patch against changed sources: test_exl3.py::test_a_broken_hunk_gives_the_exact_error.
     Here a patch whose context is not in the file at all."""
-    from pp4 import exl3
+    from pp4.sources import exl3
 
     (tmp_path / "t").mkdir()
     (tmp_path / "t" / "f.txt").write_text("one\ntwo\nthree\n")
@@ -550,7 +552,7 @@ def test_patch_that_does_not_apply(tmp_path):
 
 
 def _call(work: Path, builddir: str) -> list:
-    code = ("import sys, json; sys.path.insert(0, %r); from pp4.loader import load_target; "
+    code = ("import sys, json; sys.path.insert(0, %r); from pp4.certify.loader import load_target; "
             "m = load_target('pp4_fixture', %r); print(json.dumps([m.scale(6), m.shift(6), m.shift_constant]))") % (str(REPO), builddir)
     return json.loads(run([PY, "-c", code], work).stdout.strip().splitlines()[-1])
 

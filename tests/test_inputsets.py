@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from pp4 import inputsets
-from pp4.actionkey import FileHasher
+from pp4.reuse import inputsets
+from pp4.reuse.actionkey import FileHasher
 
 
 def _files(tmp_path, n=3):

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from pp4 import probes
-from pp4.actionkey import FileHasher
+from pp4.reuse import probes
+from pp4.reuse.actionkey import FileHasher
 
 GXX = shutil.which("g++")
 pytestmark = pytest.mark.skipif(GXX is None, reason="needs g++ as the oracle")

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
-from pp4 import audit
+from pp4.certify import audit
 from test_build import FIXTURE, ninja_bin, run
 
 pytestmark = pytest.mark.slow
@@ -156,7 +156,7 @@ def test_different_nvcc(tree, toolchain):
 
 
 def test_corrupted_stored_object_is_never_used(tree):
-    from pp4.store import Store
+    from pp4.store.local import Store
 
     assert tree.build() == ALL_REUSED
     doc = json.loads(gzip.decompress((tree.work / "build" / "certificate.json.gz").read_bytes()))

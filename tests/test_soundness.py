@@ -395,7 +395,7 @@ def test_timestamp_macro_unit_is_never_stored(lab):
 
 
 def test_damaged_stored_object_is_recompiled_with_a_warning(lab):
-    from pp4.store import Store
+    from pp4.store.local import Store
 
     restored = lab.build()
     assert restored.status[CU] == "reused"

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from pp4.store import (
+from pp4.store.local import (
     PUT_STEPS,
     ActionRecord,
     CorruptObject,
@@ -335,7 +335,7 @@ CONCURRENT_WORKER = textwrap.dedent(
     """
     import hashlib, os, sys, time
     from pathlib import Path
-    from pp4.store import Store, CorruptObject, ObjectMissing
+    from pp4.store.local import Store, CorruptObject, ObjectMissing
 
     root, worker, bound, go = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4])
     store = Store(root, max_bytes=bound)
@@ -405,7 +405,7 @@ def test_concurrent_puts_from_four_processes(tmp_path: Path, bound: int) -> None
 PUT_ONE = textwrap.dedent(
     """
     import sys
-    from pp4.store import Store
+    from pp4.store.local import Store
     Store(sys.argv[1]).put(sys.argv[2], sys.argv[3], {"command": "nvcc -c k.cu"})
     """
 )
@@ -479,7 +479,7 @@ def run_on_private_tmpfs(tmp_path: Path, size: str, body: str) -> dict:
         f"""
         import json, os, subprocess, sys
         from pathlib import Path
-        from pp4.store import Store, StoreError
+        from pp4.store.local import Store, StoreError
         MNT = Path({str(mnt)!r})
         subprocess.run(["mount", "-t", "tmpfs", "-o", "size={size}", "tmpfs", str(MNT)], check=True)
         def remount_read_only():

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, content_snapshot, snapshot
-from pp4 import toolchain as tc
-from pp4.locks import LockError, load_lock, lock_for_cuda, supported_releases
-from pp4.wheelcache import WheelError, ensure_wheels
+from pp4.toolchain import provision as tc
+from pp4.toolchain.locks import LockError, load_lock, lock_for_cuda, supported_releases
+from pp4.toolchain.wheelcache import WheelError, ensure_wheels
 
 
 # --------------------------------------------------------------------------- locks
@@ -104,7 +104,7 @@ def test_pip_download_writes_nothing_outside_the_cache(tmp_path, lock):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "XDG_"))}
     env.update(HOME=str(home), TMPDIR=str(tmpdir), PP4_CACHE_DIR=str(cache))
     code = (
-        "import sys; from pathlib import Path; from pp4.locks import load_lock; from pp4.wheelcache import ensure_wheels;"
+        "import sys; from pathlib import Path; from pp4.toolchain.locks import load_lock; from pp4.toolchain.wheelcache import ensure_wheels;"
         f"ensure_wheels(load_lock(Path({str(single.path)!r})), Path({str(cache / 'wheels')!r}), Path({str(cache / 'tmp')!r}))"
     )
     before = snapshot(home), snapshot(tmpdir), snapshot(REPO / "pp4")

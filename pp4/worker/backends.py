@@ -473,8 +473,8 @@ class Exl3Backend(TritonBackend):
 
 def load_exl3_module(build_dir: str, target: str):
     """The pp4-built EXL3 module of ``target`` ("exl3" or "exl3-facc"), checked against its pin."""
-    from pp4.loader import load_target
-    from pp4.pin import PinError
+    from pp4.certify.loader import load_target
+    from pp4.certify.pin import PinError
 
     try:
         return load_target(target, build_dir)

@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 
 from pp4.files import sha256_file
-from pp4.locks import ToolchainLock, WheelPin
+from pp4.toolchain.locks import ToolchainLock, WheelPin
 
 
 class WheelError(Exception):

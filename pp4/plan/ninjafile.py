@@ -13,7 +13,7 @@ import shlex
 import attrs
 from ninja import ninja_syntax
 
-from pp4.plan import CompileStep, ModulePlan
+from pp4.plan.modules import CompileStep, ModulePlan
 
 
 @attrs.frozen

@@ -18,7 +18,7 @@ import hashlib
 import json
 from pathlib import Path
 
-from pp4.actionkey import FileHasher, depfile_body
+from pp4.reuse.actionkey import FileHasher, depfile_body
 from pp4.files import write_whole
 
 SRC = "$SRC"  # inputs under the extension's own source root; they stay inline

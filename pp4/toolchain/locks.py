@@ -14,7 +14,9 @@ from pathlib import Path
 
 import attrs
 
-LOCK_DIR = Path(__file__).resolve().parent.parent / "toolchain"
+from pp4 import paths
+
+LOCK_DIR = paths.LOCK_DIR
 _LOCK_NAME = re.compile(r"^cuda-(\d+\.\d+)\.toml$")
 
 

@@ -38,7 +38,7 @@ import os
 import re
 from pathlib import Path
 
-from pp4.actionkey import FileHasher
+from pp4.reuse.actionkey import FileHasher
 from pp4.files import write_whole
 
 NAMES_FORMAT = 2

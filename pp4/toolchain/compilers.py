@@ -104,7 +104,7 @@ def choose(env: dict[str, str], nvcc: str, toolkit: list[tuple[str, str]], cuda_
 def compile_section(chosen: Compilers, folded, extra_env: dict[str, str]) -> dict:
     """The "compile" part of build/pp4.json: the compilers, each language's environment
     (pp4.compilerenv.action_env) and the variables configure folded, as it saw them."""
-    from pp4.compilerenv import action_env
+    from pp4.toolchain.compilerenv import action_env
 
     envs = {"cuda": action_env(chosen.ccbin, folded, extra_env), "cxx": action_env(chosen.cxx, folded, extra_env)}
     return {"compilers": chosen.to_dict(), "env": envs, "folded": dict(folded.values)}
@@ -225,7 +225,7 @@ class Identifier:
 
 
 def _run(cmd: list[str], env: dict[str, str], tmpdir: Path) -> subprocess.CompletedProcess:
-    from pp4.compilerenv import process_env
+    from pp4.toolchain.compilerenv import process_env
 
     tmpdir.mkdir(parents=True, exist_ok=True)
     try:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import attrs
 
-from pp4.torchenv import torch_package_dir, torch_version
+from pp4.toolchain.torchenv import torch_package_dir, torch_version
 
 # torch.utils.cpp_extension.COMMON_NVCC_FLAGS: torch's headers are written for these.
 COMMON_NVCC_FLAGS = (

@@ -28,12 +28,15 @@ from pathlib import Path
 
 import attrs
 
-from pp4 import actionkey, compilerenv, events, inputsets
-from pp4.actionkey import CompileArgs
-from pp4.basis import Basis
-from pp4.compilers import Compilers, CompilerError
-from pp4.launch import Limits, apply, command_for
-from pp4.store import CorruptObject, ObjectMissing, Store, StoreError, hash_file
+from pp4.reuse import actionkey
+from pp4.toolchain import compilerenv
+from pp4.reuse import events
+from pp4.reuse import inputsets
+from pp4.reuse.actionkey import CompileArgs
+from pp4.reuse.basis import Basis
+from pp4.toolchain.compilers import Compilers, CompilerError
+from pp4.plan.launch import Limits, apply, command_for
+from pp4.store.local import CorruptObject, ObjectMissing, Store, StoreError, hash_file
 
 MARKER_SUFFIX = ".pp4-reused"
 MANIFEST_ENTRIES = 16  # most recent input sets kept per command
@@ -479,7 +482,7 @@ def prepass(cfg: ReuseConfig, actions_file: Path, stamp: Path) -> int:
             restored += 1
     reuser.basis.save()
     # One batch file for all of them, after the markers: killed before it is in place, the markers
-    # make the next prepass restore those objects again (pp4/events.py).
+    # make the next prepass restore those objects again (pp4/reuse/events.py).
     batch = events.write_batch(cfg.state_dir, hits)
     # The stamp's dependencies: every input of every compile seen so far, so that an edit of any of
     # them runs the prepass again before the compiles that ninja will then find out of date.

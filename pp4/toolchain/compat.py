@@ -21,9 +21,9 @@ from pathlib import Path
 import attrs
 
 from pp4 import paths
-from pp4.compilerenv import process_env
-from pp4.toolchain import Toolchain
-from pp4.torchenv import torch_cuda_version, torch_version
+from pp4.toolchain.compilerenv import process_env
+from pp4.toolchain.provision import Toolchain
+from pp4.toolchain.torchenv import torch_cuda_version, torch_version
 
 PROBE_SOURCE = """\
 #include <cuda_runtime.h>

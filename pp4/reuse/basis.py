@@ -11,9 +11,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pp4 import inputsets, probes
-from pp4.actionkey import CompileArgs, FileHasher
-from pp4.compilers import Compilers, Identifier, Identity
+from pp4.reuse import inputsets
+from pp4.reuse import probes
+from pp4.reuse.actionkey import CompileArgs, FileHasher
+from pp4.toolchain.compilers import Compilers, Identifier, Identity
 
 
 class Basis:

@@ -18,7 +18,6 @@ Guarantees:
 
 from __future__ import annotations
 
-import argparse
 import calendar
 import errno
 import hashlib
@@ -35,9 +34,9 @@ import attrs
 
 from pp4 import paths
 from pp4.files import locked, sha256_file
-from pp4.locks import LockError, ToolchainLock, lock_for_cuda, supported_releases
-from pp4.torchenv import HeaderFile, TorchError, library_headers, torch_cuda_version
-from pp4.wheelcache import WheelError, ensure_wheels
+from pp4.toolchain.locks import ToolchainLock
+from pp4.toolchain.torchenv import HeaderFile, library_headers
+from pp4.toolchain.wheelcache import ensure_wheels
 
 MANIFEST = ".pp4-toolchain.json"
 MANIFEST_VERSION = 1
@@ -391,67 +390,3 @@ def identity(toolchain: Toolchain) -> dict[str, str]:
 
 # ---------------------------------------------------------------------------------------------
 # command line
-
-
-def _lock_from_args(args) -> ToolchainLock:
-    if args.cuda:
-        return lock_for_cuda(args.cuda)
-    return lock_for_cuda(torch_cuda_version())
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m pp4.toolchain",
-        description="Install the pinned CUDA compiler from NVIDIA's wheels into pp4's cache, or check it.",
-    )
-    ap.add_argument("command", nargs="?", default="provision", choices=["provision", "check", "path", "releases"],
-                    help="provision (default): install if needed, then run the compatibility check; "
-                         "check: verify an existing prefix; path: print the prefix; releases: list supported CUDA releases")
-    ap.add_argument("--cuda", help="CUDA release to provision (default: the installed torch's torch.version.cuda)")
-    ap.add_argument("--cache-dir", type=Path, help="pp4's cache directory (default: $PP4_CACHE_DIR, else ~/.cache/pp4)")
-    ap.add_argument("--wheel-dir", type=Path, help="take the pinned wheels from this directory instead of pip (they are hash-checked)")
-    ap.add_argument("--arch", action="append", default=[], help="compute capability for the probe compile, e.g. 9.0 (repeatable)")
-    ap.add_argument("--deep", action="store_true", help="check: rehash every file instead of comparing size and mtime")
-    ap.add_argument("--no-torch-headers", action="store_true", help="leave out torch's library headers (cublas_v2.h, ...)")
-    args = ap.parse_args(argv)
-    try:
-        if args.command == "releases":
-            print("\n".join(supported_releases()))
-            return 0
-        lock = _lock_from_args(args)
-        cache_root = args.cache_dir.absolute() if args.cache_dir else None
-        if args.command in ("check", "path"):
-            skip = {w.name for w in lock.wheels}
-            headers = [] if args.no_torch_headers else library_headers(lock.wheel_root, skip)
-            key = prefix_key(lock, headers)
-            prefix = paths.toolchains_dir(cache_root) / f"cuda-{lock.cuda}-{key}"
-            if args.command == "path":
-                print(prefix)
-                return 0
-            problems = check_prefix(prefix, key, deep=args.deep)
-            for p in problems:
-                print(p, file=sys.stderr)
-            print(f"{prefix}: {'OK' if not problems else f'{len(problems)} problem(s)'}")
-            return 0 if not problems else 1
-        result = provision(lock, cache_root, args.wheel_dir, with_torch_headers=not args.no_torch_headers)
-        from pp4 import compat
-
-        report = compat.check(result.toolchain, archs=args.arch, cache_root=cache_root)
-        print(f"toolchain: {result.toolchain.prefix}")
-        print(f"  CUDA {lock.cuda}, {result.written} files written, {result.linked} hard-linked, {result.seconds:.2f} s")
-        print(f"  {report.summary()}")
-        return 0
-    except (LockError, WheelError, ToolchainError, TorchError) as e:
-        print(f"pp4.toolchain: error: {e}", file=sys.stderr)
-        return 2
-    except Exception as e:  # noqa: BLE001 - compat errors and the like get one clear line
-        from pp4.compat import CompatError
-
-        if isinstance(e, CompatError):
-            print(f"pp4.toolchain: error: {e}", file=sys.stderr)
-            return 2
-        raise
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,6 +1,6 @@
 """Run one compile or link under the build's resource limits, then become the compiler.
 
-    python -m pp4.launch LIMITS.json [--env NAME=VALUE]... -- COMMAND...
+    python -m pp4.plan.launch LIMITS.json [--env NAME=VALUE]... -- COMMAND...
 
 The limits (CPU list, nice level, address-space cap, nvcc thread count) are chosen at configure time
 and read from a file, so changing them does not change any compile command: ninja does not rebuild
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import attrs
 
-from pp4.compilerenv import parse_env_args, process_env
+from pp4.toolchain.compilerenv import parse_env_args, process_env
 
 
 @attrs.frozen
@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     action_env, rest = parse_env_args(argv[1:])
     if not argv or len(rest) < 2 or rest[0] != "--":
-        print("usage: python -m pp4.launch LIMITS.json [--env NAME=VALUE]... -- COMMAND...", file=sys.stderr)
+        print("usage: python -m pp4.plan.launch LIMITS.json [--env NAME=VALUE]... -- COMMAND...", file=sys.stderr)
         return 2
     limits = Limits.from_file(Path(argv[0]))
     command = command_for(limits, rest[1:])

@@ -1,6 +1,6 @@
 """The certificate of a build, and its build record: one file that says exactly what was shipped.
 
-    python -m pp4.certificate write CONFIG ACTIONS OUT.json.gz     (run by ninja after the pins)
+    python -m pp4.certify.certificate write CONFIG ACTIONS OUT.json.gz     (run by ninja after the pins)
 
 The certificate is a gzip-compressed JSON manifest of every object: its command and environment,
 its action key, its inputs with their sha256, the probe digest of its include search, whether it was
@@ -24,8 +24,11 @@ import sys
 import time
 from pathlib import Path
 
-from pp4 import actionkey, events, inputsets, pin
-from pp4.store import hash_file
+from pp4.reuse import actionkey
+from pp4.reuse import events
+from pp4.reuse import inputsets
+from pp4.certify import pin
+from pp4.store.local import hash_file
 
 
 class CertificateError(Exception):
@@ -131,7 +134,7 @@ def build_record(config: dict, modules: list[dict], certificate: Path, digest: s
         tc_prefix = plan["toolchain"]["prefix"]
     # Imported here, not at the top: the audit reads certificates through this module and never
     # needs the toolchain module, whose imports (wheels, torch's metadata) cost it 20 ms at start-up.
-    from pp4.toolchain import read_manifest
+    from pp4.toolchain.provision import read_manifest
 
     manifest = read_manifest(Path(tc_prefix)) if tc_prefix else None
     return {
@@ -148,7 +151,7 @@ def build_record(config: dict, modules: list[dict], certificate: Path, digest: s
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if len(argv) != 4 or argv[0] != "write":
-        print("usage: python -m pp4.certificate write CONFIG ACTIONS OUT.json.gz", file=sys.stderr)
+        print("usage: python -m pp4.certify.certificate write CONFIG ACTIONS OUT.json.gz", file=sys.stderr)
         return 2
     try:
         write(Path(argv[1]), Path(argv[2]), Path(argv[3]))

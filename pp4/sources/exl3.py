@@ -3,7 +3,7 @@
 Two variants of one source tree (docs/exl3.md):
 
     stock  module exllamav3_ext       target exl3       the sources as released
-    facc   module exllamav3_ext_facc  target exl3-facc  pp4/patches/exl3-facc.patch applied to a copy:
+    facc   module exllamav3_ext_facc  target exl3-facc  pp4/sources/patches/exl3-facc.patch applied to a copy:
                                                         the fp16-accumulating MMA kernels accumulate in fp32
 
 Sources come from the release that toolchain/exllamav3.toml pins (fetched with pip into pp4's
@@ -36,14 +36,14 @@ from pathlib import Path
 import attrs
 
 from pp4 import paths
-from pp4.extensions import PACKAGE_DIR, Extension
+from pp4.sources.extensions import PACKAGE_DIR, Extension
 from pp4.files import locked, sha256_file, write_if_changed
-from pp4.locks import WheelPin, wheel_pins
-from pp4.pin import SOURCE_SUFFIXES
-from pp4.wheelcache import WheelError, ensure_wheels
+from pp4.toolchain.locks import WheelPin, wheel_pins
+from pp4.certify.pin import SOURCE_SUFFIXES
+from pp4.toolchain.wheelcache import WheelError, ensure_wheels
 
-REPO_ROOT = PACKAGE_DIR.parent
-LOCK_PATH = REPO_ROOT / "toolchain" / "exllamav3.toml"
+REPO_ROOT = paths.REPO_ROOT
+LOCK_PATH = paths.LOCK_DIR / "exllamav3.toml"
 PATCH_DIR = PACKAGE_DIR / "patches"
 FACC_PATCH = PATCH_DIR / "exl3-facc.patch"
 EXT_DIR_NAME = "exllamav3_ext"  # the extension's folder, upstream and in every tree made here

@@ -1,0 +1,128 @@
+"""Pins: what a built module is, and what it was built from, checked again before it is loaded.
+
+A pin file (<module>.pin.json, written by the build after the link) holds the module's sha256 and a
+source key: the hash of every source and header of the extension's tree, its flags and the
+toolchain's identity. pp4.loader refuses a module whose bytes or sources no longer match its pin.
+
+    python -m pp4.pin write --plan build/p2p/plan.json --module build/p2p/pp4_p2p....so --out ....pin.json
+    python -m pp4.pin check build/p2p/pp4_p2p....so
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+from pp4.files import sha256_file, write_if_changed
+
+SOURCE_SUFFIXES = {".c", ".cc", ".cpp", ".cxx", ".cu", ".cuh", ".h", ".hh", ".hpp", ".hxx", ".inl", ".inc"}
+
+
+class PinError(Exception):
+    """A module does not match its pin, or has none."""
+
+
+def tree_files(root: Path, sources: list[str]) -> list[Path]:
+    """The extension's own sources and headers: every C/C++/CUDA file below its root, plus its sources."""
+    found = {p for p in root.rglob("*") if p.suffix in SOURCE_SUFFIXES and p.is_file()}
+    found.update(Path(s) for s in sources)
+    return sorted(found)
+
+
+def tree_hashes(plan: dict, with_tree: bool = True) -> tuple[str, str | None]:
+    """(source key, tree hash), reading each file of the tree once. The source key covers the
+    files, the flags and the toolchain (what the pin checks); the tree hash covers the files alone,
+    each named by its relative path and its sha256 (what a build record names as the source tree).
+    Without with_tree the tree hash is None and its second sha256 pass over the files is skipped."""
+    key, tree = hashlib.sha256(), hashlib.sha256()
+    key.update(json.dumps([plan["cuda_flags"], plan["cxx_flags"], plan["link_flags"], plan["toolchain"]]).encode())
+    root = Path(plan["root"])
+    for f in tree_files(root, plan["sources"]):
+        name = str(f.relative_to(root) if f.is_relative_to(root) else f).encode()
+        data = f.read_bytes()
+        key.update(b"\0" + name + b"\0")
+        key.update(data)
+        if with_tree:
+            tree.update(name + b"\0")
+            tree.update(hashlib.sha256(data).digest())
+    return key.hexdigest(), tree.hexdigest() if with_tree else None
+
+
+def source_key(plan: dict) -> str:
+    return tree_hashes(plan, with_tree=False)[0]
+
+
+def pin_path_for(module: Path) -> Path:
+    return module.with_name(module.name + ".pin.json")
+
+
+def write(plan_path: Path, module: Path, out: Path) -> dict:
+    plan = json.loads(plan_path.read_text())
+    pin = {
+        "module": plan["module"],
+        "file": module.name,
+        "sha256": sha256_file(module),
+        "source_key": source_key(plan),
+        "plan": str(plan_path.absolute()),
+        "toolchain": plan["toolchain"],
+    }
+    write_if_changed(out, json.dumps(pin, indent=1, sort_keys=True) + "\n")
+    return pin
+
+
+def check(module: Path, module_sha256: str | None = None, with_tree: bool = False) -> dict:
+    """The pin of a module after checking both its bytes and its sources; PinError otherwise.
+    module_sha256: the module's hash where the caller has just computed it. with_tree: add the
+    tree hash of those sources (``tree_sha256``), from the same read of the files."""
+    pin_file = pin_path_for(module)
+    try:
+        pin = json.loads(pin_file.read_text())
+    except FileNotFoundError:
+        raise PinError(f"{module} has no pin file {pin_file}: build it with ninja, which writes the pin after linking") from None
+    except ValueError as e:
+        raise PinError(f"pin file {pin_file} is damaged ({e}): rebuild with ninja") from None
+    actual = module_sha256 or sha256_file(module)
+    if actual != pin["sha256"]:
+        raise PinError(
+            f"{module} has sha256 {actual}, but its pin says {pin['sha256']}: the module was changed after it "
+            "was built. Rebuild it with ninja; do not load it."
+        )
+    plan = json.loads(Path(pin["plan"]).read_text())
+    key, tree = tree_hashes(plan, with_tree)
+    if key != pin["source_key"]:
+        raise PinError(
+            f"{module} was built from other sources, flags or toolchain than the ones now in {plan['root']} "
+            f"(source key {pin['source_key'][:16]}..., now {key[:16]}...). Rebuild with ninja."
+        )
+    return dict(pin, tree_sha256=tree) if with_tree else pin
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m pp4.pin", description="Write or check a built module's pin.")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    w = sub.add_parser("write")
+    w.add_argument("--plan", type=Path, required=True)
+    w.add_argument("--module", type=Path, required=True)
+    w.add_argument("--out", type=Path, required=True)
+    c = sub.add_parser("check")
+    c.add_argument("module", type=Path)
+    args = ap.parse_args(argv)
+    try:
+        if args.cmd == "write":
+            pin = write(args.plan, args.module, args.out)
+        else:
+            pin = check(args.module)
+            print(f"{args.module}: matches its pin (sha256 {pin['sha256']})")
+            return 0
+    except PinError as e:
+        print(f"pp4.pin: error: {e}", file=sys.stderr)
+        return 1
+    print(f"{pin['module']}: sha256 {pin['sha256']}, source key {pin['source_key']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""The content-addressed object store: its local backend and its command line."""

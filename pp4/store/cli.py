@@ -1,0 +1,141 @@
+"""Command line for the object store: `python -m pp4.cache {stats,gc,verify}`.
+
+Exit codes: 0 fine, 1 verify found damage (repaired or not), 2 usage or store error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from pp4.store.local import GcResult, Store, StoreError, StoreStats, VerifyReport, default_store_dir, parse_size
+
+EXIT_OK = 0
+EXIT_DAMAGE = 1
+EXIT_ERROR = 2
+
+
+def human_bytes(n: int) -> str:
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def _size_argument(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m pp4.cache",
+        description="Inspect and maintain the pp4 object store (compiled objects reused across builds).",
+    )
+    parser.add_argument(
+        "--store",
+        metavar="DIR",
+        type=Path,
+        default=None,
+        help=f"store directory (default: $PP4_STORE_DIR or the pp4 cache dir; now {default_store_dir()})",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{stats,gc,verify}")
+    commands.add_parser("stats", help="count entries and bytes")
+    gc = commands.add_parser("gc", help="evict least-recently-used entries down to a size; drop leftovers of crashed builds")
+    gc.add_argument(
+        "--max-bytes",
+        metavar="N",
+        type=_size_argument,
+        default=None,
+        help="target size, e.g. 10G or 500M (powers of 1024); default: the store bound ($PP4_STORE_MAX_BYTES or 20G)",
+    )
+    verify = commands.add_parser("verify", help="rehash every object, check every record; remove what is broken")
+    verify.add_argument("--no-repair", dest="repair", action="store_false", help="only report damage, remove nothing")
+    return parser
+
+
+def format_stats(stats: StoreStats) -> str:
+    share = 100.0 * stats.bytes / stats.bound if stats.bound else 0.0
+    return "\n".join(
+        [
+            f"store:    {stats.root}",
+            f"entries:  {stats.entries} action records",
+            f"objects:  {stats.objects} distinct objects",
+            f"size:     {human_bytes(stats.bytes)} ({stats.bytes} bytes) of {human_bytes(stats.bound)} bound ({share:.0f}%)",
+            f"staging:  {stats.tmp_files} files in tmp/",
+        ]
+    )
+
+
+def format_gc(result: GcResult) -> str:
+    return "\n".join(
+        [
+            f"gc {result.root}: {human_bytes(result.bytes_before)} -> {human_bytes(result.bytes_after)} "
+            f"(target {human_bytes(result.bound)})",
+            f"  evicted {result.records_evicted} least-recently-used action records and {result.objects_evicted} objects",
+            f"  removed {result.invalid_records_removed} invalid records, {result.orphan_objects_removed} orphaned objects, "
+            f"{result.tmp_files_removed} stale staging files",
+        ]
+    )
+
+
+def format_verify(report: VerifyReport) -> str:
+    lines = [f"verify {report.root}: checked {report.objects_checked} objects and {report.records_checked} records"]
+    for damage in report.damage:
+        action = "removed" if damage.repaired else "left in place"
+        lines.append(f"  DAMAGE {damage.kind}: {damage.path}: {damage.detail} [{action}]")
+    if report.orphan_objects or report.stale_tmp_files:
+        lines.append(
+            f"  note: {report.orphan_objects} unreferenced objects and {report.stale_tmp_files} stale staging files "
+            f"(harmless leftovers of interrupted builds; `gc` removes them)"
+        )
+    if report.ok:
+        lines.append("no damage found")
+    elif report.repair:
+        lines.append(f"{len(report.damage)} damaged files found and removed; those actions are now misses and will recompile")
+    else:
+        lines.append(f"{len(report.damage)} damaged files found; run without --no-repair to remove them")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    root = args.store if args.store is not None else default_store_dir()
+    if not root.exists():
+        # Reporting on a store must not create one.
+        print(f"no store at {root} (nothing has been cached there yet)")
+        return EXIT_OK
+    try:
+        store = Store(root)
+        if args.command == "stats":
+            print(format_stats(store.stats()))
+            return EXIT_OK
+        if args.command == "gc":
+            print(format_gc(store.gc(args.max_bytes)))
+            return EXIT_OK
+        report = store.verify(repair=args.repair)
+        print(format_verify(report))
+        # The reuse rule's manifests (an index from commands to actions) and the input sets they
+        # name live in the store too.
+        from pp4.reuse import inputsets
+        from pp4.reuse.wrapper import verify_manifests
+
+        manifest_damage = verify_manifests(root, args.repair)
+        for path, detail, repaired in manifest_damage:
+            print(f"  DAMAGE manifest-invalid: {path}: {detail} [{'repaired' if repaired else 'left in place'}]")
+        set_damage = inputsets.verify(inputsets.directory(root), args.repair)
+        for path, detail, repaired in set_damage:
+            print(f"  DAMAGE inputset-invalid: {path}: {detail} [{'removed' if repaired else 'left in place'}]")
+        return EXIT_OK if report.ok and not manifest_damage and not set_damage else EXIT_DAMAGE
+    except StoreError as exc:
+        print(f"pp4.cache: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+
+
+if __name__ == "__main__":
+    sys.exit(main())
