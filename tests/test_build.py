@@ -10,10 +10,10 @@ import shutil
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO
 
 pytestmark = pytest.mark.slow
@@ -160,7 +160,7 @@ def test_compdb_is_usable_by_clangd(fixture_build):
     for e in entries:
         first = e["command"].split()[0]
         assert Path(first).name in ("nvcc", "c++", "g++"), e["command"]
-        assert "pp4.plan.launch" not in e["command"]
+        assert not {"pp4.reuse", "pp4.plan.launch", "--env"} & set(e["command"].split()), e["command"]
         assert Path(e["file"]).is_file()
 
 
@@ -178,8 +178,8 @@ def test_pin_mismatch_is_refused(fixture_build):
         module.write_bytes(saved)
 
 
-def test_limits_are_applied_to_compiles(fixture_build, tmp_path):
-    """The launcher really applies affinity, nice and the address-space cap to the compiler process."""
+def test_the_link_launcher_applies_limits(fixture_build, tmp_path):
+    """The launcher links run under really applies affinity, nice and the address-space cap."""
     work, _, _ = fixture_build
     limits = json.loads((work / "build" / "pp4.json").read_text())["limits"]
     probe = tmp_path / "probe.sh"
@@ -228,3 +228,46 @@ def test_p2p_builds_with_decoys_and_imports_without_a_cuda_context(tmp_path, too
         assert fn in proc.stdout
     pin = json.loads(next((work / "build" / "p2p").glob("*.pin.json")).read_text())
     assert re.fullmatch(r"[0-9a-f]{64}", pin["sha256"]) and re.fullmatch(r"[0-9a-f]{64}", pin["source_key"])
+
+
+def test_limits_are_applied_to_a_real_compile(fixture_build, tmp_path):
+    """A real nvcc compile through the reuse wrapper, as ninja runs it: every compiler process it
+    starts (nvcc, cc1plus, cicc, ptxas ...) has the configured CPUs, niceness and address-space cap,
+    read from /proc while it runs."""
+    work, _, _ = fixture_build
+    config = json.loads((work / "build" / "pp4.json").read_text())
+    config["limits"] = dict(config["limits"], cpus=[0], nice=7, address_space=8 << 30)
+    config["reuse"]["store"] = None  # compile, whatever is stored
+    cfg_file = tmp_path / "pp4.json"
+    cfg_file.write_text(json.dumps(config))
+    action = next(a for a in json.loads((work / "build" / "actions.json").read_text())["actions"]
+                  if a["output"].endswith("shift.cu.o"))
+    argv = [a.replace(action["output"], str(tmp_path / "shift.cu.o")) for a in action["argv"]]
+    env_args = [x for k, v in sorted(action["env"].items()) for x in ("--env", f"{k}={v}")]
+    proc = subprocess.Popen([sys.executable, "-m", "pp4.reuse", str(cfg_file), *env_args, "--", *argv], cwd=work,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    seen: dict[str, tuple[str, int, str]] = {}
+    while proc.poll() is None:
+        for d in Path("/proc").iterdir():
+            if not d.name.isdigit():
+                continue
+            try:
+                if os.readlink(d / "cwd") != str(work):
+                    continue
+                name = Path((d / "cmdline").read_bytes().split(b"\0")[0].decode()).name
+                if name not in ("nvcc", "cc1plus", "cicc", "ptxas", "cudafe++", "fatbinary") or name in seen:
+                    continue
+                status = (d / "status").read_text()
+                nice = int((d / "stat").read_text().rsplit(")", 1)[1].split()[16])
+                limits = (d / "limits").read_text()
+            except (OSError, IndexError, ValueError):
+                continue
+            cpus = re.search(r"^Cpus_allowed_list:\s+(\S+)$", status, re.M).group(1)
+            address = re.search(r"^Max address space\s+(\S+)", limits, re.M).group(1)
+            seen[name] = (cpus, nice, address)
+        time.sleep(0.01)
+    assert proc.returncode == 0, proc.stdout.read().decode()[-2000:]
+    assert (tmp_path / "shift.cu.o").stat().st_size > 0
+    assert {"nvcc", "cc1plus"} <= set(seen), seen  # cc1plus runs twice or more, for ~a second each
+    for name, (cpus, nice, address) in seen.items():
+        assert (cpus, nice, address) == ("0", min(19, os.nice(0) + 7), str(8 << 30)), (name, seen)

@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from pp4.sizes import parse_size
 from pp4.worker import cli, guards
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -36,7 +37,7 @@ PREFIX = "python -m pp4.worker: error: "
          "--pdl on needs --device cuda (programmatic dependent launch is a GPU launch attribute)"),
         (["--layers", "0"], "--layers must be between 1 and 5, got 0"),
         (["--context", "8"], "--context must be at least 32, got 8"),
-        (["--max-rss", "12X"], "--max-rss: cannot parse '12X' (use a number with K, M, G or T, e.g. 48G)"),
+        (["--max-rss", "12X"], "--max-rss: not a size: '12X' (use a byte count or a number with K, M, G, T or P, e.g. 48G)"),
         (["--reference", "a.json", "--write-reference", "b.json"], "use either --reference or --write-reference, not both"),
         (["--calls", "0"], "--calls must be at least 1, got 0"),
         (["--vocab", "1001"], "geometry: vocab (1001) must split evenly over 2 ranks"),
@@ -68,21 +69,17 @@ def test_argparse_rejects_unknown_choices(capsys):
     assert "invalid choice: 'cutlass'" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize(
-    "argv, message",
-    [
-        (["--ranks", "pair"], "pp4.worker: --ranks pair needs 2 CUDA GPUs (one per rank, NCCL all-reduce); found 0"),
-    ],
-)
-def test_environment_errors_are_clear(argv, message, capsys):
+def test_a_pair_of_ranks_without_two_gpus_is_a_clear_error(capsys):
     pytest.importorskip("torch")
     import torch
 
-    if torch.cuda.device_count() >= 2 and "pair" in argv:
-        pytest.skip("this machine has two GPUs")
-    rc = cli.main(["--device", "cpu", "--geometry", "tiny", "--context", "32", *argv])
+    found = torch.cuda.device_count()
+    if found >= 2:
+        pytest.skip("this machine has two GPUs: --ranks pair can run")
+    rc = cli.main(["--device", "cpu", "--geometry", "tiny", "--context", "32", "--ranks", "pair"])
     assert rc == guards.EXIT_ENVIRONMENT
-    assert message in capsys.readouterr().err
+    assert (f"pp4.worker: --ranks pair needs 2 CUDA GPUs (one per rank, NCCL all-reduce); found {found}"
+            in capsys.readouterr().err)
 
 
 def test_cuda_requested_without_gpu(capsys):
@@ -95,12 +92,14 @@ def test_cuda_requested_without_gpu(capsys):
 
 
 def test_parse_size():
-    assert guards.parse_size("48G") == 48 * 2**30
-    assert guards.parse_size("1.5M") == int(1.5 * 2**20)
-    assert guards.parse_size("512") == 512
-    assert guards.parse_size("2GiB") == 2 * 2**30
-    with pytest.raises(ValueError, match="cannot parse '-1G'"):
-        guards.parse_size("-1G")
+    assert parse_size("48G") == 48 * 2**30
+    assert parse_size("1.5M") == int(1.5 * 2**20)
+    assert parse_size("512") == 512
+    assert parse_size("2GiB") == 2 * 2**30
+    with pytest.raises(ValueError, match="not a size: '-1G'"):
+        parse_size("-1G")
+    with pytest.raises(ValueError, match="more than 0 bytes"):
+        parse_size("0", positive=True)
 
 
 def test_private_caches(tmp_path, monkeypatch):

@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 
 from pp4.worker import exl3, hashing  # noqa: E402
 from pp4.worker.backends import BackendUnavailable, make_backend  # noqa: E402
-from pp4.worker.config import DEFAULT_GEOMETRY, TINY_GEOMETRY, Exl3Options, Geometry, ModelSettings  # noqa: E402
+from pp4.worker.config import DEFAULT_GEOMETRY, TINY_GEOMETRY, Exl3Options, Geometry  # noqa: E402
 from pp4.worker.model import SyntheticSource, shard_weights  # noqa: E402
 
 CPU = torch.device("cpu")
@@ -131,11 +131,6 @@ def test_gemm_kernel_choice_is_reproducible_unless_autotune_is_asked_for(rows, b
     be = SimpleNamespace(GEMV_MAX_ROWS=Exl3Backend.GEMV_MAX_ROWS, select=select, num_sms=132)
     w = exl3.row_parallel("o", (256, 128), slice(0, 256), 1.0, SEED, bits, CPU)
     assert Exl3Backend._sms_for(be, rows, w) == expect
-
-
-def test_settings_name_the_module_and_bits_in_the_fingerprint_inputs():
-    s = ModelSettings(GEO, backend="exl3", attention="fused", exl3=Exl3Options("b", "exl3-facc", 3, 5))
-    assert s.exl3.target == "exl3-facc" and (s.exl3.bits, s.exl3.head_bits) == (3, 5)
 
 
 def test_fold_kernel_takes_q_and_k_rotated_elsewhere():

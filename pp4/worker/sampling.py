@@ -79,6 +79,11 @@ def gumbel_log_exponential(keys, premix, torch, out=None):
     """
     # == mix32(vocab hash ^ row-depth key): both halves carry the first xorshift already.
     h = hashing.mix32_after_first_shift(premix[None, None, :] ^ keys[:, :, None])
+    return log_exponential_of_hash(h, torch, out)
+
+
+def log_exponential_of_hash(h, torch, out=None):
+    """log(E) for 32-bit hashes h (int64 holding 0 .. 2**32-1)."""
     # u = (s + 0.5) * 2**-23 with s the top 23 bits; u - 1 is exact in float32.
     u_minus_1 = torch.sub(h >> 9, 2.0**23 - 0.5).mul_(2.0**-23)
     exp1 = torch.log1p(u_minus_1).neg_()
