@@ -26,20 +26,21 @@ ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 
 from pp4 import paths  # noqa: E402
+from pp4.files import write_if_changed  # noqa: E402
+from pp4.plan import modules as plan  # noqa: E402
+from pp4.plan import ninjafile  # noqa: E402
+from pp4.plan.launch import Limits, parse_cpu_list  # noqa: E402
+from pp4.plan.torchflags import torch_build_flags  # noqa: E402
+from pp4.reuse import wrapper as reuse  # noqa: E402
+from pp4.sizes import parse_size  # noqa: E402
+from pp4.sources import exl3  # noqa: E402
+from pp4.sources import extensions  # noqa: E402
 from pp4.toolchain import compat  # noqa: E402
 from pp4.toolchain import compilerenv  # noqa: E402
 from pp4.toolchain import compilers  # noqa: E402
-from pp4.sources import exl3  # noqa: E402
-from pp4.sources import extensions  # noqa: E402
-from pp4.plan import ninjafile  # noqa: E402
-from pp4.plan import modules as plan  # noqa: E402
-from pp4.reuse import wrapper as reuse  # noqa: E402
 from pp4.toolchain import provision as toolchain  # noqa: E402
-from pp4.files import write_if_changed  # noqa: E402
-from pp4.plan.launch import Limits, parse_cpu_list, parse_size  # noqa: E402
 from pp4.toolchain.locks import LockError, lock_for_cuda  # noqa: E402
 from pp4.toolchain.torchenv import TorchError, torch_cuda_version, torch_package_dir  # noqa: E402
-from pp4.plan.torchflags import torch_build_flags  # noqa: E402
 from pp4.toolchain.wheelcache import WheelError  # noqa: E402
 
 BUILTIN_EXTENSIONS = ["p2p", "exl3", "exl3-facc"]
@@ -322,7 +323,7 @@ def main(argv: list[str]) -> int:
     if jobs < 1:
         raise ConfigureError(f"--jobs {jobs}: at least one compile must be allowed to run")
     limits = Limits(cpus=cpus, nice=args.nice,
-                    address_space=parse_size(args.max_memory) if args.max_memory else None,
+                    address_space=parse_size(args.max_memory, positive=True) if args.max_memory else None,
                     nvcc_threads=args.compiler_threads, tmpdir=str(compile_tmpdir(builddir)))
     store_dir = None if args.no_reuse else str((args.store or _default_store(args)).absolute())
     config = {

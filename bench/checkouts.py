@@ -35,8 +35,7 @@ def compile_section() -> dict:
     machine's host compilers, as configure would choose them."""
     import os
 
-    from pp4.toolchain import compilerenv
-    from pp4.toolchain import compilers
+    from pp4.toolchain import compilerenv, compilers
     from pp4.toolchain.locks import lock_for_cuda
     from pp4.toolchain.provision import IDENTITY_FILES, provision
     from pp4.toolchain.torchenv import torch_cuda_version

@@ -1,4 +1,5 @@
-"""Files: generated ones written only when their content changes, atomically; hashing; folder locks.
+"""Files: generated ones written only when their content changes, atomically; hashing; the one
+canonical JSON form that is hashed; folder locks.
 
 A re-run that produces the same content touches nothing, so ninja sees no new mtimes and a second
 `python configure.py && ninja` does no work.
@@ -8,10 +9,10 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import json
 import os
 from contextlib import contextmanager
 from pathlib import Path
-
 
 READ_CHUNK = 1 << 20
 
@@ -20,6 +21,35 @@ def sha256_file(path: Path | str) -> str:
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         return sha256_fd(fd, os.fstat(fd).st_size)
+    finally:
+        os.close(fd)
+
+
+def sha256_and_size(path: Path | str) -> tuple[str, int]:
+    """(sha256, size) of a file's bytes, the size being what was read."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        h, size = hashlib.sha256(), 0
+        buf = bytearray(READ_CHUNK)
+        view = memoryview(buf)
+        while n := os.readv(fd, [buf]):
+            h.update(view[:n])
+            size += n
+        return h.hexdigest(), size
+    finally:
+        os.close(fd)
+
+
+def canonical_json(value) -> bytes:
+    """The bytes of a JSON value that pp4 hashes or compares: sorted keys, no spaces, no NaN."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+
+
+def fsync_dir(path: Path | str) -> None:
+    """Make a new or renamed entry of a folder durable across power loss, not just process death."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
     finally:
         os.close(fd)
 

@@ -60,8 +60,7 @@ def compile_section(toolchain) -> dict:
     """The "compile" part of a build/pp4.json for tests that drive the reuse wrapper in-process:
     the real pinned nvcc and this machine's host compilers, in the compile environment configure
     would choose."""
-    from pp4.toolchain import compilerenv
-    from pp4.toolchain import compilers
+    from pp4.toolchain import compilerenv, compilers
     from pp4.toolchain.provision import IDENTITY_FILES
 
     chosen = compilers.choose({"PATH": os.environ.get("PATH", os.defpath)}, str(toolchain.nvcc),

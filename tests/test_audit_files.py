@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO
+
 from pp4.certify import audit
 from pp4.reuse.actionkey import FileHasher
 

@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO
+
 from pp4.toolchain import compat
 from pp4.toolchain.provision import Toolchain
 

@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, compile_section
+
 from pp4.certify import certificate
 from pp4.reuse import events
 from pp4.reuse import wrapper as reuse

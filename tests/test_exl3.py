@@ -12,13 +12,12 @@ import zipfile
 from pathlib import Path
 
 import pytest
-
 from conftest import content_snapshot
+
 from pp4 import paths
-from pp4.sources import exl3
-from pp4.sources import extensions
 from pp4.plan import modules as plan
 from pp4.plan.torchflags import torch_build_flags
+from pp4.sources import exl3, extensions
 
 ARCH = ["9.0"]
 # Light real units (2-core machine, sm_90, full flags: about 2.5 s, 7 s and 15-20 s each): a C++ unit,

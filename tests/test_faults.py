@@ -21,14 +21,14 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO
-from pp4.reuse import actionkey
-from pp4.certify import audit
-from pp4.toolchain import compilerenv
-from pp4.certify import certificate as pp4_certificate
-from pp4.store.local import Store
 from test_build import FIXTURE, ninja_bin, run
+
+from pp4.certify import audit
+from pp4.certify import certificate as pp4_certificate
+from pp4.reuse import actionkey
+from pp4.store.local import Store
+from pp4.toolchain import compilerenv
 
 pytestmark = pytest.mark.slow
 

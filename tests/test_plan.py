@@ -11,11 +11,11 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO
+
 from pp4.plan import modules as plan
-from pp4.sources.extensions import Extension
 from pp4.plan.torchflags import torch_build_flags
+from pp4.sources.extensions import Extension
 
 # Each intentional difference, as documented in docs/configure.md.
 OURS_ONLY_LINK = {"-Wl,-rpath,{torch_lib}", "-Wl,-rpath,{cudart_lib}"}

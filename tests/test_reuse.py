@@ -11,10 +11,10 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO
-from pp4.certify import audit
 from test_build import FIXTURE, ninja_bin, run
+
+from pp4.certify import audit
 
 pytestmark = pytest.mark.slow
 

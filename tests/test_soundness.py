@@ -25,7 +25,6 @@ from pathlib import Path
 
 import attrs
 import pytest
-
 from conftest import REPO
 from test_build import ninja_bin, run
 

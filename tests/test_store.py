@@ -18,16 +18,8 @@ from pathlib import Path
 import pytest
 
 from pp4.store.local import (
-    PUT_STEPS,
-    ActionRecord,
-    CorruptObject,
-    ObjectMissing,
-    Store,
-    StoreError,
-    decode_record,
-    default_max_bytes,
-    default_store_dir,
-    parse_size,
+    PUT_STEPS, ActionRecord, CorruptObject, ObjectMissing, Store, StoreError, decode_record, default_max_bytes,
+    default_store_dir, parse_size
 )
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

@@ -29,14 +29,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from pp4.reuse import actionkey
-from pp4.certify import certificate
-from pp4.reuse import inputsets
-from pp4.certify import pin
+from pp4.certify import certificate, pin
+from pp4.reuse import actionkey, inputsets
 from pp4.reuse.basis import Basis
-from pp4.toolchain.compilerenv import process_env
-from pp4.toolchain.compilers import Compilers, CompilerError
 from pp4.store.local import Store, StoreError
+from pp4.toolchain.compilerenv import process_env
+from pp4.toolchain.compilers import CompilerError, Compilers
 
 # nvcc names its temporary files tmpxft_<8 hex digits of its pid>_<8 hex digits>-<n>_<name>.
 _TMPXFT = re.compile(rb"tmpxft_([0-9a-f]{8})_[0-9a-f]{8}-\d+_")

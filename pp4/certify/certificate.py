@@ -19,16 +19,13 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
-import os
 import sys
 import time
 from pathlib import Path
 
-from pp4.reuse import actionkey
-from pp4.reuse import events
-from pp4.reuse import inputsets
 from pp4.certify import pin
-from pp4.store.local import hash_file
+from pp4.files import canonical_json, sha256_and_size, write_whole
+from pp4.reuse import actionkey, events, inputsets
 
 
 class CertificateError(Exception):
@@ -40,7 +37,7 @@ def record_path(certificate: Path) -> Path:
 
 
 def canonical(doc: dict) -> bytes:
-    return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+    return canonical_json(doc)
 
 
 def read(certificate: Path) -> tuple[dict, str]:
@@ -75,7 +72,7 @@ def write(config_path: Path, actions_path: Path, out: Path) -> str:
                             f"{events.event_path(state_dir, action['output'])} nor an entry in "
                             f"{events.batch_path(state_dir)})")
             continue
-        sha, size = hash_file(action["output"])
+        sha, size = sha256_and_size(action["output"])
         if sha != ev.get("object_sha256"):
             problems.append(f"{action['output']}: sha256 {sha} differs from the one recorded when it was built")
         objects.append({
@@ -99,14 +96,9 @@ def write(config_path: Path, actions_path: Path, out: Path) -> str:
            "objects": objects, "input_sets": sets, "modules": modules}
     raw = canonical(doc)
     digest = hashlib.sha256(raw).hexdigest()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp")
-    tmp.write_bytes(gzip.compress(raw, mtime=0))
-    os.replace(tmp, out)
+    write_whole(out, gzip.compress(raw, mtime=0))
     record = build_record(config, modules, out, digest)
-    rec = record_path(out)
-    rec.with_name(f".{rec.name}.tmp").write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
-    os.replace(rec.with_name(f".{rec.name}.tmp"), rec)
+    write_whole(record_path(out), json.dumps(record, indent=1, sort_keys=True) + "\n")
     reused = sum(o["status"] == "reused" for o in objects)
     print(f"certificate {out}: sha256 {digest} ({len(objects)} objects: {reused} reused, "
           f"{len(objects) - reused} compiled)")

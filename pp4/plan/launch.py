@@ -87,20 +87,6 @@ def parse_cpu_list(text: str) -> tuple[int, ...]:
     return tuple(sorted(cpus))
 
 
-def parse_size(text: str) -> int:
-    """"48G" / "512M" / "1024" -> bytes (powers of 1024)."""
-    units = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-    t = text.strip().upper().removesuffix("IB").removesuffix("B")
-    num, unit = (t[:-1], t[-1]) if t and t[-1] in units else (t, "")
-    try:
-        value = float(num) * units[unit]
-    except ValueError:
-        raise ValueError(f"{text!r} is not a size: write it like 48G, 512M or a number of bytes") from None
-    if value <= 0:
-        raise ValueError(f"{text!r} must be a positive size")
-    return int(value)
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     action_env, rest = parse_env_args(argv[1:])

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import attrs
 
+from pp4.plan.torchflags import COMMON_NVCC_FLAGS, TorchBuildFlags
+from pp4.sources.extensions import Extension
 from pp4.toolchain.compilerenv import Folded
 from pp4.toolchain.compilers import Compilers, ccbin_from_flags
-from pp4.sources.extensions import Extension
 from pp4.toolchain.provision import Toolchain
-from pp4.plan.torchflags import COMMON_NVCC_FLAGS, TorchBuildFlags
 
 _ARCH = re.compile(r"^(\d+)\.(\d+)([af]?)(\+PTX)?$")
 CUDA_SUFFIXES = (".cu",)

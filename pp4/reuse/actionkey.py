@@ -20,13 +20,12 @@ when an input mentions the identifier, which each entry records (see docs/reuse.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 
 import attrs
 
-from pp4.files import sha256_fd
+from pp4.files import canonical_json, sha256_fd
 
 
 class CommandError(Exception):
@@ -154,7 +153,7 @@ def manifest_key(normalized: list[str], toolchain_id: dict, env: dict[str, str])
     """toolchain_id: the identity of what the compile runs (pp4.compilers); env: the action's
     environment (pp4.compilerenv). Format 3: entries carry a probe digest (pp4.probes)."""
     doc = {"argv": normalized, "toolchain": toolchain_id, "env": env, "format": 3}
-    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+    return hashlib.sha256(canonical_json(doc)).hexdigest()
 
 
 def action_key(mkey: str, inputs: list[list[str]], input_sets: list[str], erased: dict[str, str] | None,
@@ -164,7 +163,7 @@ def action_key(mkey: str, inputs: list[list[str]], input_sets: list[str], erased
     (pp4.probes). erased is None when no input mentions an erasable identifier: then its value
     cannot matter."""
     doc = {"manifest": mkey, "inputs": inputs, "input_sets": input_sets, "erased": erased, "probes": probes}
-    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+    return hashlib.sha256(canonical_json(doc)).hexdigest()
 
 
 class FileHasher:

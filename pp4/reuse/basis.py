@@ -11,8 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pp4.reuse import inputsets
-from pp4.reuse import probes
+from pp4.reuse import inputsets, probes
 from pp4.reuse.actionkey import CompileArgs, FileHasher
 from pp4.toolchain.compilers import Compilers, Identifier, Identity
 

@@ -18,8 +18,8 @@ import hashlib
 import json
 from pathlib import Path
 
+from pp4.files import canonical_json, write_whole
 from pp4.reuse.actionkey import FileHasher, depfile_body
-from pp4.files import write_whole
 
 SRC = "$SRC"  # inputs under the extension's own source root; they stay inline
 
@@ -33,7 +33,7 @@ def split(inputs: list[list[str]]) -> tuple[list[list[str]], list[list[str]]]:
 
 
 def canonical(shared: list[list[str]]) -> bytes:
-    return json.dumps(sorted(map(list, shared)), separators=(",", ":")).encode()
+    return canonical_json(sorted(map(list, shared)))
 
 
 def set_id(shared: list[list[str]]) -> str:

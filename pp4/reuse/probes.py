@@ -38,8 +38,8 @@ import os
 import re
 from pathlib import Path
 
-from pp4.reuse.actionkey import FileHasher
 from pp4.files import write_whole
+from pp4.reuse.actionkey import FileHasher
 
 NAMES_FORMAT = 2
 NAME_LINE = re.compile(rb'#[ \t]*(?:include|import|embed|if|elif|define)[^\n<"]*[<"][^\n]*')

@@ -28,15 +28,14 @@ from pathlib import Path
 
 import attrs
 
-from pp4.reuse import actionkey
-from pp4.toolchain import compilerenv
-from pp4.reuse import events
-from pp4.reuse import inputsets
+from pp4.files import sha256_and_size
+from pp4.plan.launch import Limits, apply, command_for
+from pp4.reuse import actionkey, events, inputsets
 from pp4.reuse.actionkey import CompileArgs
 from pp4.reuse.basis import Basis
-from pp4.toolchain.compilers import Compilers, CompilerError
-from pp4.plan.launch import Limits, apply, command_for
-from pp4.store.local import CorruptObject, ObjectMissing, Store, StoreError, hash_file
+from pp4.store.local import CorruptObject, ObjectMissing, Store, StoreError
+from pp4.toolchain import compilerenv
+from pp4.toolchain.compilers import CompilerError, Compilers
 
 MARKER_SUFFIX = ".pp4-reused"
 MANIFEST_ENTRIES = 16  # most recent input sets kept per command
@@ -192,7 +191,7 @@ class Reuser:
         inputsets.write_canonical(self.state_sets, sid, set_bytes)
         sets = [sid]
         digest = self.basis.probe_digest(args, env, [(actionkey.from_src(p, root), p) for p, _ in own], sets, self.state_sets)
-        sha, _ = hash_file(args.output)
+        sha, _ = sha256_and_size(args.output)
         toolchain = self.identity(args, env).hashes
         result = {"action_key": None, "inputs": own, "input_sets": sets, "probes": digest, "object_sha256": sha,
                   "not_stored": None, "env": env, "toolchain": toolchain}

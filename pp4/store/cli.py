@@ -9,7 +9,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from pp4.store.local import GcResult, Store, StoreError, StoreStats, VerifyReport, default_store_dir, parse_size
+from pp4.sizes import parse_size
+from pp4.store.local import GcResult, Store, StoreError, StoreStats, VerifyReport, default_store_dir
 
 EXIT_OK = 0
 EXIT_DAMAGE = 1

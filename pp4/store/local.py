@@ -40,6 +40,10 @@ from typing import Any, Iterator, NoReturn
 
 import attrs
 
+from pp4 import paths
+from pp4.files import canonical_json, fsync_dir, sha256_and_size, sha256_fd
+from pp4.sizes import parse_size
+
 __all__ = [
     "ActionRecord",
     "CorruptObject",
@@ -54,7 +58,6 @@ __all__ = [
     "default_max_bytes",
     "default_store_dir",
     "encode_record",
-    "parse_size",
 ]
 
 log = logging.getLogger(__name__)
@@ -177,7 +180,7 @@ class VerifyReport:
 
 
 def _canonical_json(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return canonical_json(value).decode()
 
 
 def _checksum(body: dict) -> str:
@@ -231,31 +234,11 @@ def decode_record(data: bytes, expected_key: str | None = None) -> ActionRecord:
 
 
 def default_store_dir() -> Path:
-    """$PP4_STORE_DIR, else <cache dir>/store where cache dir is $PP4_CACHE_DIR, $XDG_CACHE_HOME/pp4 or ~/.cache/pp4."""
+    """$PP4_STORE_DIR, else <cache dir>/store (pp4.paths.cache_dir)."""
     explicit = os.environ.get("PP4_STORE_DIR")
     if explicit:
         return Path(explicit).expanduser()
-    cache_dir = os.environ.get("PP4_CACHE_DIR")
-    if cache_dir:
-        return Path(cache_dir).expanduser() / "store"
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    base = Path(xdg).expanduser() if xdg else Path.home() / ".cache"
-    return base / "pp4" / "store"
-
-
-_SIZE_RE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmgtp]?)(?:i?b)?\s*", re.IGNORECASE)
-
-
-def parse_size(text: str) -> int:
-    """'1048576', '512K', '10G', '1.5GiB', '2T' -> bytes. Suffixes are powers of 1024."""
-    match = _SIZE_RE.fullmatch(str(text))
-    if not match:
-        raise ValueError(f"not a size: {text!r} (use a byte count or a number with K, M, G, T or P, e.g. 10G)")
-    number, unit = match.groups()
-    scale = 1024 ** ("KMGTP".index(unit.upper()) + 1) if unit else 1
-    if "." in number:
-        return int(float(number) * scale)
-    return int(number) * scale  # exact, even beyond float precision
+    return paths.cache_dir() / "store"
 
 
 def default_max_bytes() -> int:
@@ -272,37 +255,11 @@ def default_max_bytes() -> int:
 # ---------------------------------------------------------------- small file helpers
 
 
-def hash_file(path: str | os.PathLike) -> tuple[str, int]:
-    """(sha256 hex, size) of a file's bytes."""
-    with open(path, "rb", buffering=0) as f:
-        return _hash_stream(f)
-
-
-def _hash_stream(f) -> tuple[str, int]:
-    hasher = hashlib.sha256()
-    size = 0
-    buffer = bytearray(HASH_CHUNK_BYTES)
-    view = memoryview(buffer)
-    while n := f.readinto(buffer):
-        hasher.update(view[:n])
-        size += n
-    return hasher.hexdigest(), size
-
-
 def _write_all(fd: int, data: bytes | memoryview) -> None:
     view = memoryview(data)
     while view:
         written = os.write(fd, view)
         view = view[written:]
-
-
-def _fsync_dir(path: Path) -> None:
-    # Makes a new directory entry durable across power loss, not just process death.
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _unlink_quietly(path: Path | None) -> None:
@@ -600,7 +557,7 @@ class Store:
                     return 0
                 os.replace(staged, destination)
             # The object's directory entry must be durable before any record names it.
-            _fsync_dir(destination.parent)
+            fsync_dir(destination.parent)
         return size
 
     # ------------------------------------------------------------ materialize
@@ -622,7 +579,7 @@ class Store:
                 source_inode = os.stat(staged).st_ino
             else:
                 source_inode = self._copy_object(source, staged)
-            digest, _ = hash_file(staged)
+            digest, _ = sha256_and_size(staged)
             if digest != record.object_sha256:
                 self._reject_corrupt(record, source, dest, staged, digest, source_inode, linked)
             os.replace(staged, dest)
@@ -671,7 +628,7 @@ class Store:
         stored_is_bad = linked
         if not linked:
             try:
-                stored_is_bad = hash_file(source)[0] != record.object_sha256
+                stored_is_bad = sha256_and_size(source)[0] != record.object_sha256
             except FileNotFoundError:
                 stored_is_bad = True
         if not stored_is_bad:
@@ -892,8 +849,8 @@ class Store:
                 continue
             try:
                 with open(entry.path, "rb", buffering=0) as f:
-                    inode = os.fstat(f.fileno()).st_ino  # the inode we judge, whatever the path holds later
-                    digest, _ = _hash_stream(f)
+                    st = os.fstat(f.fileno())  # the inode we judge, whatever the path holds later
+                    inode, digest = st.st_ino, sha256_fd(f.fileno(), st.st_size)
             except FileNotFoundError:
                 continue  # removed by a concurrent gc
             objects_checked += 1

@@ -33,7 +33,7 @@ from pathlib import Path
 import attrs
 
 from pp4 import paths
-from pp4.files import locked, sha256_file
+from pp4.files import fsync_dir, locked, sha256_file
 from pp4.toolchain.locks import ToolchainLock
 from pp4.toolchain.torchenv import HeaderFile, library_headers
 from pp4.toolchain.wheelcache import ensure_wheels
@@ -356,16 +356,8 @@ def provision(lock: ToolchainLock, cache_root: Path | None = None, wheel_dir: Pa
             _rmtree(trash)
         else:
             os.rename(staging, prefix)
-        _fsync_dir(toolchains)
+        fsync_dir(toolchains)
     return ProvisionResult(toolchain, written, linked, time.monotonic() - t0)
-
-
-def _fsync_dir(d: Path) -> None:
-    fd = os.open(d, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def override(cuda_home: Path) -> Toolchain:

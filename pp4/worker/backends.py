@@ -11,9 +11,8 @@ import os
 import torch
 import torch.nn.functional as F
 
-from pp4.worker import sampling
+from pp4.worker import sampling, skinny_gemm
 from pp4.worker.config import GREEDY, SAMPLED, SWITCH
-from pp4.worker import skinny_gemm
 from pp4.worker.skinny_gemm import SkinnyGemm
 
 EXL3_NEEDS_CUDA = "--backend exl3 runs EXL3's CUDA kernels: it needs --device cuda"

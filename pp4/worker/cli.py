@@ -11,10 +11,11 @@ import shutil
 import sys
 import time
 
+from pp4.sizes import parse_size
 from pp4.worker import guards
 from pp4.worker.config import (
     BACKENDS, BATCH_SIZES, DEFAULT_GEOMETRY, DEPTHS, DTYPES, EXL3_BITS, MODES, TINY_GEOMETRY, CellKey, Exl3Options,
-    Geometry, ModelSettings,
+    Geometry, ModelSettings
 )
 
 STATE_COUNT = 12  # synthetic, and again captured
@@ -141,11 +142,11 @@ def validate(args) -> tuple[Geometry, list[int], list[int], int, int]:
     if args.warmup < 0:
         raise UsageError(f"--warmup must not be negative, got {args.warmup}")
     try:
-        max_rss = guards.parse_size(args.max_rss)
+        max_rss = parse_size(args.max_rss)
     except ValueError as exc:
         raise UsageError(f"--max-rss: {exc}") from None
     try:
-        copy_bytes = guards.parse_size(args.copy_bytes or ("2G" if args.device == "cuda" else "64M"))
+        copy_bytes = parse_size(args.copy_bytes or ("2G" if args.device == "cuda" else "64M"))
     except ValueError as exc:
         raise UsageError(f"--copy-bytes: {exc}") from None
     if args.reference and args.write_reference:
@@ -248,11 +249,13 @@ def _run(args, argv: list[str], checked, cache_dir: str, caches_late: bool, rss:
     t_start = time.monotonic()
     import torch
 
-    from pp4.worker import gate, gpu_info, report, states as state_io, timing
+    from pp4.worker import gate, gpu_info, report
+    from pp4.worker import states as state_io
+    from pp4.worker import timing
     from pp4.worker.backends import BackendUnavailable
     from pp4.worker.draft import DraftWorker
     from pp4.worker.graphs import build_runners
-    from pp4.worker.model import SyntheticSource, TORCH_DTYPES, TensorParallelDraft, export_safetensors
+    from pp4.worker.model import TORCH_DTYPES, SyntheticSource, TensorParallelDraft, export_safetensors
 
     settings = ModelSettings(
         geometry=geometry, dtype=args.dtype, context=args.context, weight_seed=args.weight_seed,

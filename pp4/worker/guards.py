@@ -15,7 +15,6 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
-import re
 import signal
 import socket
 import sys
@@ -39,8 +38,6 @@ CACHE_VARIABLES = {
     "EXLLAMAV3_TUNE_CACHE": "exllamav3_tune",  # EXL3's GEMM autotuner keeps its choices on disk
 }
 
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:i?B)?\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
 
 class GuardError(RuntimeError):
@@ -49,14 +46,6 @@ class GuardError(RuntimeError):
     def __init__(self, message: str, exit_code: int = EXIT_GUARD):
         super().__init__(message)
         self.exit_code = exit_code
-
-
-def parse_size(text: str) -> int:
-    """'48G' -> bytes (binary units: K, M, G, T; optional 'B'/'iB')."""
-    m = _SIZE_RE.match(text)
-    if not m:
-        raise ValueError(f"cannot parse {text!r} (use a number with K, M, G or T, e.g. 48G)")
-    return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
 
 
 # ---------------------------------------------------------------------------- private caches

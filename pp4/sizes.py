@@ -1,0 +1,20 @@
+"""Sizes as people write them: "48G", "512M", "1.5GiB", "1048576". Powers of 1024."""
+
+from __future__ import annotations
+
+import re
+
+_SIZE_RE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmgtp]?)(?:i?b)?\s*", re.IGNORECASE)
+
+
+def parse_size(text: str, positive: bool = False) -> int:
+    """Bytes; exact for whole numbers, even beyond float precision. positive: 0 is refused too."""
+    match = _SIZE_RE.fullmatch(str(text))
+    if not match:
+        raise ValueError(f"not a size: {text!r} (use a byte count or a number with K, M, G, T or P, e.g. 48G)")
+    number, unit = match.groups()
+    scale = 1024 ** ("KMGTP".index(unit.upper()) + 1) if unit else 1
+    value = int(float(number) * scale) if "." in number else int(number) * scale
+    if positive and value <= 0:
+        raise ValueError(f"not a size: {text!r} (it must be more than 0 bytes)")
+    return value
