@@ -29,9 +29,7 @@ from pp4 import paths  # noqa: E402
 from pp4.files import write_if_changed  # noqa: E402
 from pp4.plan import modules as plan  # noqa: E402
 from pp4.plan import ninjafile  # noqa: E402
-from pp4.plan.launch import Limits, parse_cpu_list  # noqa: E402
 from pp4.plan.torchflags import torch_build_flags  # noqa: E402
-from pp4.reuse import wrapper as reuse  # noqa: E402
 from pp4.sizes import parse_size  # noqa: E402
 from pp4.sources import exl3  # noqa: E402
 from pp4.sources import extensions  # noqa: E402
@@ -39,6 +37,7 @@ from pp4.toolchain import compat  # noqa: E402
 from pp4.toolchain import compilerenv  # noqa: E402
 from pp4.toolchain import compilers  # noqa: E402
 from pp4.toolchain import provision as toolchain  # noqa: E402
+from pp4.toolchain.limits import Limits, parse_cpu_list  # noqa: E402
 from pp4.toolchain.locks import LockError, lock_for_cuda  # noqa: E402
 from pp4.toolchain.torchenv import TorchError, torch_cuda_version, torch_package_dir  # noqa: E402
 from pp4.toolchain.wheelcache import WheelError  # noqa: E402
@@ -199,7 +198,7 @@ def twin_of_an_earlier_module(plans: list[plan.ModulePlan]):
 
     def defer(p: plan.ModulePlan, step: plan.CompileStep) -> bool:
         rel = os.path.relpath(step.source, p.extension.root)
-        return first_target[rel] != p.extension.target and reuse.worth_waiting(str(step.source))
+        return first_target[rel] != p.extension.target and extensions.may_be_shared(step.source)
 
     return defer
 

@@ -160,7 +160,7 @@ def test_compdb_is_usable_by_clangd(fixture_build):
     for e in entries:
         first = e["command"].split()[0]
         assert Path(first).name in ("nvcc", "c++", "g++"), e["command"]
-        assert not {"pp4.reuse", "pp4.plan.launch", "--env"} & set(e["command"].split()), e["command"]
+        assert not {"pp4.reuse", "pp4.reuse.launch", "--env"} & set(e["command"].split()), e["command"]
         assert Path(e["file"]).is_file()
 
 
@@ -188,7 +188,7 @@ def test_the_link_launcher_applies_limits(fixture_build, tmp_path):
     custom = dict(limits, cpus=[0], nice=7, address_space=8 << 30)
     lf = tmp_path / "limits.json"
     lf.write_text(json.dumps(custom))
-    out = run([sys.executable, "-m", "pp4.plan.launch", str(lf), "--", str(probe)], REPO).stdout
+    out = run([sys.executable, "-m", "pp4.reuse.launch", str(lf), "--", str(probe)], REPO).stdout
     assert re.search(r"Cpus_allowed_list:\s+0$", out, re.M)
     assert f"{8 << 20}" in out  # ulimit -v reports KiB
     assert re.search(r"^\d+$", out, re.M) and int(re.findall(r"^(\d+)$", out, re.M)[-1]) >= 7

@@ -368,7 +368,7 @@ def test_flipped_bytes_are_never_used(seed, tmp_path, where):
         assert "DAMAGE object-hash-mismatch" in report.stdout and "DAMAGE record-object-corrupt" in report.stdout
     elif where == "record":
         assert report.returncode == 1 and "DAMAGE record-invalid" in report.stdout
-    else:  # manifests have no checksum of their own: verify (and every lookup) checks each entry
+    else:  # the manifest's checksum no longer matches: verify reports it, every lookup ignores it
         assert report.returncode == 1, report.stdout
         assert "DAMAGE manifest-invalid" in report.stdout and "[left in place]" in report.stdout
     work = tmp_path / "work"

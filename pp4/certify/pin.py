@@ -17,8 +17,7 @@ import sys
 from pathlib import Path
 
 from pp4.files import sha256_file, write_if_changed
-
-SOURCE_SUFFIXES = {".c", ".cc", ".cpp", ".cxx", ".cu", ".cuh", ".h", ".hh", ".hpp", ".hxx", ".inl", ".inc"}
+from pp4.sources.extensions import SOURCE_SUFFIXES
 
 
 class PinError(Exception):

@@ -18,8 +18,9 @@ import hashlib
 import json
 from pathlib import Path
 
-from pp4.files import canonical_json, write_whole
+from pp4.files import canonical_json
 from pp4.reuse.actionkey import FileHasher, depfile_body
+from pp4.store import hashed
 
 SRC = "$SRC"  # inputs under the extension's own source root; they stay inline
 
@@ -46,7 +47,7 @@ def directory(root: str | Path) -> Path:
 
 
 def path_of(directory: str | Path, sid: str) -> Path:
-    return Path(directory) / sid[:2] / f"{sid}.json"
+    return hashed.path_of(directory, sid)
 
 
 def encode(shared: list[list[str]]) -> tuple[str, bytes]:
@@ -65,12 +66,8 @@ def write(directory: str | Path, shared: list[list[str]]) -> str:
 def write_canonical(directory: str | Path, sid: str, data: bytes) -> None:
     """Store a set's canonical bytes, as read from another directory: a restore copies the store's
     sets into the build's state directory without encoding 1,400 entries again. The bytes must hash
-    to the name (ValueError otherwise), so a copy can never name other content than its source."""
-    if hashlib.sha256(data).hexdigest() != sid:
-        raise ValueError(f"input set bytes do not hash to {sid}")
-    path = path_of(directory, sid)
-    if not _intact(path, sid):
-        write_whole(path, data)
+    to the name (ValueError otherwise)."""
+    hashed.write(directory, sid, data)
 
 
 def read(directory: str | Path, sid: str) -> list[list[str]] | None:
@@ -80,11 +77,8 @@ def read(directory: str | Path, sid: str) -> list[list[str]] | None:
 
 def _read(directory: str | Path, sid: str) -> tuple[bytes | None, list[list[str]] | None]:
     """(canonical bytes, set), or (None, None) when it is missing or its bytes do not hash to its name."""
-    try:
-        data = path_of(directory, sid).read_bytes()
-    except OSError:
-        return None, None
-    if hashlib.sha256(data).hexdigest() != sid:
+    data = hashed.read(directory, sid)
+    if data is None:
         return None, None
     try:
         doc = json.loads(data)
@@ -94,13 +88,6 @@ def _read(directory: str | Path, sid: str) -> tuple[bytes | None, list[list[str]
                                           and (e[1] is None or isinstance(e[1], str)) for e in doc)):
         return None, None
     return data, doc
-
-
-def _intact(path: Path, sid: str) -> bool:
-    try:
-        return hashlib.sha256(path.read_bytes()).hexdigest() == sid
-    except OSError:
-        return False
 
 
 class SetChecker:
@@ -155,10 +142,4 @@ class SetChecker:
 def verify(directory: str | Path, repair: bool) -> list[tuple[str, str, bool]]:
     """Damaged sets in a directory: (path, what is wrong, removed). A removed set only turns the
     entries that name it into misses."""
-    damage = []
-    for path in sorted(Path(directory).glob("*/*.json")):
-        if read(directory, path.stem) is None:
-            if repair:
-                path.unlink(missing_ok=True)
-            damage.append((str(path), "its bytes do not hash to its name", repair))
-    return damage
+    return hashed.verify(directory, repair)

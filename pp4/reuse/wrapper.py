@@ -17,7 +17,6 @@ Every compile and every reuse writes an event (build/.pp4/events/) that the cert
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import subprocess
@@ -29,13 +28,16 @@ from pathlib import Path
 import attrs
 
 from pp4.files import sha256_and_size
-from pp4.plan.launch import Limits, apply, command_for
 from pp4.reuse import actionkey, events, inputsets
 from pp4.reuse.actionkey import CompileArgs
 from pp4.reuse.basis import Basis
+from pp4.reuse.launch import apply, command_for
+from pp4.sources.extensions import may_be_shared
 from pp4.store.local import CorruptObject, ObjectMissing, Store, StoreError
+from pp4.store.manifests import Manifests
 from pp4.toolchain import compilerenv
 from pp4.toolchain.compilers import CompilerError, Compilers
+from pp4.toolchain.limits import Limits
 
 MARKER_SUFFIX = ".pp4-reused"
 MANIFEST_ENTRIES = 16  # most recent input sets kept per command
@@ -87,6 +89,7 @@ class Reuser:
         self.state_sets = inputsets.directory(cfg.state_dir)
         self._in_state: set[str] = set()  # sets this process made sure the build's state dir holds
         self.store_sets = inputsets.directory(cfg.store) if cfg.store else None
+        self.manifests = Manifests(cfg.store) if cfg.store else None
         self.store_problem: str | None = None  # why a configured store cannot be used
         try:
             self.store = Store(cfg.store) if cfg.store else None
@@ -114,24 +117,13 @@ class Reuser:
             cached = self._keys[key] = (mkey, root, normalized, erased)
         return cached
 
-    def _manifest_path(self, mkey: str) -> Path:
-        return Path(self.cfg.store) / "manifests" / mkey[:2] / f"{mkey}.json"
-
-    def _read_manifest(self, mkey: str) -> list[dict]:
-        try:
-            doc = json.loads(self._manifest_path(mkey).read_text())
-            entries = doc["entries"] if doc.get("manifest_key") == mkey else []
-            return entries if isinstance(entries, list) else []
-        except (OSError, ValueError, KeyError, TypeError):
-            return []  # missing or damaged: a miss, never trusted
-
     # -- lookup -----------------------------------------------------------------------------
 
     def lookup(self, args: CompileArgs, env: dict[str, str]) -> Hit | None:
         if self.store is None:
             return None
         mkey, root, _, erased = self.keys(args, env)
-        for entry in reversed(self._read_manifest(mkey)):
+        for entry in reversed(self.manifests.read(mkey)):
             if not sound_entry(mkey, entry):
                 continue  # a damaged manifest entry (manifests have no checksum): never trust it
             if entry.get("uses_erasable") and entry.get("erased") != erased:
@@ -243,20 +235,13 @@ class Reuser:
         return dict(result, action_key=akey)
 
     def _add_to_manifest(self, mkey: str, entry: dict) -> None:
-        path = self._manifest_path(mkey)
-        entries = [e for e in self._read_manifest(mkey)
-                   if sound_entry(mkey, e) and e.get("action_key") != entry["action_key"]]
-        entries = (entries + [entry])[-MANIFEST_ENTRIES:]
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(json.dumps({"manifest_key": mkey, "entries": entries}))
-            os.replace(tmp, path)  # two writers at once: one entry may be lost, which is only a future miss
+            self.manifests.add(mkey, entry, MANIFEST_ENTRIES,
+                               lambda e: sound_entry(mkey, e) and e.get("action_key") != entry["action_key"])
         except OSError as e:  # a full or read-only store: the object is stored, but not findable yet
-            tmp.unlink(missing_ok=True)
-            print(f"pp4.reuse: warning: cannot write the store's manifest {path} ({e.strerror}); "
-                  f"this object will not be reused until it is compiled again with room in the store",
-                  file=sys.stderr)
+            print(f"pp4.reuse: warning: cannot write the store's manifest {self.manifests.path(mkey)} "
+                  f"({e.strerror}); this object will not be reused until it is compiled again with room "
+                  "in the store", file=sys.stderr)
 
     @contextmanager
     def compile_lock(self, args: CompileArgs, env: dict[str, str]):
@@ -270,28 +255,8 @@ class Reuser:
         if self.store is None:
             yield False
             return
-        mkey = self.keys(args, env)[0]
-        path = Path(self.cfg.store) / "locks" / mkey[:2] / mkey
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            f = open(path, "a+")
-        except OSError:  # a read-only or full store: compile without coordinating
-            yield False
-            return
-        with f:
-            try:
-                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                waited = False
-            except BlockingIOError:
-                if not worth_waiting(args.source):
-                    yield False
-                    return
-                fcntl.flock(f, fcntl.LOCK_EX)
-                waited = True
-            try:
-                yield waited
-            finally:
-                fcntl.flock(f, fcntl.LOCK_UN)
+        with self.manifests.lock(self.keys(args, env)[0], lambda: may_be_shared(args.source)) as waited:
+            yield waited
 
     # -- events -----------------------------------------------------------------------------
 
@@ -315,34 +280,6 @@ class Reuser:
         events.write(self.cfg.state_dir, args.output, self.hit_doc(args, env, hit, seconds, via))
 
 
-def verify_manifests(store_root: Path, repair: bool) -> list[tuple[str, str, bool]]:
-    """Damage in the store's manifests: (path, what is wrong, repaired). Repair drops the entries
-    whose action key does not follow from their inputs, and removes unreadable manifests."""
-    damage = []
-    for path in sorted((Path(store_root) / "manifests").glob("*/*.json")):
-        mkey = path.stem
-        try:
-            doc = json.loads(path.read_text())
-            entries = doc["entries"]
-            if doc.get("manifest_key") != mkey or not isinstance(entries, list):
-                raise ValueError("its manifest key or entry list is wrong")
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            if repair:
-                path.unlink(missing_ok=True)
-            damage.append((str(path), f"unreadable manifest ({e})", repair))
-            continue
-        good = [e for e in entries if sound_entry(mkey, e)]
-        if len(good) == len(entries):
-            continue
-        if repair:
-            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps({"manifest_key": mkey, "entries": good}))
-            os.replace(tmp, path)
-        damage.append((str(path), f"{len(entries) - len(good)} entries whose action key does not follow from "
-                                  "their inputs", repair))
-    return damage
-
-
 def sound_entry(mkey: str, entry) -> bool:
     """Whether a manifest entry is well formed and its action key follows from its inputs: a flipped
     byte in a manifest must never lead the lookup to another action's object."""
@@ -354,15 +291,6 @@ def sound_entry(mkey: str, entry) -> bool:
                                          entry["probes"]) == entry["action_key"])
     except (TypeError, ValueError, KeyError, AttributeError):
         return False
-
-
-def worth_waiting(source: str) -> bool:
-    """Could this unit be shared between variants? A cheap look at its own text, for scheduling only."""
-    try:
-        text = Path(source).read_bytes()
-    except OSError:
-        return False
-    return not any(w in text for w in (b"TORCH_EXTENSION_NAME", b"pybind11", b"torch/extension.h", b"torch/python.h"))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -36,9 +36,8 @@ from pathlib import Path
 import attrs
 
 from pp4 import paths
-from pp4.certify.pin import SOURCE_SUFFIXES
 from pp4.files import locked, sha256_file, write_if_changed
-from pp4.sources.extensions import PACKAGE_DIR, Extension
+from pp4.sources.extensions import PACKAGE_DIR, SOURCE_SUFFIXES, Extension
 from pp4.toolchain.locks import WheelPin, wheel_pins
 from pp4.toolchain.wheelcache import WheelError, ensure_wheels
 

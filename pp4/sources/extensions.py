@@ -22,6 +22,8 @@ from pathlib import Path
 import attrs
 
 PACKAGE_DIR = Path(__file__).resolve().parent
+# The files of a source tree that can change what it compiles to.
+SOURCE_SUFFIXES = {".c", ".cc", ".cpp", ".cxx", ".cu", ".cuh", ".h", ".hh", ".hpp", ".hxx", ".inl", ".inc"}
 _MODULE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -157,3 +159,13 @@ def _named(ext: Extension) -> str:
 
 
 RESERVED_TARGETS = {"all", "toolchain", "certify", "compdb", "build.ninja", "clean"}
+
+
+def may_be_shared(source: str | Path) -> bool:
+    """Could this unit's object be shared between variants? A cheap look at its own text, for
+    scheduling only (the reuse rule decides): no visible use of the module name or pybind11."""
+    try:
+        text = Path(source).read_bytes()
+    except OSError:
+        return False
+    return not any(w in text for w in (b"TORCH_EXTENSION_NAME", b"pybind11", b"torch/extension.h", b"torch/python.h"))

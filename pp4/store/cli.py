@@ -10,7 +10,9 @@ import sys
 from pathlib import Path
 
 from pp4.sizes import parse_size
+from pp4.store import hashed
 from pp4.store.local import GcResult, Store, StoreError, StoreStats, VerifyReport, default_store_dir
+from pp4.store.manifests import Manifests
 
 EXIT_OK = 0
 EXIT_DAMAGE = 1
@@ -118,18 +120,16 @@ def main(argv: list[str] | None = None) -> int:
             return EXIT_OK
         if args.command == "gc":
             print(format_gc(store.gc(args.max_bytes)))
+            print(f"  removed {Manifests(root).collect_locks()} compile locks no process holds")
             return EXIT_OK
         report = store.verify(repair=args.repair)
         print(format_verify(report))
         # The reuse rule's manifests (an index from commands to actions) and the input sets they
-        # name live in the store too.
-        from pp4.reuse import inputsets
-        from pp4.reuse.wrapper import verify_manifests
-
-        manifest_damage = verify_manifests(root, args.repair)
+        # name live in the store too; the store checks their bytes, never their meaning.
+        manifest_damage = Manifests(root).verify(args.repair)
         for path, detail, repaired in manifest_damage:
             print(f"  DAMAGE manifest-invalid: {path}: {detail} [{'repaired' if repaired else 'left in place'}]")
-        set_damage = inputsets.verify(inputsets.directory(root), args.repair)
+        set_damage = hashed.verify(root / "inputsets", args.repair)
         for path, detail, repaired in set_damage:
             print(f"  DAMAGE inputset-invalid: {path}: {detail} [{'removed' if repaired else 'left in place'}]")
         return EXIT_OK if report.ok and not manifest_damage and not set_damage else EXIT_DAMAGE

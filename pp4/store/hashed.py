@@ -1,0 +1,49 @@
+"""Folders of small files named by the sha256 of their bytes (`<folder>/<2 hex>/<sha256>.json`).
+
+The store keeps the reuse rule's input sets this way, and a build keeps its own copies in its
+state folder. What the bytes mean is the writer's business; this module makes sure a file is
+never used, or written, under a name its bytes do not hash to, so verify needs no knowledge of
+the content.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from pp4.files import write_whole
+
+
+def path_of(folder: str | Path, name: str) -> Path:
+    return Path(folder) / name[:2] / f"{name}.json"
+
+
+def write(folder: str | Path, name: str, data: bytes) -> None:
+    """Keep data under its name, unless an intact copy is there already. ValueError when the
+    bytes do not hash to the name: a copy can never name other content than its source."""
+    if hashlib.sha256(data).hexdigest() != name:
+        raise ValueError(f"bytes do not hash to {name}")
+    path = path_of(folder, name)
+    if read(folder, name) is None:
+        write_whole(path, data)
+
+
+def read(folder: str | Path, name: str) -> bytes | None:
+    """The bytes kept under a name; None when missing or when they do not hash to it."""
+    try:
+        data = path_of(folder, name).read_bytes()
+    except OSError:
+        return None
+    return data if hashlib.sha256(data).hexdigest() == name else None
+
+
+def verify(folder: str | Path, repair: bool) -> list[tuple[str, str, bool]]:
+    """Damaged files: (path, what is wrong, removed). Removing one only turns what names it into
+    a miss."""
+    damage = []
+    for path in sorted(Path(folder).glob("*/*.json")):
+        if read(folder, path.stem) is None:
+            if repair:
+                path.unlink(missing_ok=True)
+            damage.append((str(path), "its bytes do not hash to its name", repair))
+    return damage

@@ -1,0 +1,124 @@
+"""The store's index from a manifest key to the entries of earlier compiles of that command, and
+the per-key locks that let the same unit of two variants compile once.
+
+    <store>/manifests/<2 hex>/<manifest key>.json   {"manifest_key", "entries", "sha256"}
+    <store>/locks/<2 hex>/<manifest key>            flock'd while a compile of that key runs
+
+The store owns these files; what an entry means is pp4.reuse's (which also checks, on every
+lookup, that an entry's action key follows from its inputs). Each manifest carries the sha256 of
+its canonical content, so `pp4.cache verify` finds a changed byte on its own. A manifest that is
+missing, unreadable or fails its checksum reads as no entries: a miss, never a wrong object.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable, Iterator
+
+from pp4.files import canonical_json, write_whole
+
+
+def _checksum(mkey: str, entries: list) -> str:
+    return hashlib.sha256(canonical_json({"manifest_key": mkey, "entries": entries})).hexdigest()
+
+
+class Manifests:
+    def __init__(self, store_root: str | Path):
+        self.folder = Path(store_root) / "manifests"
+        self.locks = Path(store_root) / "locks"
+
+    def path(self, mkey: str) -> Path:
+        return self.folder / mkey[:2] / f"{mkey}.json"
+
+    def read(self, mkey: str) -> list[dict]:
+        entries, _ = self._load(self.path(mkey), mkey)
+        return entries or []
+
+    def add(self, mkey: str, entry: dict, keep: int, still_good: Callable[[dict], bool]) -> None:
+        """Append an entry, keeping the last `keep` and only the older ones still_good accepts.
+        Two writers at once may lose one entry, which is only a future miss. OSError when the
+        store cannot be written (full, read-only): the caller decides how to say so."""
+        entries = [e for e in self.read(mkey) if still_good(e)]
+        entries = (entries + [entry])[-keep:]
+        self._write(mkey, entries)
+
+    def _write(self, mkey: str, entries: list) -> None:
+        doc = {"manifest_key": mkey, "entries": entries, "sha256": _checksum(mkey, entries)}
+        write_whole(self.path(mkey), json.dumps(doc))
+
+    @staticmethod
+    def _load(path: Path, mkey: str) -> tuple[list | None, str | None]:
+        """(entries, None), or (None, what is wrong)."""
+        try:
+            doc = json.loads(path.read_text())
+            entries = doc["entries"]
+            if doc.get("manifest_key") != mkey or not isinstance(entries, list):
+                return None, "its manifest key or entry list is wrong"
+            if doc.get("sha256") != _checksum(mkey, entries):
+                return None, "its content does not match its checksum"
+            return entries, None
+        except FileNotFoundError:
+            return None, "missing"
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            return None, f"unreadable ({e})"
+
+    def verify(self, repair: bool) -> list[tuple[str, str, bool]]:
+        """Damaged manifests: (path, what is wrong, removed). Removing one only turns the lookups
+        of its command into misses until it compiles again."""
+        damage = []
+        for path in sorted(self.folder.glob("*/*.json")):
+            entries, problem = self._load(path, path.stem)
+            if problem:
+                if repair:
+                    path.unlink(missing_ok=True)
+                damage.append((str(path), problem, repair))
+        return damage
+
+    @contextmanager
+    def lock(self, mkey: str, wait: Callable[[], bool]) -> Iterator[bool]:
+        """Hold the key's lock for a compile. When another process holds it, wait for it only if
+        wait() says so (the other may store what this one needs). Yields True when it waited. A
+        store that cannot be written yields False without locking: locks only schedule."""
+        path = self.locks / mkey[:2] / mkey
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            f = open(path, "a+")
+        except OSError:
+            yield False
+            return
+        with f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                waited = False
+            except BlockingIOError:
+                if not wait():
+                    yield False
+                    return
+                fcntl.flock(f, fcntl.LOCK_EX)
+                waited = True
+            try:
+                yield waited
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+
+    def collect_locks(self) -> int:
+        """Remove the lock files no process holds (gc): one per key ever compiled otherwise
+        stays for good. A process that opened one just before it goes locks a file no one else
+        will find, which at worst lets two twins compile at once; the lookup still decides."""
+        removed = 0
+        for path in self.locks.glob("*/*"):
+            try:
+                with open(path, "a+") as f:
+                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    os.unlink(path)
+                    removed += 1
+            except (BlockingIOError, FileNotFoundError):
+                continue
+            except OSError:
+                continue
+        return removed

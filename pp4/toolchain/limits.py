@@ -1,0 +1,56 @@
+"""The resource limits every compile and link runs under, chosen at configure time.
+
+configure writes them into build/pp4.json; pp4.reuse.launch and the reuse wrapper apply them. They
+are kept out of the commands, so changing a limit rebuilds nothing and changes no action key.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import attrs
+
+
+@attrs.frozen
+class Limits:
+    cpus: tuple[int, ...] | None = None  # sched_setaffinity; None leaves the inherited set
+    nice: int = 0  # added to the current niceness
+    address_space: int | None = None  # bytes, RLIMIT_AS per compile process
+    nvcc_threads: int | None = None  # nvcc --threads
+    tmpdir: str | None = None  # where nvcc and g++ write their temporary files
+
+    def to_json(self) -> str:
+        return json.dumps(attrs.asdict(self), indent=1, sort_keys=True) + "\n"
+
+    @classmethod
+    def from_dict(cls, doc: dict) -> "Limits":
+        doc = dict(doc)
+        doc["cpus"] = tuple(doc["cpus"]) if doc.get("cpus") is not None else None
+        return cls(**doc)
+
+    @classmethod
+    def from_file(cls, path: Path) -> "Limits":
+        """From a limits file, or from the "limits" part of build/pp4.json."""
+        doc = json.loads(path.read_text())
+        return cls.from_dict(doc.get("limits", doc))
+
+
+def parse_cpu_list(text: str) -> tuple[int, ...]:
+    """"0-3,8,10-11" -> (0, 1, 2, 3, 8, 10, 11), the taskset/cgroup notation."""
+    cpus: set[int] = set()
+    try:
+        for part in text.split(","):
+            part = part.strip()
+            if "-" in part:
+                lo, hi = part.split("-", 1)
+                if int(lo) > int(hi):
+                    raise ValueError
+                cpus.update(range(int(lo), int(hi) + 1))
+            elif part:
+                cpus.add(int(part))
+    except ValueError:
+        raise ValueError(f"{text!r} is not a CPU list: write it like 0-3,8 (ranges and single CPUs)") from None
+    if not cpus:
+        raise ValueError(f"{text!r} names no CPU")
+    return tuple(sorted(cpus))
