@@ -17,7 +17,7 @@ from conftest import content_snapshot
 from pp4 import paths
 from pp4.plan import modules as plan
 from pp4.plan.torchflags import torch_build_flags
-from pp4.sources import exl3, extensions
+from pp4.sources import exl3, extensions, unidiff
 
 ARCH = ["9.0"]
 # Light real units (2-core machine, sm_90, full flags: about 2.5 s, 7 s and 15-20 s each): a C++ unit,
@@ -266,17 +266,17 @@ def test_reapplying_the_patch_touches_nothing(stock_root, tmp_path):
     assert content_snapshot(tmp_path) == before
     # In place on a tree: the first run changes the five files, the second none.
     tree = _copy_tree(stock_root, tmp_path / "inplace" / exl3.EXT_DIR_NAME).parent
-    assert exl3.apply_patch(exl3.FACC_PATCH, tree) == [
+    assert unidiff.apply_patch(exl3.FACC_PATCH, tree) == [
         "exllamav3_ext/hgemm_f16acc.cu", "exllamav3_ext/quant/exl3_gemm_inner.cuh",
         "exllamav3_ext/quant/exl3_gemv_kernel.cuh", "exllamav3_ext/quant/exl3_moe_coop_kernel.cuh",
         "exllamav3_ext/turing/fa75.cu"]
     once = content_snapshot(tree)
-    assert exl3.apply_patch(exl3.FACC_PATCH, tree) == []
+    assert unidiff.apply_patch(exl3.FACC_PATCH, tree) == []
     assert content_snapshot(tree) == once
 
 
 def test_a_broken_hunk_gives_the_exact_error(stock_root, tmp_path):
-    fps = {fp.path: fp for fp in exl3.parse_patch(exl3.FACC_PATCH)}
+    fps = {fp.path: fp for fp in unidiff.parse_patch(exl3.FACC_PATCH)}
     hunk = fps["exllamav3_ext/quant/exl3_gemv_kernel.cuh"].hunks[2]
     assert (hunk.index, hunk.old_start) == (3, 402)
     expected = ("pp4/sources/patches/exl3-facc.patch: hunk 3 of exllamav3_ext/quant/exl3_gemv_kernel.cuh (at line 402) "
@@ -287,13 +287,13 @@ def test_a_broken_hunk_gives_the_exact_error(stock_root, tmp_path):
     assert text.count("exl3_gemv_ns::mma_ab_h(a01, a23, f0, ch[t][0]);") == 1
     f.write_text(text.replace("exl3_gemv_ns::mma_ab_h(a01, a23, f0, ch[t][0]);",
                               "exl3_gemv_ns::mma_ab_h(a01, a23, f0, ch[t][0]);  // upstream moved on"))
-    with pytest.raises(exl3.PatchError) as e:
+    with pytest.raises(unidiff.PatchError) as e:
         exl3.facc_sources(changed, tmp_path / "work")
     assert str(e.value) == expected
     assert not exl3.is_complete(tmp_path / "work" / "facc")
     before = content_snapshot(changed.parent)
-    with pytest.raises(exl3.PatchError) as e:
-        exl3.apply_patch(exl3.FACC_PATCH, changed.parent)
+    with pytest.raises(unidiff.PatchError) as e:
+        unidiff.apply_patch(exl3.FACC_PATCH, changed.parent)
     assert str(e.value) == expected
     assert content_snapshot(changed.parent) == before, "a failing patch must write nothing"
 
@@ -305,15 +305,15 @@ def test_patch_offsets_are_allowed_fuzz_is_not(tmp_path):
     patch = tmp_path / "p.patch"
     patch.write_text("--- a/f.txt\n+++ b/f.txt\n@@ -9,3 +9,3 @@\n line 9\n-line 10\n+LINE 10\n line 11\n")
     target.write_text("extra\nextra\n" + target.read_text())  # the hunk now sits two lines lower
-    assert exl3.apply_patch(patch, tmp_path / "t") == ["f.txt"]
+    assert unidiff.apply_patch(patch, tmp_path / "t") == ["f.txt"]
     assert "LINE 10\n" in target.read_text() and "line 10\n" not in target.read_text()
-    assert exl3.apply_patch(patch, tmp_path / "t") == []
+    assert unidiff.apply_patch(patch, tmp_path / "t") == []
     target.write_text(target.read_text().replace("line 11\n", "line eleven\n").replace("LINE 10", "line 10"))
     with pytest.raises(exl3.PatchError, match=rf"^{patch}: hunk 1 of f.txt \(at line 9\) does not apply"):
-        exl3.apply_patch(patch, tmp_path / "t")
+        unidiff.apply_patch(patch, tmp_path / "t")
     patch.write_text("--- a/f.txt\n+++ b/f.txt\n@@ -9,3 +9,3 @@\n line 9\n-line 10\n")
     with pytest.raises(exl3.PatchError, match="hunk 1 of f.txt ends early"):
-        exl3.parse_patch(patch)
+        unidiff.parse_patch(patch)
 
 
 # --------------------------------------------------------------------------- a user's checkout

@@ -539,14 +539,14 @@ def test_two_extensions_with_one_module_name(tmp_path, toolchain):
 def test_patch_that_does_not_apply(tmp_path):
     """The pinned patch against changed sources: test_exl3.py::test_a_broken_hunk_gives_the_exact_error.
     Here a patch whose context is not in the file at all."""
-    from pp4.sources import exl3
+    from pp4.sources import unidiff
 
     (tmp_path / "t").mkdir()
     (tmp_path / "t" / "f.txt").write_text("one\ntwo\nthree\n")
     patch = tmp_path / "bad.patch"
     patch.write_text("--- a/f.txt\n+++ b/f.txt\n@@ -1,3 +1,3 @@\n one\n-TWO\n+2\n three\n")
-    with pytest.raises(exl3.PatchError) as e:
-        exl3.apply_patch(patch, tmp_path / "t")
+    with pytest.raises(unidiff.PatchError) as e:
+        unidiff.apply_patch(patch, tmp_path / "t")
     assert str(e.value) == f"{patch}: hunk 1 of f.txt (at line 1) does not apply: the source changed; update the patch"
     assert (tmp_path / "t" / "f.txt").read_text() == "one\ntwo\nthree\n"
 

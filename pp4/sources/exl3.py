@@ -38,6 +38,7 @@ import attrs
 from pp4 import paths
 from pp4.files import locked, sha256_file, write_if_changed
 from pp4.sources.extensions import PACKAGE_DIR, SOURCE_SUFFIXES, Extension
+from pp4.sources.unidiff import apply_patch_to_files, shown
 from pp4.toolchain.locks import WheelPin, wheel_pins
 from pp4.toolchain.wheelcache import WheelError, ensure_wheels
 
@@ -389,10 +390,10 @@ def facc_sources(source_root: Path, work_dir: Path, patch: Path = FACC_PATCH) ->
     prefix = EXT_DIR_NAME + "/"
     if any(not rel.startswith(prefix) for rel in patched):
         bad = sorted(rel for rel in patched if not rel.startswith(prefix))
-        raise Exl3Error(f"{_shown(patch)}: touches {bad[0]}, outside {EXT_DIR_NAME}/")
+        raise Exl3Error(f"{shown(patch)}: touches {bad[0]}, outside {EXT_DIR_NAME}/")
     tree = work_dir / "facc"
     root = tree / EXT_DIR_NAME
-    inputs = {"patch": _shown(patch), "patch_sha256": sha256_file(patch),
+    inputs = {"patch": shown(patch), "patch_sha256": sha256_file(patch),
               "source_sha256": sources_sha256(source_root)}
     with locked(tree):  # one writer per sources folder: two configures at once would interleave
         _sync_tree(root, {rel[len(prefix):]: data for rel, data in patched.items()}, tree / STAMP_NAME, inputs)
@@ -421,7 +422,7 @@ def exl3_extension(variant: str, source_root: Path, work_dir: Path | None = None
         if work_dir is None:
             raise Exl3Error(f"the {v.name} variant needs a work_dir for its patched copy of the sources")
         root = facc_sources(source_root, work_dir.absolute(), v.patch)
-        prov.update(patch=_shown(v.patch), patch_sha256=sha256_file(v.patch),
+        prov.update(patch=shown(v.patch), patch_sha256=sha256_file(v.patch),
                     patched_sources_sha256=sources_sha256(root))
         spec_files.append(v.patch)
     if v.internals_tag is not None:
@@ -445,195 +446,3 @@ def exl3_extension(variant: str, source_root: Path, work_dir: Path | None = None
         erasable_defines=("TORCH_EXTENSION_NAME", PYBIND11_INTERNALS_MACRO),
         provenance=prov,
     )
-
-
-# ------------------------------------------------------------------------------------------------
-# a strict unified-diff applier: exact context, no fuzz, whole hunks or an error
-
-
-class PatchError(Exl3Error):
-    """A patch is malformed or does not apply."""
-
-
-@attrs.frozen
-class Hunk:
-    index: int  # 1-based, within its file
-    old_start: int
-    old_len: int
-    new_start: int
-    new_len: int
-    old: tuple[bytes, ...]  # lines with their line ends
-    new: tuple[bytes, ...]
-
-
-@attrs.frozen
-class FilePatch:
-    path: str  # with a/ b/ stripped, relative to the tree the patch applies to
-    hunks: tuple[Hunk, ...]
-
-
-_HUNK_HEADER = re.compile(rb"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
-
-
-def _shown(path: Path) -> str:
-    path = Path(path).absolute()
-    return path.relative_to(REPO_ROOT).as_posix() if path.is_relative_to(REPO_ROOT) else str(path)
-
-
-def _lines(data: bytes) -> list[bytes]:
-    parts = data.split(b"\n")
-    out = [p + b"\n" for p in parts[:-1]]
-    if parts[-1]:
-        out.append(parts[-1])
-    return out
-
-
-def _strip_prefix(name: bytes, patch: Path, lineno: int) -> str:
-    name = name.split(b"\t")[0].strip()
-    text = name.decode("utf-8", "surrogateescape")
-    if text == "/dev/null":
-        raise PatchError(f"{_shown(patch)}:{lineno}: creating or deleting files is not supported")
-    if "/" not in text:
-        raise PatchError(f"{_shown(patch)}:{lineno}: file name {text!r} lacks the a/ or b/ prefix")
-    rel = text.split("/", 1)[1]
-    if rel.startswith("/") or ".." in rel.split("/"):
-        raise PatchError(f"{_shown(patch)}:{lineno}: unsafe file name {text!r}")
-    return rel
-
-
-def parse_patch(patch: Path) -> list[FilePatch]:
-    """A unified diff (diff -u / git diff): files, hunks; anything malformed raises PatchError."""
-    lines = _lines(Path(patch).read_bytes())
-    files: list[FilePatch] = []
-    i = 0
-    while i < len(lines):
-        if not lines[i].startswith(b"--- "):
-            i += 1  # headers (diff, index, comments) between files are ignored
-            continue
-        if i + 1 >= len(lines) or not lines[i + 1].startswith(b"+++ "):
-            raise PatchError(f"{_shown(patch)}:{i + 1}: '---' line without a '+++' line after it")
-        _strip_prefix(lines[i][4:], patch, i + 1)
-        path = _strip_prefix(lines[i + 1][4:], patch, i + 2)
-        i += 2
-        hunks: list[Hunk] = []
-        while i < len(lines) and lines[i].startswith(b"@@"):
-            m = _HUNK_HEADER.match(lines[i])
-            if not m:
-                raise PatchError(f"{_shown(patch)}:{i + 1}: malformed hunk header {lines[i].rstrip()!r}")
-            old_start, new_start = int(m.group(1)), int(m.group(3))
-            old_len = int(m.group(2)) if m.group(2) is not None else 1
-            new_len = int(m.group(4)) if m.group(4) is not None else 1
-            header_line = i + 1
-            i += 1
-            old: list[bytes] = []
-            new: list[bytes] = []
-            while len(old) < old_len or len(new) < new_len:
-                if i >= len(lines):
-                    raise PatchError(f"{_shown(patch)}:{header_line}: hunk {len(hunks) + 1} of {path} ends early")
-                line = lines[i]
-                tag, body = line[:1], line[1:]
-                if line in (b"\n", b"\r\n"):  # an empty context line whose leading space was lost
-                    tag, body = b" ", line
-                if tag == b" ":
-                    old.append(body)
-                    new.append(body)
-                elif tag == b"-":
-                    old.append(body)
-                elif tag == b"+":
-                    new.append(body)
-                elif tag == b"\\":
-                    pass
-                else:
-                    raise PatchError(f"{_shown(patch)}:{i + 1}: unexpected line in hunk {len(hunks) + 1} of {path}")
-                i += 1
-                if i < len(lines) and lines[i].startswith(b"\\"):  # "\ No newline at end of file"
-                    if tag in (b" ", b"-") and old:
-                        old[-1] = old[-1].rstrip(b"\n")
-                    if tag in (b" ", b"+") and new:
-                        new[-1] = new[-1].rstrip(b"\n")
-                    i += 1
-            if len(old) != old_len or len(new) != new_len:
-                raise PatchError(f"{_shown(patch)}:{header_line}: hunk {len(hunks) + 1} of {path} has other line counts than its header")
-            hunks.append(Hunk(len(hunks) + 1, old_start, old_len, new_start, new_len, tuple(old), tuple(new)))
-        if not hunks:
-            raise PatchError(f"{_shown(patch)}:{i}: no hunks for {path}")
-        files.append(FilePatch(path, tuple(hunks)))
-    if not files:
-        raise PatchError(f"{_shown(patch)}: no file changes found (is it a unified diff?)")
-    paths_seen = [f.path for f in files]
-    if len(set(paths_seen)) != len(paths_seen):
-        raise PatchError(f"{_shown(patch)}: a file appears twice; give each file one set of hunks")
-    return files
-
-
-def _find(lines: list[bytes], block: tuple[bytes, ...], expected: int, lowest: int) -> int | None:
-    """Where block occurs exactly, nearest to the expected index and not before lowest."""
-    n = len(block)
-    for pos in sorted(range(lowest, len(lines) - n + 1), key=lambda p: (abs(p - expected), p)):
-        if tuple(lines[pos:pos + n]) == block:
-            return pos
-    return None
-
-
-def _apply_hunks(lines: list[bytes], hunks: tuple[Hunk, ...], reverse: bool = False) -> tuple[list[bytes] | None, Hunk | None]:
-    """The patched lines, or (None, the first hunk that does not apply)."""
-    out: list[bytes] = []
-    pos = 0
-    for h in hunks:
-        old, new = (h.new, h.old) if reverse else (h.old, h.new)
-        start, length = (h.new_start, h.new_len) if reverse else (h.old_start, h.old_len)
-        expected = start if length == 0 else start - 1
-        at = _find(lines, old, expected, pos)
-        if at is None:
-            return None, h
-        out += lines[pos:at]
-        out += new
-        pos = at + len(old)
-    out += lines[pos:]
-    return out, None
-
-
-def _not_applying(patch: Path, path: str, hunk: Hunk) -> PatchError:
-    return PatchError(
-        f"{_shown(patch)}: hunk {hunk.index} of {path} (at line {hunk.old_start}) does not apply: "
-        "the source changed; update the patch"
-    )
-
-
-def apply_patch_to_files(patch: Path, files: dict[str, bytes]) -> dict[str, bytes]:
-    """files (relative path -> bytes, pristine) with the patch applied; PatchError if any hunk fails."""
-    out = dict(files)
-    for fp in parse_patch(patch):
-        if fp.path not in files:
-            raise PatchError(f"{_shown(patch)}: {fp.path} does not exist in the sources; update the patch")
-        new, failed = _apply_hunks(_lines(files[fp.path]), fp.hunks)
-        if new is None:
-            raise _not_applying(patch, fp.path, failed)
-        out[fp.path] = b"".join(new)
-    return out
-
-
-def apply_patch(patch: Path, tree: Path) -> list[str]:
-    """Apply a patch to the files below tree, in place; returns the files it changed.
-
-    Strict: every hunk must match exactly (an offset is allowed, fuzz is not). Idempotent: a file
-    that already holds the patched text is left alone (the whole patch reverses cleanly on it), so a
-    second run changes nothing. Nothing is written unless every file's hunks apply.
-    """
-    pending: dict[Path, bytes] = {}
-    for fp in parse_patch(patch):
-        target = tree / fp.path
-        try:
-            lines = _lines(target.read_bytes())
-        except FileNotFoundError:
-            raise PatchError(f"{_shown(patch)}: {fp.path} does not exist below {tree}; update the patch") from None
-        already, _ = _apply_hunks(lines, fp.hunks, reverse=True)
-        if already is not None:
-            continue  # holds the patched text already
-        new, failed = _apply_hunks(lines, fp.hunks)
-        if new is None:
-            raise _not_applying(patch, fp.path, failed)
-        pending[target] = b"".join(new)
-    for target, data in pending.items():
-        write_if_changed(target, data)
-    return sorted(p.relative_to(tree).as_posix() for p in pending)
