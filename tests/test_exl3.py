@@ -309,10 +309,10 @@ def test_patch_offsets_are_allowed_fuzz_is_not(tmp_path):
     assert "LINE 10\n" in target.read_text() and "line 10\n" not in target.read_text()
     assert unidiff.apply_patch(patch, tmp_path / "t") == []
     target.write_text(target.read_text().replace("line 11\n", "line eleven\n").replace("LINE 10", "line 10"))
-    with pytest.raises(exl3.PatchError, match=rf"^{patch}: hunk 1 of f.txt \(at line 9\) does not apply"):
+    with pytest.raises(unidiff.PatchError, match=rf"^{patch}: hunk 1 of f.txt \(at line 9\) does not apply"):
         unidiff.apply_patch(patch, tmp_path / "t")
     patch.write_text("--- a/f.txt\n+++ b/f.txt\n@@ -9,3 +9,3 @@\n line 9\n-line 10\n")
-    with pytest.raises(exl3.PatchError, match="hunk 1 of f.txt ends early"):
+    with pytest.raises(unidiff.PatchError, match="hunk 1 of f.txt ends early"):
         unidiff.parse_patch(patch)
 
 
