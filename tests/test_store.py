@@ -17,10 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from pp4.store.local import (
-    PUT_STEPS, ActionRecord, CorruptObject, ObjectMissing, Store, StoreError, decode_record, default_max_bytes,
-    default_store_dir, parse_size
-)
+from pp4.sizes import parse_size
+from pp4.store.local import PUT_STEPS, Store, default_max_bytes, default_store_dir
+from pp4.store.records import ActionRecord, CorruptObject, ObjectMissing, StoreError, decode_record
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -327,7 +326,8 @@ CONCURRENT_WORKER = textwrap.dedent(
     """
     import hashlib, os, sys, time
     from pathlib import Path
-    from pp4.store.local import Store, CorruptObject, ObjectMissing
+    from pp4.store.local import Store
+    from pp4.store.records import CorruptObject, ObjectMissing
 
     root, worker, bound, go = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4])
     store = Store(root, max_bytes=bound)
@@ -471,7 +471,8 @@ def run_on_private_tmpfs(tmp_path: Path, size: str, body: str) -> dict:
         f"""
         import json, os, subprocess, sys
         from pathlib import Path
-        from pp4.store.local import Store, StoreError
+        from pp4.store.local import Store
+        from pp4.store.records import StoreError
         MNT = Path({str(mnt)!r})
         subprocess.run(["mount", "-t", "tmpfs", "-o", "size={size}", "tmpfs", str(MNT)], check=True)
         def remount_read_only():

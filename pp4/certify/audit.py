@@ -32,7 +32,8 @@ from pathlib import Path
 from pp4.certify import certificate, pin
 from pp4.reuse import actionkey, inputsets
 from pp4.reuse.basis import Basis
-from pp4.store.local import Store, StoreError
+from pp4.store.local import Store
+from pp4.store.records import StoreError
 from pp4.toolchain.compilerenv import process_env
 from pp4.toolchain.compilers import CompilerError, Compilers
 

@@ -33,8 +33,9 @@ from pp4.reuse.actionkey import CompileArgs
 from pp4.reuse.basis import Basis
 from pp4.reuse.launch import apply, command_for
 from pp4.sources.extensions import may_be_shared
-from pp4.store.local import CorruptObject, ObjectMissing, Store, StoreError
+from pp4.store.local import Store
 from pp4.store.manifests import Manifests
+from pp4.store.records import CorruptObject, ObjectMissing, StoreError
 from pp4.toolchain import compilerenv
 from pp4.toolchain.compilers import CompilerError, Compilers
 from pp4.toolchain.limits import Limits

@@ -11,8 +11,9 @@ from pathlib import Path
 
 from pp4.sizes import parse_size
 from pp4.store import hashed
-from pp4.store.local import GcResult, Store, StoreError, StoreStats, VerifyReport, default_store_dir
+from pp4.store.local import Store, default_store_dir
 from pp4.store.manifests import Manifests
+from pp4.store.records import GcResult, StoreError, StoreStats, VerifyReport
 
 EXIT_OK = 0
 EXIT_DAMAGE = 1

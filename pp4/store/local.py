@@ -30,39 +30,27 @@ import hashlib
 import json
 import logging
 import os
-import re
 import secrets
 import shutil
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any, Iterator, NoReturn
+from typing import Iterator, NoReturn
 
 import attrs
 
 from pp4 import paths
 from pp4.files import canonical_json, fsync_dir, sha256_and_size, sha256_fd
 from pp4.sizes import parse_size
+from pp4.store.records import (
+    _ACTION_KEY_RE, _SHA256_RE, ActionRecord, CorruptObject, Damage, GcResult, ObjectMissing, StoreError, StoreStats,
+    VerifyReport, _InvalidRecord, decode_record, encode_record
+)
 
-__all__ = [
-    "ActionRecord",
-    "CorruptObject",
-    "Damage",
-    "GcResult",
-    "ObjectMissing",
-    "Store",
-    "StoreError",
-    "StoreStats",
-    "VerifyReport",
-    "decode_record",
-    "default_max_bytes",
-    "default_store_dir",
-    "encode_record",
-]
+__all__ = ["Store", "default_max_bytes", "default_store_dir"]
 
 log = logging.getLogger(__name__)
 
-RECORD_FORMAT = 1
 DEFAULT_MAX_BYTES = 20 * 1024**3
 # A put finishes in well under a second; an hour-old staging file belongs to a dead process.
 STALE_TMP_SECONDS = 3600
@@ -77,8 +65,6 @@ TEST_PAUSE_ENV = "PP4_STORE_TEST_PAUSE"
 TEST_PAUSE_MARKER_ENV = "PP4_STORE_TEST_PAUSE_MARKER"
 PUT_STEPS = ("object-tmp-written", "object-placed", "record-tmp-written", "record-placed")
 
-_ACTION_KEY_RE = re.compile(r"[0-9a-f]{16,128}")
-_SHA256_RE = re.compile(r"[0-9a-f]{64}")
 _DISK_FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT}
 _NOT_WRITABLE_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS}
 # A hard link can fail for reasons that a plain copy does not share.
@@ -91,143 +77,6 @@ _NO_HARDLINK_ERRNOS = {
     errno.EOPNOTSUPP,
     errno.ENOSYS,
 }
-
-
-# ---------------------------------------------------------------- errors
-
-
-class StoreError(Exception):
-    """The store cannot do what was asked: unwritable directory, full disk, bad configuration."""
-
-
-class CorruptObject(StoreError):
-    """A stored object's bytes do not hash to the sha256 its record promises.
-
-    The damaged entry has been removed, so the action is now a miss: recompile.
-    """
-
-
-class ObjectMissing(StoreError):
-    """The object named by a record vanished between lookup and materialize (gc or repair ran).
-
-    Treat as a miss: recompile.
-    """
-
-
-class _InvalidRecord(Exception):
-    """A record file that must not be trusted; the message says why."""
-
-
-# ---------------------------------------------------------------- records
-
-
-@attrs.frozen
-class ActionRecord:
-    """What the store knows about one compile action: its key, its output, and caller data."""
-
-    action_key: str
-    object_sha256: str
-    object_size: int
-    # Opaque to the store: command, input hashes, toolchain id, depfile text, compile time...
-    payload: dict = attrs.field(hash=False)
-    created: float
-
-
-@attrs.frozen
-class StoreStats:
-    root: str
-    entries: int  # action records
-    objects: int
-    bytes: int  # objects + records; what the bound limits
-    bound: int
-    tmp_files: int
-
-
-@attrs.frozen
-class GcResult:
-    root: str
-    bound: int
-    bytes_before: int
-    bytes_after: int
-    records_evicted: int
-    objects_evicted: int
-    invalid_records_removed: int
-    orphan_objects_removed: int
-    tmp_files_removed: int
-
-
-@attrs.frozen
-class Damage:
-    path: str
-    kind: str
-    detail: str
-    repaired: bool
-
-
-@attrs.frozen
-class VerifyReport:
-    root: str
-    objects_checked: int
-    records_checked: int
-    damage: tuple[Damage, ...]
-    orphan_objects: int  # harmless leftovers of interrupted puts; gc removes them
-    stale_tmp_files: int
-    repair: bool
-
-    @property
-    def ok(self) -> bool:
-        return not self.damage
-
-
-def _canonical_json(value: Any) -> str:
-    return canonical_json(value).decode()
-
-
-def _checksum(body: dict) -> str:
-    return hashlib.sha256(_canonical_json(body).encode()).hexdigest()
-
-
-def encode_record(record: ActionRecord) -> bytes:
-    """Serialize a record with an embedded sha256 of its canonical JSON."""
-    body = {"format": RECORD_FORMAT, **attrs.asdict(record)}
-    body["checksum"] = _checksum(body)
-    return (_canonical_json(body) + "\n").encode()
-
-
-def decode_record(data: bytes, expected_key: str | None = None) -> ActionRecord:
-    """Parse and check a record; raises _InvalidRecord (internal) for anything not trustworthy."""
-    try:
-        body = json.loads(data)
-    except (ValueError, RecursionError) as exc:
-        raise _InvalidRecord(f"not valid JSON ({exc})") from None
-    if not isinstance(body, dict):
-        raise _InvalidRecord("not a JSON object")
-    stored_checksum = body.pop("checksum", None)
-    if not isinstance(stored_checksum, str):
-        raise _InvalidRecord("no checksum field")
-    try:
-        actual_checksum = _checksum(body)
-    except ValueError as exc:
-        raise _InvalidRecord(f"cannot canonicalize ({exc})") from None
-    if actual_checksum != stored_checksum:
-        raise _InvalidRecord(f"checksum mismatch: stored {stored_checksum[:16]}..., content hashes to {actual_checksum[:16]}...")
-    if body.get("format") != RECORD_FORMAT:
-        raise _InvalidRecord(f"unknown record format {body.get('format')!r}")
-    key, sha, size = body.get("action_key"), body.get("object_sha256"), body.get("object_size")
-    payload, created = body.get("payload"), body.get("created")
-    if not (isinstance(key, str) and _ACTION_KEY_RE.fullmatch(key)):
-        raise _InvalidRecord(f"bad action_key {key!r}")
-    if expected_key is not None and key != expected_key:
-        raise _InvalidRecord(f"record is for action {key}, but is filed under {expected_key}")
-    if not (isinstance(sha, str) and _SHA256_RE.fullmatch(sha)):
-        raise _InvalidRecord(f"bad object_sha256 {sha!r}")
-    if not (type(size) is int and size >= 0):
-        raise _InvalidRecord(f"bad object_size {size!r}")
-    if not isinstance(payload, dict):
-        raise _InvalidRecord("payload is not a JSON object")
-    if not (isinstance(created, (int, float)) and not isinstance(created, bool)):
-        raise _InvalidRecord(f"bad created {created!r}")
-    return ActionRecord(key, sha, size, payload, float(created))
 
 
 # ---------------------------------------------------------------- configuration
@@ -279,7 +128,7 @@ def _json_roundtrip(payload: dict) -> dict:
     # What put returns must equal what lookup later reads (tuples become lists, etc.).
     if not isinstance(payload, dict):
         raise TypeError(f"payload must be a dict, not {type(payload).__name__}")
-    return json.loads(_canonical_json(payload))
+    return json.loads(canonical_json(payload))
 
 
 def _require_action_key(action_key: str) -> None:
