@@ -9,7 +9,7 @@ import time
 import pytest
 
 from pp4.sizes import parse_size
-from pp4.worker import cli, guards
+from pp4.worker.harness import cli, guards
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PREFIX = "python -m pp4.worker: error: "
@@ -172,7 +172,7 @@ def test_cli_stops_cleanly_on_rss_limit():
 
 
 def test_percentiles_and_stats():
-    from pp4.worker import timing
+    from pp4.worker.harness import timing
 
     vals = [float(v) for v in range(1, 11)]
     assert timing.percentile(vals, 50) == 5.5

@@ -5,11 +5,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from pp4.worker import gate, states as state_io  # noqa: E402
-from pp4.worker.config import MODES, SWITCH, TINY_GEOMETRY, CellKey, ModelSettings  # noqa: E402
-from pp4.worker.draft import DraftWorker  # noqa: E402
-from pp4.worker.graphs import EagerRunner, build_runners  # noqa: E402
-from pp4.worker.model import TensorParallelDraft  # noqa: E402
+from pp4.worker.harness import gate  # noqa: E402
+from pp4.worker.model import states as state_io  # noqa: E402
+from pp4.worker.model.config import MODES, SWITCH, TINY_GEOMETRY, CellKey, ModelSettings  # noqa: E402
+from pp4.worker.model.draft import DraftWorker  # noqa: E402
+from pp4.worker.model.graphs import EagerRunner, build_runners  # noqa: E402
+from pp4.worker.model.model import TensorParallelDraft  # noqa: E402
 
 BATCHES, DEPTHS = [1, 2], [4]
 

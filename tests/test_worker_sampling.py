@@ -5,8 +5,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from pp4.worker import hashing, sampling  # noqa: E402
-from pp4.worker.config import GREEDY, SAMPLED, SWITCH  # noqa: E402
+from pp4.worker.model import hashing  # noqa: E402
+from pp4.worker.model import sampling  # noqa: E402
+from pp4.worker.model.config import GREEDY, SAMPLED, SWITCH  # noqa: E402
 
 
 def test_masks():

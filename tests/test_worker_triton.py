@@ -15,15 +15,20 @@ os.environ["TRITON_INTERPRET"] = "1"
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from pp4.worker import hashing, sampling, states as state_io  # noqa: E402
-from pp4.worker.backends import BackendUnavailable, TritonBackend, make_backend  # noqa: E402
-from pp4.worker.config import GREEDY, SAMPLED, SWITCH, TINY_GEOMETRY, CellKey, Geometry, ModelSettings  # noqa: E402
-from pp4.worker.draft import DraftWorker  # noqa: E402
-from pp4.worker.model import TensorParallelDraft  # noqa: E402
-from pp4.worker import skinny_gemm, triton_kernels  # noqa: E402
-from pp4.worker.skinny_gemm import SkinnyGemm, SkinnyTiles, plan  # noqa: E402
-
 import test_worker_model as model_tests  # noqa: E402
+
+from pp4.worker.kernels import skinny_gemm  # noqa: E402
+from pp4.worker.kernels import triton_kernels  # noqa: E402
+from pp4.worker.kernels.skinny_gemm import SkinnyGemm, SkinnyTiles, plan  # noqa: E402
+from pp4.worker.model import hashing  # noqa: E402
+from pp4.worker.model import sampling  # noqa: E402
+from pp4.worker.model import states as state_io  # noqa: E402
+from pp4.worker.model.backends import BackendUnavailable, TritonBackend, make_backend  # noqa: E402
+from pp4.worker.model.config import (  # noqa: E402
+    GREEDY, SAMPLED, SWITCH, TINY_GEOMETRY, CellKey, Geometry, ModelSettings
+)
+from pp4.worker.model.draft import DraftWorker  # noqa: E402
+from pp4.worker.model.model import TensorParallelDraft  # noqa: E402
 
 CONTEXT = model_tests.CONTEXT
 
@@ -137,7 +142,7 @@ def test_head_choice_with_ties_matches_the_float64_reference(chunks):
 def test_fused_residual_norm_equals_the_unfused_steps_bit_for_bit(with_residual):
     """One kernel per rank (all-reduce sum, residual add, norm) against the same steps one at
     a time: torch's half adds (each rounds once, as the kernel does) and the Triton norm."""
-    from pp4.worker.model import ColocatedSum
+    from pp4.worker.model.model import ColocatedSum
 
     be = TritonBackend(torch.device("cpu"))
     gen = torch.Generator().manual_seed(3)

@@ -24,10 +24,10 @@ import json
 import attrs
 import torch
 
-from pp4.worker import sampling
-from pp4.worker.config import GREEDY, SAMPLED, SWITCH, CellKey
-from pp4.worker.draft import CellOutputs, DraftWorker
-from pp4.worker.hashing import tensor_bytes
+from pp4.worker.model import sampling
+from pp4.worker.model.config import GREEDY, SAMPLED, SWITCH, CellKey
+from pp4.worker.model.draft import CellOutputs, DraftWorker
+from pp4.worker.model.hashing import tensor_bytes
 
 REFERENCE_FORMAT = "pp4.worker.reference/1"
 

@@ -21,9 +21,9 @@ import os
 import attrs
 import torch
 
-from pp4.worker import hashing
-from pp4.worker.config import GREEDY, QUERY_BLOCK, SAMPLED, CellKey
-from pp4.worker.draft import CellOutputs, DraftWorker, run_prefill
+from pp4.worker.model import hashing
+from pp4.worker.model.config import GREEDY, QUERY_BLOCK, SAMPLED, CellKey
+from pp4.worker.model.draft import CellOutputs, DraftWorker, run_prefill
 
 STATE_FORMAT = "pp4.worker.states/1"
 CAPTURE_CALLS = 3

@@ -145,7 +145,7 @@ class Preflight:
 
 
 def preflight(uuid: str, expect_power_w: float | None, own_pid: int) -> Preflight:
-    from pp4.worker import gpu_info
+    from pp4.worker.harness import gpu_info
 
     snap = gpu_info.snapshot(uuid)
     procs = gpu_info.compute_processes(uuid)

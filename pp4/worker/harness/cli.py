@@ -12,8 +12,8 @@ import sys
 import time
 
 from pp4.sizes import parse_size
-from pp4.worker import guards
-from pp4.worker.config import (
+from pp4.worker.harness import guards
+from pp4.worker.model.config import (
     BACKENDS, BATCH_SIZES, DEFAULT_GEOMETRY, DEPTHS, DTYPES, EXL3_BITS, MODES, TINY_GEOMETRY, CellKey, Exl3Options,
     Geometry, ModelSettings
 )
@@ -249,13 +249,12 @@ def _run(args, argv: list[str], checked, cache_dir: str, caches_late: bool, rss:
     t_start = time.monotonic()
     import torch
 
-    from pp4.worker import gate, gpu_info, report
-    from pp4.worker import states as state_io
-    from pp4.worker import timing
-    from pp4.worker.backends import BackendUnavailable
-    from pp4.worker.draft import DraftWorker
-    from pp4.worker.graphs import build_runners
-    from pp4.worker.model import TORCH_DTYPES, SyntheticSource, TensorParallelDraft, export_safetensors
+    from pp4.worker.harness import gate, gpu_info, report, timing
+    from pp4.worker.model import states as state_io
+    from pp4.worker.model.backends import BackendUnavailable
+    from pp4.worker.model.draft import DraftWorker
+    from pp4.worker.model.graphs import build_runners
+    from pp4.worker.model.model import TORCH_DTYPES, SyntheticSource, TensorParallelDraft, export_safetensors
 
     settings = ModelSettings(
         geometry=geometry, dtype=args.dtype, context=args.context, weight_seed=args.weight_seed,
@@ -443,7 +442,7 @@ def _run(args, argv: list[str], checked, cache_dir: str, caches_late: bool, rss:
     # After the timing, never before: the profiler (CUPTI) leaves the process with slower launches;
     # in revision 4 a profiled process timed up to 4% slower on the H200 (docs/worker.md, Timing).
     if args.profile and cuda:
-        from pp4.worker import profiling
+        from pp4.worker.harness import profiling
 
         wanted = [c for c in cells if c.name in ("B1-D4-greedy", "B4-D4-greedy", "B4-D4-sampled", "B4-D4-switch")]
         try:
@@ -483,7 +482,7 @@ def _run(args, argv: list[str], checked, cache_dir: str, caches_late: bool, rss:
 
 
 def _finish(args, doc: dict, rss: guards.RssGuard, timings) -> None:
-    from pp4.worker import report
+    from pp4.worker.harness import report
 
     doc.setdefault("guards", {})["peak_rss_bytes"] = rss.peak
     if args.json:

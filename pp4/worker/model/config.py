@@ -9,7 +9,7 @@ import attrs
 QUERY_BLOCK = 5
 DEPTHS = (4, 5)
 MAX_BATCH = 4
-BACKENDS = ("torch", "triton", "exl3")  # kernel sets: pp4/worker/backends.py
+BACKENDS = ("torch", "triton", "exl3")  # kernel sets: pp4/worker/model/backends.py
 BATCH_SIZES = (1, 2, 3, 4)
 TP_RANKS = 2
 
@@ -155,7 +155,7 @@ class ModelSettings:
     # Chunks each vocabulary shard's row is reduced in (None: automatic; 1: one block per row).
     head_chunks: int | None = None
     # "cublas": every linear through torch.mm; "triton" (triton backend only): the smaller
-    # matrices through a skinny-GEMM Triton kernel (pp4/worker/backends.py says which).
+    # matrices through a skinny-GEMM Triton kernel (pp4/worker/model/backends.py says which).
     gemm: str = "cublas"
     exl3: Exl3Options | None = None
     # Programmatic dependent launch of the Triton kernels (triton and exl3 backends).  It moves

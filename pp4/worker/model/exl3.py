@@ -28,8 +28,8 @@ import math
 import attrs
 import torch
 
-from pp4.worker import hashing
-from pp4.worker.config import EXL3_BITS as BITS
+from pp4.worker.model import hashing
+from pp4.worker.model.config import EXL3_BITS as BITS
 
 TILE = 16
 HADAMARD = 128

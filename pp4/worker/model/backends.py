@@ -11,9 +11,10 @@ import os
 import torch
 import torch.nn.functional as F
 
-from pp4.worker import sampling, skinny_gemm
-from pp4.worker.config import GREEDY, SAMPLED, SWITCH
-from pp4.worker.skinny_gemm import SkinnyGemm
+from pp4.worker.kernels import skinny_gemm
+from pp4.worker.kernels.skinny_gemm import SkinnyGemm
+from pp4.worker.model import sampling
+from pp4.worker.model.config import GREEDY, SAMPLED, SWITCH
 
 EXL3_NEEDS_CUDA = "--backend exl3 runs EXL3's CUDA kernels: it needs --device cuda"
 
@@ -32,7 +33,7 @@ class TorchBackend:
     reads_position_tables = True
     # Whether a step needs each row's first position as a packed int32 [B] (EXL3's rope).
     reads_start_positions = False
-    # Whether the linears are EXL3-quantized (pp4/worker/exl3.py) rather than 16-bit matrices.
+    # Whether the linears are EXL3-quantized (pp4/worker/model/exl3.py) rather than 16-bit matrices.
     quantized = False
 
     def __init__(self, device: torch.device, attention: str = "gemm"):
@@ -188,7 +189,7 @@ class TorchBackend:
 
 class TritonBackend(TorchBackend):
     """cuBLAS GEMMs and attention as in the torch backend; every small step between them
-    fused into Triton kernels (pp4/worker/triton_kernels.py): embedding gather, all-reduce
+    fused into Triton kernels (pp4/worker/kernels/triton_kernels.py): embedding gather, all-reduce
     + residual add + rms norm, rope + K/V write + query fold, head unfold, silu*mul, and
     the Gumbel noise, the head's per-chunk statistics and cross-rank merge.
 
@@ -206,7 +207,7 @@ class TritonBackend(TorchBackend):
 
     # --gemm triton: matrices up to this size with a long enough K (qkv and down of the default
     # geometry, which cuBLAS runs with a split-K reduce kernel after them) go through
-    # pp4/worker/skinny_gemm.py; gate_up (117 MB) measured even with cuBLAS and stays there.
+    # pp4/worker/kernels/skinny_gemm.py; gate_up (117 MB) measured even with cuBLAS and stays there.
     # The head (fp32 logits) goes through it at any size: its tiles took 0.82-0.91x cuBLAS's time.
     SKINNY_MAX_BYTES = 64 << 20
     GEMMS = ("cublas", "triton")
@@ -216,7 +217,7 @@ class TritonBackend(TorchBackend):
             raise BackendUnavailable("--backend triton needs a CUDA device (or TRITON_INTERPRET=1 on a CPU, "
                                      "tests only: the interpreter is very slow)")
         try:
-            from pp4.worker import triton_kernels
+            from pp4.worker.kernels import triton_kernels
         except ImportError as exc:
             raise BackendUnavailable(f"--backend triton needs the triton package ({exc}); "
                                      "pip install triton, or use --backend torch") from exc
@@ -379,7 +380,7 @@ class TritonBackend(TorchBackend):
 class Exl3Backend(TritonBackend):
     """EXL3's kernels from a pp4-built ``exllamav3_ext`` (stock or facc) where it has them:
 
-    * every linear, the head included, is an EXL3-quantized matrix (pp4/worker/exl3.py) run by
+    * every linear, the head included, is an EXL3-quantized matrix (pp4/worker/model/exl3.py) run by
       ``exl3_gemm`` (its GEMV kernel for up to 8 rows at 4 bits, its cooperative GEMM otherwise),
       fp32 output for the head;
     * every rms norm is ``rms_norm``, after the all-reduce and residual add (two torch adds);
@@ -486,7 +487,7 @@ def load_exl3_module(build_dir: str, target: str):
 
 def make_backend(name: str, device: torch.device, attention: str = "gemm", gemm: str = "cublas",
                  exl3=None, pdl: bool = False) -> TorchBackend:
-    """exl3: the Exl3Options of --backend exl3 (pp4/worker/config.py)."""
+    """exl3: the Exl3Options of --backend exl3 (pp4/worker/model/config.py)."""
     if name != "triton" and gemm != "cublas":
         raise BackendUnavailable(f"--gemm {gemm} needs --backend triton")
     if name == "torch" and pdl:

@@ -25,9 +25,9 @@ import os
 import attrs
 import torch
 
-from pp4.worker import exl3, hashing, sampling
-from pp4.worker.backends import TorchBackend, make_backend
-from pp4.worker.config import MAX_BATCH, QUERY_BLOCK, TP_RANKS, DEPTHS, Geometry, ModelSettings
+from pp4.worker.model import exl3, hashing, sampling
+from pp4.worker.model.backends import TorchBackend, make_backend
+from pp4.worker.model.config import DEPTHS, MAX_BATCH, QUERY_BLOCK, TP_RANKS, Geometry, ModelSettings
 
 TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 

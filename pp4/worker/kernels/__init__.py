@@ -1,0 +1,1 @@
+"""The worker's GPU kernels: the fused Triton kernels and the skinny GEMM."""
