@@ -126,7 +126,7 @@ class Reuser:
         mkey, root, _, erased = self.keys(args, env)
         for entry in reversed(self.manifests.read(mkey)):
             if not sound_entry(mkey, entry):
-                continue  # a damaged manifest entry (manifests have no checksum): never trust it
+                continue  # a damaged entry (the manifest's checksum is verify's, not read here): never trust it
             if entry.get("uses_erasable") and entry.get("erased") != erased:
                 continue  # an input mentions the module name or internals id: values must match
             own = [(actionkey.from_src(p, root), p, sha) for p, sha in entry["inputs"]]
