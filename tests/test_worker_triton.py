@@ -34,8 +34,8 @@ CONTEXT = model_tests.CONTEXT
 
 
 def _worker(backend, geometry=TINY_GEOMETRY, context=CONTEXT, attention=None):
-    attention = attention or ("fused" if backend == "triton" else "gemm")
-    settings = ModelSettings(geometry, context=context, backend=backend, attention=attention)
+    # cuBLAS linears: the skinny GEMM has its own test below (test_skinny_linear_matches_float64 and after).
+    settings = ModelSettings(geometry, context=context, backend=backend, attention=attention, gemm="cublas")
     return DraftWorker(TensorParallelDraft(settings, torch.device("cpu")))
 
 
@@ -112,7 +112,7 @@ def _stats(be, logits, mode, noise, t1, offset, chunks):
 @pytest.mark.parametrize("chunks", [1, 4])
 def test_head_choice_with_ties_matches_the_float64_reference(chunks):
     """Planted ties across chunks and across the two shards: the lowest global id wins."""
-    be = TritonBackend(torch.device("cpu"))
+    be = TritonBackend(torch.device("cpu"), gemm="cublas")
     gen = torch.Generator().manual_seed(5)
     B, V = 3, 512
     full = torch.randn(B, 2 * V, generator=gen) * 3
@@ -144,7 +144,7 @@ def test_fused_residual_norm_equals_the_unfused_steps_bit_for_bit(with_residual)
     a time: torch's half adds (each rounds once, as the kernel does) and the Triton norm."""
     from pp4.worker.model.model import ColocatedSum
 
-    be = TritonBackend(torch.device("cpu"))
+    be = TritonBackend(torch.device("cpu"), gemm="cublas")
     gen = torch.Generator().manual_seed(3)
     rows, H = 7, 320  # H not a power of two: the masked tail of the row
     p0, p1, x = ((torch.randn(rows, H, generator=gen) * 4).half() for _ in range(3))
@@ -162,7 +162,7 @@ def test_gumbel_noise_kernel_matches_the_torch_noise():
     """Same keys and hash as the torch path (signed 64-bit seeds, a strided [D, B] table and
     output), log(E) within float32 rounding of it, and finite and accurate where u is
     closest to 0 and to 1 (where a plain float32 log(u) would round E to 0)."""
-    be, ref_be = TritonBackend(torch.device("cpu")), make_backend("torch", torch.device("cpu"))
+    be, ref_be = TritonBackend(torch.device("cpu"), gemm="cublas"), make_backend("torch", torch.device("cpu"))
     V = 3000
     premix = sampling.vocab_premix(torch.arange(7 * V, 8 * V, dtype=torch.int64))  # a shard's global ids
     seeds = torch.tensor([12345, -7, 2**62 + 11], dtype=torch.int64)
@@ -279,6 +279,20 @@ def test_skinny_gemm_model_matches_float64_reference(pair, monkeypatch):
     assert w2.model.fingerprint() != w.model.fingerprint()
     model_tests.test_sharded_model_matches_unsharded_float64_reference(w2, states)
     assert launches  # the skinny kernel computed the linears the reference checked
+
+
+def test_code_and_command_line_pick_the_same_defaults():
+    """A worker built from code runs what the command line runs when neither names a choice."""
+    from pp4.worker.harness import cli
+
+    for backend in ("torch", "triton"):
+        args = cli.build_parser().parse_args(["--backend", backend, "--device", "cpu"])
+        cli.validate(args)
+        settings = ModelSettings(TINY_GEOMETRY, backend=backend)
+        assert (settings.attention, settings.gemm) == (args.attention, args.gemm)
+        be = make_backend(backend, torch.device("cpu"))
+        assert (be.attention_kind, getattr(be, "gemm", "cublas")) == (args.attention, args.gemm)
+    assert ModelSettings(TINY_GEOMETRY, backend="triton").gemm == "triton"  # the skinny GEMM, as the CLI
 
 
 def test_gemm_option_needs_the_triton_backend():

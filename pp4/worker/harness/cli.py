@@ -14,8 +14,8 @@ import time
 from pp4.sizes import parse_size
 from pp4.worker.harness import guards
 from pp4.worker.model.config import (
-    BACKENDS, BATCH_SIZES, DEFAULT_GEOMETRY, DEPTHS, DTYPES, EXL3_BITS, MODES, TINY_GEOMETRY, CellKey, Exl3Options,
-    Geometry, ModelSettings
+    BACKENDS, BATCH_SIZES, DEFAULT_ATTENTION, DEFAULT_GEMM, DEFAULT_GEOMETRY, DEPTHS, DTYPES, EXL3_BITS, MODES,
+    TINY_GEOMETRY, CellKey, Exl3Options, Geometry, ModelSettings
 )
 
 STATE_COUNT = 12  # synthetic, and again captured
@@ -156,9 +156,9 @@ def validate(args) -> tuple[Geometry, list[int], list[int], int, int]:
     if args.lock_timeout < 0:
         raise UsageError(f"--lock-timeout must not be negative, got {args.lock_timeout}")
     if args.attention is None:
-        args.attention = "gemm" if args.backend == "torch" else "fused"
+        args.attention = DEFAULT_ATTENTION[args.backend]
     if args.gemm is None:
-        args.gemm = "triton" if args.backend == "triton" else "cublas"
+        args.gemm = DEFAULT_GEMM[args.backend]
     if args.gemm != "cublas" and args.backend != "triton":
         raise UsageError(f"--gemm {args.gemm} needs --backend triton")
     if args.pdl is None:

@@ -14,13 +14,22 @@ import torch.nn.functional as F
 from pp4.worker.kernels import skinny_gemm
 from pp4.worker.kernels.skinny_gemm import SkinnyGemm
 from pp4.worker.model import sampling
-from pp4.worker.model.config import GREEDY, SAMPLED, SWITCH
+from pp4.worker.model.config import DEFAULT_ATTENTION, DEFAULT_GEMM, GREEDY, SAMPLED, SWITCH
 
 EXL3_NEEDS_CUDA = "--backend exl3 runs EXL3's CUDA kernels: it needs --device cuda"
 
 
 class BackendUnavailable(RuntimeError):
     """The requested backend cannot run here; the message says what to do."""
+
+
+def unfused_residual_norm(backend, x, partials, collective, norm_weights, eps: float):
+    """(x + all_reduce(partials), [that through each rank's norm weight]) in separate steps, the
+    norm being ``backend.rms_norm``; x None: the all-reduce alone.  The ranks' residual streams
+    are identical, so one copy is kept."""
+    total = collective.all_reduce(partials)
+    x = total if x is None else x + total
+    return x, [backend.rms_norm(x, w, eps) for w in norm_weights]
 
 
 class TorchBackend:
@@ -36,7 +45,7 @@ class TorchBackend:
     # Whether the linears are EXL3-quantized (pp4/worker/model/exl3.py) rather than 16-bit matrices.
     quantized = False
 
-    def __init__(self, device: torch.device, attention: str = "gemm"):
+    def __init__(self, device: torch.device, attention: str = DEFAULT_ATTENTION["torch"]):
         if attention not in self.ATTENTION:
             raise BackendUnavailable(f"--backend {self.name} has no attention {attention!r} "
                                      f"(choose {', '.join(self.ATTENTION)})")
@@ -146,11 +155,7 @@ class TorchBackend:
         return F.embedding(vocab_to_local[tokens.reshape(-1)], embed)
 
     def residual_norm(self, x, partials, collective, norm_weights, eps: float):
-        """(x + all_reduce(partials), [that through each rank's norm weight]); x None: the
-        all-reduce alone.  The ranks' residual streams are identical, so one copy is kept."""
-        total = collective.all_reduce(partials)
-        x = total if x is None else x + total
-        return x, [self.rms_norm(x, w, eps) for w in norm_weights]
+        return unfused_residual_norm(self, x, partials, collective, norm_weights, eps)
 
     def rope_cache_fold(self, qkv, step, cache, hq: int, hkv: int, group: int):
         """qkv [B, T, hq + 2*hkv, D]: rotate q and k, write K and V of every position into
@@ -212,7 +217,8 @@ class TritonBackend(TorchBackend):
     SKINNY_MAX_BYTES = 64 << 20
     GEMMS = ("cublas", "triton")
 
-    def __init__(self, device: torch.device, attention: str = "fused", gemm: str = "cublas", pdl: bool = False):
+    def __init__(self, device: torch.device, attention: str = DEFAULT_ATTENTION["triton"],
+                 gemm: str = DEFAULT_GEMM["triton"], pdl: bool = False):
         if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
             raise BackendUnavailable("--backend triton needs a CUDA device (or TRITON_INTERPRET=1 on a CPU, "
                                      "tests only: the interpreter is very slow)")
@@ -285,7 +291,7 @@ class TritonBackend(TorchBackend):
         """One kernel per rank: each reads both partials (what its all-reduce would bring it),
         adds its residual and applies its norm; the first also writes the new residual."""
         if len(partials) != 2:
-            return super().residual_norm(x, partials, collective, norm_weights, eps)
+            return unfused_residual_norm(self, x, partials, collective, norm_weights, eps)
         p0, p1 = partials
         H = p0.shape[-1]
         rows = p0.numel() // H
@@ -455,7 +461,8 @@ class Exl3Backend(TritonBackend):
         return out.view(x.shape)
 
     def residual_norm(self, x, partials, collective, norm_weights, eps: float):
-        return TorchBackend.residual_norm(self, x, partials, collective, norm_weights, eps)
+        # exllamav3 has no fused all-reduce + add + norm: torch's adds, then its rms_norm.
+        return unfused_residual_norm(self, x, partials, collective, norm_weights, eps)
 
     def rope_cache_fold(self, qkv, step, cache, hq: int, hkv: int, group: int):
         B, T, heads, d = qkv.shape
@@ -485,9 +492,12 @@ def load_exl3_module(build_dir: str, target: str):
             "and pass that build directory as --exl3-build") from exc
 
 
-def make_backend(name: str, device: torch.device, attention: str = "gemm", gemm: str = "cublas",
+def make_backend(name: str, device: torch.device, attention: str | None = None, gemm: str | None = None,
                  exl3=None, pdl: bool = False) -> TorchBackend:
-    """exl3: the Exl3Options of --backend exl3 (pp4/worker/model/config.py)."""
+    """exl3: the Exl3Options of --backend exl3 (pp4/worker/model/config.py); attention and gemm
+    None: the backend's defaults (DEFAULT_ATTENTION, DEFAULT_GEMM)."""
+    attention = attention or DEFAULT_ATTENTION.get(name, "gemm")
+    gemm = gemm or DEFAULT_GEMM.get(name, "cublas")
     if name != "triton" and gemm != "cublas":
         raise BackendUnavailable(f"--gemm {gemm} needs --backend triton")
     if name == "torch" and pdl:

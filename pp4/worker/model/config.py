@@ -10,6 +10,10 @@ QUERY_BLOCK = 5
 DEPTHS = (4, 5)
 MAX_BATCH = 4
 BACKENDS = ("torch", "triton", "exl3")  # kernel sets: pp4/worker/model/backends.py
+# Each backend's attention and GEMM when none is named.  The command line, ModelSettings and
+# make_backend all read these, so a worker built from code runs what the command line runs.
+DEFAULT_ATTENTION = {"torch": "gemm", "triton": "fused", "exl3": "fused"}
+DEFAULT_GEMM = {"torch": "cublas", "triton": "triton", "exl3": "cublas"}
 BATCH_SIZES = (1, 2, 3, 4)
 TP_RANKS = 2
 
@@ -149,19 +153,28 @@ class ModelSettings:
     # Gumbel noise is computed on a second CUDA stream so its many small launches
     # overlap the first pass's weight reads; it joins before the first head.
     overlap_noise: bool = True
-    # "gemm": attention as two batched GEMMs around an fp32 softmax (default, fast for a
-    # few query rows); "sdpa": torch's fused kernel, for A/B comparison.
-    attention: str = "gemm"
+    # "gemm": attention as two batched GEMMs around an fp32 softmax (fast for a few query
+    # rows); "sdpa": torch's fused kernel, for A/B comparison; "fused": split-KV Triton
+    # kernels (triton and exl3).  None: the backend's DEFAULT_ATTENTION.
+    attention: str | None = None
     # Chunks each vocabulary shard's row is reduced in (None: automatic; 1: one block per row).
     head_chunks: int | None = None
     # "cublas": every linear through torch.mm; "triton" (triton backend only): the smaller
     # matrices through a skinny-GEMM Triton kernel (pp4/worker/model/backends.py says which).
-    gemm: str = "cublas"
+    # None: the backend's DEFAULT_GEMM.
+    gemm: str | None = None
     exl3: Exl3Options | None = None
     # Programmatic dependent launch of the Triton kernels (triton and exl3 backends).  It moves
     # launches earlier and changes no arithmetic, so it is not part of the fingerprint: the
     # same reference digests hold with it on and off.
     pdl: bool = False
+
+    def __attrs_post_init__(self) -> None:
+        # Settings always hold concrete choices: the fingerprint names what runs.
+        if self.attention is None:
+            object.__setattr__(self, "attention", DEFAULT_ATTENTION.get(self.backend, "gemm"))
+        if self.gemm is None:
+            object.__setattr__(self, "gemm", DEFAULT_GEMM.get(self.backend, "cublas"))
 
     @property
     def cache_len(self) -> int:
