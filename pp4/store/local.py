@@ -33,17 +33,17 @@ import os
 import secrets
 import shutil
 import time
-from collections import Counter
 from pathlib import Path
 from typing import Iterator, NoReturn
 
-import attrs
-
 from pp4 import paths
-from pp4.files import canonical_json, fsync_dir, sha256_and_size, sha256_fd
+from pp4.files import canonical_json, fsync_dir, sha256_and_size
 from pp4.sizes import parse_size
+from pp4.store import usage
+from pp4.store import verify as verification
+from pp4.store.layout import unlink_quietly, write_all
 from pp4.store.records import (
-    _ACTION_KEY_RE, _SHA256_RE, ActionRecord, CorruptObject, Damage, GcResult, ObjectMissing, StoreError, StoreStats,
+    _ACTION_KEY_RE, ActionRecord, CorruptObject, GcResult, ObjectMissing, StoreError, StoreStats,
     VerifyReport, _InvalidRecord, decode_record, encode_record
 )
 
@@ -52,13 +52,6 @@ __all__ = ["Store", "default_max_bytes", "default_store_dir"]
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_BYTES = 20 * 1024**3
-# A put finishes in well under a second; an hour-old staging file belongs to a dead process.
-STALE_TMP_SECONDS = 3600
-# Automatic eviction goes below the bound, so that the next few puts do not each trigger a full scan.
-AUTO_EVICT_LOW_WATER = 0.9
-# Once this many bytes of usage.log pile up, the next put recounts the store (a gc pass),
-# which keeps the per-put read of the log small.
-USAGE_LOG_FOLD_BYTES = 64 * 1024
 HASH_CHUNK_BYTES = 1 << 20
 
 TEST_PAUSE_ENV = "PP4_STORE_TEST_PAUSE"
@@ -104,19 +97,6 @@ def default_max_bytes() -> int:
 # ---------------------------------------------------------------- small file helpers
 
 
-def _write_all(fd: int, data: bytes | memoryview) -> None:
-    view = memoryview(data)
-    while view:
-        written = os.write(fd, view)
-        view = view[written:]
-
-
-def _unlink_quietly(path: Path | None) -> None:
-    if path is not None:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
-
-
 def _size_or_none(path: Path) -> int | None:
     try:
         return os.stat(path).st_size
@@ -135,32 +115,6 @@ def _require_action_key(action_key: str) -> None:
     # The key becomes a file name: anything but lowercase hex could escape the store.
     if not (isinstance(action_key, str) and _ACTION_KEY_RE.fullmatch(action_key)):
         raise ValueError(f"action key must be 16-128 lowercase hex characters, got {action_key!r}")
-
-
-def _iter_shard_files(top: Path) -> Iterator[os.DirEntry]:
-    """Files in top/<shard>/; tolerates directories vanishing under a concurrent gc."""
-    try:
-        shards = list(os.scandir(top))
-    except FileNotFoundError:
-        return
-    for shard in shards:
-        if not shard.is_dir(follow_symlinks=False):
-            continue
-        try:
-            entries = list(os.scandir(shard.path))
-        except FileNotFoundError:
-            continue
-        for entry in entries:
-            if entry.is_file(follow_symlinks=False):
-                yield entry
-
-
-@attrs.frozen
-class _LiveRecord:
-    path: str
-    mtime: float
-    nbytes: int
-    object_sha256: str
 
 
 # ---------------------------------------------------------------- the store
@@ -337,11 +291,11 @@ class Store:
                     os.replace(staged_record, destination)
                 staged_record = None
                 self._pause_for_test("record-placed")
-                self._note_usage(added_bytes + len(data))
+                usage.note_usage(self, added_bytes + len(data))
         finally:
-            _unlink_quietly(staged_object)
-            _unlink_quietly(staged_record)
-        self._evict_if_over_bound()
+            unlink_quietly(staged_object)
+            unlink_quietly(staged_record)
+        usage.evict_if_over_bound(self)
         return record
 
     def _stage_object(self, source: Path) -> tuple[Path, str, int]:
@@ -357,13 +311,13 @@ class Store:
                 with self._store_writes("writing an object"):
                     while n := src.readinto(buffer):
                         hasher.update(view[:n])
-                        _write_all(fd, view[:n])
+                        write_all(fd, view[:n])
                         size += n
                     os.fsync(fd)
                     os.fchmod(fd, 0o444)
             except BaseException:
                 os.close(fd)
-                _unlink_quietly(staged)
+                unlink_quietly(staged)
                 raise
             os.close(fd)
         return staged, hasher.hexdigest(), size
@@ -372,13 +326,13 @@ class Store:
         fd, staged = self._new_tmp_file(suffix)
         try:
             with self._store_writes("writing an action record"):
-                _write_all(fd, data)
+                write_all(fd, data)
                 # No fsync: a record torn by power loss fails its checksum and is a miss, so
                 # durability here would buy nothing but a few milliseconds per put.
                 os.fchmod(fd, 0o444)
         except BaseException:
             os.close(fd)
-            _unlink_quietly(staged)
+            unlink_quietly(staged)
             raise
         os.close(fd)
         return staged
@@ -434,7 +388,7 @@ class Store:
             os.replace(staged, dest)
             staged = None
         finally:
-            _unlink_quietly(staged)
+            unlink_quietly(staged)
         return dest
 
     def _link_fresh(self, source: Path, staged: Path) -> bool:
@@ -473,7 +427,7 @@ class Store:
     def _reject_corrupt(
         self, record: ActionRecord, source: Path, dest: Path, staged: Path, digest: str, source_inode: int, linked: bool
     ) -> NoReturn:
-        _unlink_quietly(staged)
+        unlink_quietly(staged)
         stored_is_bad = linked
         if not linked:
             try:
@@ -507,288 +461,18 @@ class Store:
             if current is None or current.object_sha256 == record.object_sha256:
                 os.unlink(record_path)
 
-    # ------------------------------------------------------------ size accounting and eviction
-
-    def _note_usage(self, nbytes: int) -> None:
-        # One O_APPEND write per put: atomic, lock-free between puts; gc folds it into `usage`.
-        with contextlib.suppress(OSError):
-            fd = os.open(self._usage_log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
-            try:
-                os.write(fd, f"{nbytes}\n".encode())
-            finally:
-                os.close(fd)
-
-    def _usage_estimate(self) -> tuple[int | None, int]:
-        """(estimated store bytes or None if unknown, size of usage.log)."""
-        try:
-            base = int(self._usage_path.read_text())
-        except (OSError, ValueError):
-            base = None
-        try:
-            log_text = self._usage_log_path.read_bytes()
-        except OSError:
-            log_text = b""
-        added = sum(int(line) for line in log_text.split() if line.isdigit())
-        return (None if base is None else base + added), len(log_text)
-
-    def _evict_if_over_bound(self) -> None:
-        estimate, log_bytes = self._usage_estimate()
-        if estimate is not None and estimate <= self.max_bytes and log_bytes < USAGE_LOG_FOLD_BYTES:
-            return
-        try:
-            with self._try_flock(self._gc_lock_path) as got_it:
-                if not got_it:
-                    return  # another process is already collecting
-                with self._flock(self._lock_path, fcntl.LOCK_EX):
-                    self._collect(trigger_bytes=self.max_bytes, target_bytes=int(self.max_bytes * AUTO_EVICT_LOW_WATER))
-        except (OSError, StoreError) as exc:
-            # The put itself succeeded; a failed eviction must not turn it into an error.
-            log.warning("pp4 store %s: automatic eviction failed: %s", self.root, exc)
+    # ------------------------------------------------------------ size, eviction, verification
 
     def gc(self, max_bytes: int | None = None) -> GcResult:
-        """Evict least-recently-used entries until the store is at most max_bytes (default: its bound).
-
-        Also removes invalid records, records whose object is gone, unreferenced objects and
-        staging files older than an hour.
-        """
-        bound = self.max_bytes if max_bytes is None else int(max_bytes)
-        if bound < 0:
-            raise ValueError(f"max_bytes must not be negative, got {bound}")
-        with self._flock(self._gc_lock_path, fcntl.LOCK_EX), self._flock(self._lock_path, fcntl.LOCK_EX):
-            return self._collect(trigger_bytes=bound, target_bytes=bound)
-
-    def _collect(self, trigger_bytes: int, target_bytes: int) -> GcResult:
-        """Must run under the exclusive lock: then no put is between publishing an object and its record."""
-        with self._store_writes("collecting garbage"):
-            tmp_removed = self._remove_stale_tmp(time.time() - STALE_TMP_SECONDS)
-            # Lock-free removers still exist (materialize discarding a corrupt entry), so
-            # every stat and unlink here tolerates a file that has just gone.
-            objects: dict[str, tuple[str, int]] = {}
-            for entry in _iter_shard_files(self._objects_dir):
-                with contextlib.suppress(FileNotFoundError):
-                    objects[entry.name] = (entry.path, entry.stat(follow_symlinks=False).st_size)
-            live: list[_LiveRecord] = []
-            invalid_removed = 0
-            bytes_before = sum(size for _, size in objects.values())
-            for entry in _iter_shard_files(self._actions_dir):
-                try:
-                    st = entry.stat(follow_symlinks=False)
-                except FileNotFoundError:
-                    continue
-                bytes_before += st.st_size
-                record = self._read_record_entry(entry)
-                obj = objects.get(record.object_sha256) if record else None
-                if record is None or obj is None or obj[1] != record.object_size:
-                    _unlink_quietly(Path(entry.path))  # a miss either way; stop it costing space
-                    invalid_removed += 1
-                    continue
-                live.append(_LiveRecord(entry.path, st.st_mtime, st.st_size, record.object_sha256))
-
-            references = Counter(r.object_sha256 for r in live)
-            orphans_removed = 0
-            for sha256, (path, _) in list(objects.items()):
-                if references[sha256] == 0:
-                    _unlink_quietly(Path(path))
-                    del objects[sha256]
-                    orphans_removed += 1
-
-            total = sum(size for _, size in objects.values()) + sum(r.nbytes for r in live)
-            records_evicted = objects_evicted = 0
-            if total > trigger_bytes:
-                for record in sorted(live, key=lambda r: r.mtime):
-                    if total <= target_bytes:
-                        break
-                    _unlink_quietly(Path(record.path))
-                    total -= record.nbytes
-                    records_evicted += 1
-                    references[record.object_sha256] -= 1
-                    if references[record.object_sha256] == 0:
-                        path, size = objects.pop(record.object_sha256)
-                        _unlink_quietly(Path(path))
-                        total -= size
-                        objects_evicted += 1
-            self._reset_usage(total)
-        return GcResult(
-            root=str(self.root),
-            bound=trigger_bytes,
-            bytes_before=bytes_before,
-            bytes_after=total,
-            records_evicted=records_evicted,
-            objects_evicted=objects_evicted,
-            invalid_records_removed=invalid_removed,
-            orphan_objects_removed=orphans_removed,
-            tmp_files_removed=tmp_removed,
-        )
-
-    def _read_record_entry(self, entry: os.DirEntry) -> ActionRecord | None:
-        key = entry.name[: -len(".json")] if entry.name.endswith(".json") else None
-        if key is None or not _ACTION_KEY_RE.fullmatch(key) or Path(entry.path).parent.name != key[:2]:
-            return None
-        try:
-            return decode_record(Path(entry.path).read_bytes(), expected_key=key)
-        except (_InvalidRecord, FileNotFoundError):
-            return None
-
-    def _remove_stale_tmp(self, older_than: float) -> int:
-        removed = 0
-        for entry in self._stale_tmp_entries(older_than):
-            _unlink_quietly(Path(entry.path))
-            removed += 1
-        return removed
-
-    def _stale_tmp_entries(self, older_than: float) -> list[os.DirEntry]:
-        stale = []
-        with contextlib.suppress(FileNotFoundError):
-            for entry in os.scandir(self._tmp_dir):
-                with contextlib.suppress(FileNotFoundError):
-                    if entry.stat(follow_symlinks=False).st_mtime < older_than:
-                        stale.append(entry)
-        return stale
-
-    def _reset_usage(self, total: int) -> None:
-        # usage first, then truncate the log: a crash between them double-counts, which only
-        # makes the next put recount early.
-        fd, staged = self._new_tmp_file(".usage")
-        try:
-            _write_all(fd, f"{total}\n".encode())
-            os.fchmod(fd, 0o644)
-        finally:
-            os.close(fd)
-        os.replace(staged, self._usage_path)
-        with open(self._usage_log_path, "wb"):
-            pass
-
-    # ------------------------------------------------------------ stats
+        """Evict least-recently-used entries until the store is at most max_bytes (default: its
+        bound); also remove invalid records, records whose object is gone, unreferenced objects
+        and staging files older than an hour."""
+        return usage.gc(self, max_bytes)
 
     def stats(self) -> StoreStats:
         """Counts and sizes from a directory scan; no lock, no hashing."""
-        entries = objects = total = 0
-        for entry in _iter_shard_files(self._actions_dir):
-            with contextlib.suppress(FileNotFoundError):
-                total += entry.stat(follow_symlinks=False).st_size
-                entries += 1
-        for entry in _iter_shard_files(self._objects_dir):
-            with contextlib.suppress(FileNotFoundError):
-                total += entry.stat(follow_symlinks=False).st_size
-                objects += 1
-        try:
-            tmp_files = sum(1 for _ in os.scandir(self._tmp_dir))
-        except FileNotFoundError:
-            tmp_files = 0
-        return StoreStats(str(self.root), entries, objects, total, self.max_bytes, tmp_files)
-
-    # ------------------------------------------------------------ verify
+        return usage.stats(self)
 
     def verify(self, repair: bool = True) -> VerifyReport:
-        """Rehash every object and check every record; with repair, remove what is broken.
-
-        Hashing runs without a lock (it can take minutes on a big store) and only
-        collects suspects.  Each suspect is then judged again under the exclusive
-        lock, when no put or gc is half-way through, so that an entry gc evicted
-        mid-scan is not mistaken for damage; removals happen under the same lock.
-        """
-        suspects: list[str] = []
-        bad_objects: dict[str, tuple[int, str]] = {}  # sha -> (inode, digest) as hashed
-        objects_seen: set[str] = set()
-        objects_checked = 0
-        for entry in _iter_shard_files(self._objects_dir):
-            name = entry.name
-            if not (_SHA256_RE.fullmatch(name) and Path(entry.path).parent.name == name[:2]):
-                suspects.append(entry.path)
-                continue
-            try:
-                with open(entry.path, "rb", buffering=0) as f:
-                    st = os.fstat(f.fileno())  # the inode we judge, whatever the path holds later
-                    inode, digest = st.st_ino, sha256_fd(f.fileno(), st.st_size)
-            except FileNotFoundError:
-                continue  # removed by a concurrent gc
-            objects_checked += 1
-            objects_seen.add(name)
-            if digest != name:
-                bad_objects[name] = (inode, digest)
-                suspects.append(entry.path)
-
-        referenced: set[str] = set()
-        records_checked = 0
-        for entry in _iter_shard_files(self._actions_dir):
-            try:
-                data = Path(entry.path).read_bytes()
-            except FileNotFoundError:
-                continue
-            records_checked += 1
-            problem, record = self._record_problem(entry.path, data, bad_objects)
-            if record is not None:
-                referenced.add(record.object_sha256)
-            if problem is not None:
-                suspects.append(entry.path)
-
-        orphans = len(objects_seen - referenced)
-        stale_tmp = len(self._stale_tmp_entries(time.time() - STALE_TMP_SECONDS))
-
-        damage: list[Damage] = []
-        if suspects:
-            with self._lock_for_verify(repair):
-                for path in suspects:
-                    judged = self._judge_again(path, bad_objects)
-                    if judged is not None:  # None: changed under us (evicted, replaced, healed)
-                        damage.append(Damage(path, judged[0], judged[1], repaired=repair))
-                # Judge everything before removing anything, so a record is reported for
-                # its corrupt object, not for the object this repair just removed.
-                if repair:
-                    for item in damage:
-                        _unlink_quietly(Path(item.path))
-        return VerifyReport(str(self.root), objects_checked, records_checked, tuple(damage), orphans, stale_tmp, repair)
-
-    def _record_problem(
-        self, path: str, data: bytes, bad_objects: dict[str, tuple[int, str]]
-    ) -> tuple[tuple[str, str] | None, ActionRecord | None]:
-        """((kind, detail) or None, the record if it parsed) for one record file's bytes."""
-        name, shard = Path(path).name, Path(path).parent.name
-        key = name[: -len(".json")] if name.endswith(".json") else ""
-        if not (_ACTION_KEY_RE.fullmatch(key) and shard == key[:2]):
-            return ("stray-file", "not named <action key>.json in its <2 hex> shard"), None
-        try:
-            record = decode_record(data, expected_key=key)
-        except _InvalidRecord as exc:
-            return ("record-invalid", str(exc)), None
-        object_file = self.object_path(record.object_sha256)
-        try:
-            object_stat = os.stat(object_file)
-        except FileNotFoundError:
-            return ("record-object-missing", f"object {object_file} does not exist"), record
-        bad = bad_objects.get(record.object_sha256)
-        if bad is not None and bad[0] == object_stat.st_ino:
-            return ("record-object-corrupt", f"object {object_file} is corrupt (hashes to {bad[1]})"), record
-        if object_stat.st_size != record.object_size:
-            return ("record-object-size", f"object {object_file} has {object_stat.st_size} bytes, record says {record.object_size}"), record
-        return None, record
-
-    def _judge_again(self, path: str, bad_objects: dict[str, tuple[int, str]]) -> tuple[str, str] | None:
-        p = Path(path)
-        if p.parent.parent == self._objects_dir:
-            name = p.name
-            if not (_SHA256_RE.fullmatch(name) and p.parent.name == name[:2]):
-                return ("stray-file", "not named <sha256> in its <2 hex> shard") if p.exists() else None
-            try:
-                inode = os.stat(p).st_ino
-            except FileNotFoundError:
-                return None
-            bad = bad_objects.get(name)
-            # Objects are never rewritten in place: the same inode still has the bad bytes.
-            return ("object-hash-mismatch", f"bytes hash to {bad[1]}") if bad and bad[0] == inode else None
-        try:
-            data = p.read_bytes()
-        except FileNotFoundError:
-            return None
-        return self._record_problem(path, data, bad_objects)[0]
-
-    @contextlib.contextmanager
-    def _lock_for_verify(self, repair: bool) -> Iterator[None]:
-        with contextlib.ExitStack() as stack:
-            try:
-                stack.enter_context(self._flock(self._lock_path, fcntl.LOCK_EX))
-            except StoreError:
-                if repair:
-                    raise
-                # Report-only verify must work on a read-only store, where the lock file may be uncreatable.
-            yield
+        """Rehash every object and check every record; with repair, remove what is broken."""
+        return verification.verify(self, repair)
