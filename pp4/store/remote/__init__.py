@@ -1,0 +1,63 @@
+"""The interface a remote storage implements: whole values under short keys, nothing more.
+
+A remote is a second tier behind the local store (pp4/store/local.py), shared by a team's
+machines. It is deliberately dumb: get, put and remove of opaque bytes. What the bytes mean, how
+entries are laid out so that a reader never sees half of one, and the checks that make a
+poisoned or truncated value harmless all live in the code that uses a remote, once, so that every
+backend (a shared folder here, Redis, ...) inherits them and none has to be trusted.
+
+Backends are chosen by the URL's scheme (``open_remote``).  Each call is bounded in time and
+either succeeds, answers "absent", or raises ``RemoteUnavailable``: a remote that misbehaves
+never fails a build, it only stops being used.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Protocol, runtime_checkable
+from urllib.parse import urlsplit
+
+from pp4.store.records import StoreError
+
+# Keys are "<kind>/<hex>" (e.g. "obj/<sha256>"): safe as file names and as Redis keys alike.
+KEY_RE = re.compile(r"[a-z]{1,16}/[0-9a-f]{16,128}")
+
+
+class RemoteUnavailable(StoreError):
+    """The remote cannot answer now (down, slow, refused, full, wrong password); the message says
+    which remote and why, without its password."""
+
+
+@runtime_checkable
+class RemoteStorage(Protocol):
+    """What a remote backend provides. ``describe`` names it for messages (no secrets)."""
+
+    def describe(self) -> str: ...
+
+    def get(self, key: str) -> bytes | None:
+        """The value stored under key, whole, or None when there is none."""
+
+    def put(self, key: str, value: bytes, *, only_if_missing: bool = False) -> bool:
+        """Store value under key so that a reader sees either nothing or all of it. With
+        only_if_missing, an existing value is kept. True when this call stored the value."""
+
+    def remove(self, key: str) -> bool:
+        """Remove key's value; True when there was one."""
+
+
+def check_key(key: str) -> str:
+    if not (isinstance(key, str) and KEY_RE.fullmatch(key)):
+        raise ValueError(f"a remote key is <kind>/<hex digest>, got {key!r}")
+    return key
+
+
+def open_remote(url: str) -> RemoteStorage:
+    """The backend for url: ``file:///shared/folder`` (a folder every machine mounts)."""
+    parts = urlsplit(url)
+    if parts.scheme == "file":
+        from pp4.store.remote.folder import FolderStorage
+
+        if parts.netloc not in ("", "localhost"):
+            raise ValueError(f"remote store {url!r}: a file URL names a local path (file:///path), not host {parts.netloc!r}")
+        return FolderStorage(parts.path)
+    raise ValueError(f"remote store {url!r}: unknown scheme {parts.scheme!r} (use file:///PATH)")

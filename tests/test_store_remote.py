@@ -1,0 +1,117 @@
+"""The remote storage contract (pp4/store/remote): whole values or none, first writer wins with
+only_if_missing, keys that cannot escape, clear errors. Every backend runs the same tests."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from pp4.store.remote import RemoteStorage, RemoteUnavailable, open_remote
+
+KEY = "obj/" + "ab" * 32
+
+
+@pytest.fixture(params=["file"])
+def remote(request, tmp_path) -> RemoteStorage:
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    return open_remote(f"file://{folder}")
+
+
+def test_values_round_trip_and_only_if_missing_keeps_the_first(remote):
+    assert isinstance(remote, RemoteStorage)
+    assert remote.get(KEY) is None
+    assert remote.put(KEY, b"one")
+    assert remote.get(KEY) == b"one"
+    assert not remote.put(KEY, b"two", only_if_missing=True)
+    assert remote.get(KEY) == b"one"
+    assert remote.put(KEY, b"three")
+    assert remote.get(KEY) == b"three"
+    assert remote.put(KEY, b"") and remote.get(KEY) == b""  # empty is a value, not an absence
+    assert remote.remove(KEY) and not remote.remove(KEY)
+    assert remote.get(KEY) is None
+
+
+@pytest.mark.parametrize("key", ["obj/../../etc", "obj/AB" + "0" * 30, "/abs/" + "0" * 32, "obj", "x/" + "0" * 8,
+                                 "obj/" + "0" * 32 + "/x"])
+def test_a_key_that_could_escape_or_is_not_a_digest_is_refused(remote, key):
+    for call in (lambda: remote.get(key), lambda: remote.put(key, b"x"), lambda: remote.remove(key)):
+        with pytest.raises(ValueError, match="remote key"):
+            call()
+
+
+def _race(url: str, value: bytes, start: float, results) -> None:
+    storage = open_remote(url)
+    while time.time() < start:
+        pass
+    results.put((value[:1], storage.put(KEY, value, only_if_missing=True)))
+
+
+def test_concurrent_writers_one_wins_and_its_value_is_whole(tmp_path):
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    url = f"file://{folder}"
+    ctx = multiprocessing.get_context("spawn")
+    results = ctx.Queue()
+    values = [bytes([65 + i]) * (8 << 20) for i in range(4)]  # 8 MiB each, all different
+    start = time.time() + 2
+    procs = [ctx.Process(target=_race, args=(url, v, start, results)) for v in values]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    outcomes = [results.get(timeout=5) for _ in procs]
+    winners = [first for first, stored in outcomes if stored]
+    assert len(winners) == 1, outcomes
+    assert open_remote(url).get(KEY) == winners[0] * (8 << 20)
+    assert sorted(os.listdir(folder / "obj")) == [KEY.split("/")[1]]  # no staging file left behind
+
+
+WRITER = """
+import sys
+from pp4.store.remote import open_remote
+open_remote(sys.argv[1]).put(sys.argv[2], b"x" * (1 << 30))
+"""
+
+
+def test_a_writer_killed_mid_write_leaves_no_value(tmp_path):
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    url = f"file://{folder}"
+    proc = subprocess.Popen([sys.executable, "-c", WRITER, url, KEY])
+    try:
+        deadline = time.time() + 60
+        while not any(p.name.endswith(".tmp") for p in folder.glob("obj/*")):
+            assert proc.poll() is None and time.time() < deadline, "the writer never started staging"
+            time.sleep(0.005)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert open_remote(url).get(KEY) is None  # the staging file is there, but no key names it
+
+
+def test_bad_urls_and_missing_folders_say_what_to_do(tmp_path):
+    with pytest.raises(ValueError, match="unknown scheme 'ftp'"):
+        open_remote("ftp://host/x")
+    with pytest.raises(ValueError, match="not host 'server'"):
+        open_remote("file://server/x")
+    with pytest.raises(RemoteUnavailable, match="does not exist.*mount"):
+        open_remote(f"file://{tmp_path / 'nowhere'}")
+
+
+def test_a_folder_that_cannot_take_the_value_is_unavailable_not_a_crash(tmp_path):
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    remote = open_remote(f"file://{folder}")
+    (folder / "obj").write_text("a file where the kind's folder belongs")  # fails for root too
+    with pytest.raises(RemoteUnavailable, match=f"file://{folder}: cannot write obj/"):
+        remote.put(KEY, b"x")
+    with pytest.raises(RemoteUnavailable, match="cannot read"):
+        remote.get(KEY)
