@@ -245,17 +245,12 @@ def _say(msg: str = "") -> None:
 
 def _run(args, argv: list[str], checked, cache_dir: str, caches_late: bool, rss: guards.RssGuard,
          held: _Held) -> int:
+    """The run's phases, in order: model settings, device and GPU lock, model, states, exactness
+    gate, timing.  Each phase adds its part to the JSON document."""
+    from pp4.worker.harness import report
+
     geometry, batch_sizes, depths, max_rss, copy_bytes = checked
     t_start = time.monotonic()
-    import torch
-
-    from pp4.worker.harness import gate, gpu_info, report, timing
-    from pp4.worker.model import states as state_io
-    from pp4.worker.model.backends import BackendUnavailable
-    from pp4.worker.model.draft import DraftWorker
-    from pp4.worker.model.graphs import build_runners
-    from pp4.worker.model.model import TORCH_DTYPES, SyntheticSource, TensorParallelDraft, export_safetensors
-
     settings = ModelSettings(
         geometry=geometry, dtype=args.dtype, context=args.context, weight_seed=args.weight_seed,
         weights_dir=args.weights, backend=args.backend, overlap_noise=not args.no_overlap_noise,
@@ -264,14 +259,58 @@ def _run(args, argv: list[str], checked, cache_dir: str, caches_late: bool, rss:
                          args.exl3_bits, args.exl3_head_bits, args.exl3_select) if args.backend == "exl3" else None,
     )
     if args.export_weights:
-        src = SyntheticSource(geometry, args.weight_seed, TORCH_DTYPES[args.dtype], torch.device("cpu"))
-        try:
-            _say(f"wrote {export_safetensors(src, args.export_weights)}")
-        except RuntimeError as exc:
-            raise EnvironmentProblem(str(exc)) from None
+        return _export_weights(args, geometry)
+    doc: dict = {"tool": "pp4.worker", "format": 1, "argv": argv}
+    gpu = _open_device(args, cache_dir, caches_late, held, max_rss)
+    model, worker = _build_model(settings, gpu.device, doc)
+    captured, all_states, states_digest = _states(args, worker, model, cache_dir, doc)
+    cells = [CellKey(b, d, mode) for b in batch_sizes for d in depths for mode in MODES]
+    runners, passed = _gate(args, worker, model, gpu, cells, all_states, states_digest, batch_sizes, depths, doc)
+    doc.update(backend=args.backend, attention=args.attention, gemm=args.gemm, pdl=args.pdl, upload=args.upload,
+               head_chunks=model.ranks[0].vocab_chunks, overlap_noise=settings.overlap_noise, ranks="colocated",
+               device=str(gpu.device), execution="cuda-graph" if gpu.cuda else "eager",
+               geometry=geometry.as_dict(), dtype=args.dtype, context=args.context, cache_len=model.cache_len,
+               weights=model.weights_fingerprint, weight_bytes_per_pass=model.weight_bytes_per_pass(),
+               guards=gpu.guard_doc, notes=[report.EXCLUSIONS])
+    if not passed:
+        _finish(args, doc, rss, None)
+        return guards.EXIT_GATE
+    if args.gate_only:
+        _finish(args, doc, rss, None)
         return 0
+    timings = _time(args, worker, model, gpu, runners, cells, captured, copy_bytes, doc)
+    _finish(args, doc, rss, timings)
+    _say(f"done in {time.monotonic() - t_start:.0f} s")
+    return 0
 
-    # ------------------------------------------------------------------ device, ranks, lock
+
+def _export_weights(args, geometry: Geometry) -> int:
+    import torch
+
+    from pp4.worker.model.model import TORCH_DTYPES, SyntheticSource, export_safetensors
+
+    src = SyntheticSource(geometry, args.weight_seed, TORCH_DTYPES[args.dtype], torch.device("cpu"))
+    try:
+        _say(f"wrote {export_safetensors(src, args.export_weights)}")
+    except RuntimeError as exc:
+        raise EnvironmentProblem(str(exc)) from None
+    return 0
+
+
+class _Device:
+    """The device a run uses, and what the GPU guards found before it started."""
+
+    def __init__(self, device, uuid: str | None, guard_doc: dict, clocks_before: dict | None):
+        self.device, self.uuid, self.guard_doc, self.clocks_before = device, uuid, guard_doc, clocks_before
+        self.cuda = device.type == "cuda"
+
+
+def _open_device(args, cache_dir: str, caches_late: bool, held: _Held, max_rss: int | None) -> _Device:
+    """The device, checked; on a GPU its lock taken (into held) and the pre-flight checks run."""
+    import torch
+
+    from pp4.worker.harness import gpu_info
+
     if args.device == "cuda" and not torch.cuda.is_available():
         raise EnvironmentProblem("--device cuda: no CUDA GPU is visible (use --device cpu for the eager CPU path)")
     n_gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -284,34 +323,38 @@ def _run(args, argv: list[str], checked, cache_dir: str, caches_late: bool, rss:
         raise EnvironmentProblem(f"--gpu {args.gpu}: only {n_gpus} CUDA GPU(s) visible")
     device = torch.device("cuda", args.gpu) if args.device == "cuda" else torch.device("cpu")
     cuda = device.type == "cuda"
-
-    doc: dict = {"tool": "pp4.worker", "format": 1, "argv": argv}
-    _say(f"pp4.worker: backend {args.backend} (attention {args.attention}, gemm {args.gemm}, pdl {args.pdl}, upload {args.upload}), ranks colocated (2 logical TP ranks on one device, one after the other), "
+    _say(f"pp4.worker: backend {args.backend} (attention {args.attention}, gemm {args.gemm}, pdl {args.pdl}, "
+         f"upload {args.upload}), ranks colocated (2 logical TP ranks on one device, one after the other), "
          f"device {device}, {'CUDA graphs' if cuda else 'eager (CPU: no graphs, host clock)'}")
     _say(f"private caches: {cache_dir}" + (" (torch was already imported: CUDA cache may be the default)"
                                            if caches_late else ""))
     guard_doc = {"cache_dir": cache_dir, "max_rss_bytes": max_rss}
-    uuid = None
-    if cuda:
-        torch.cuda.set_device(device)
-        uuid = gpu_info.resolve_uuid(args.gpu) or _torch_uuid(torch, device)
-        lock = guards.GpuLock(args.lock_dir, uuid, args.lock_timeout)
-        _say(f"GPU {uuid}: taking lock {lock.path} (up to {args.lock_timeout:g} s)")
-        held.lock = lock.acquire()
-        guard_doc.update(lock=lock.path, lock_waited_s=round(lock.waited_s, 3))
-        pre = guards.preflight(uuid, args.expect_power_limit, os.getpid())
-        guard_doc["preflight"] = pre.as_dict()
-        _say(f"pre-flight: power limit {pre.power_limit_w} W (default {pre.default_power_limit_w} W), "
-             f"other compute processes: {'unknown' if pre.other_processes is None else len(pre.other_processes)}")
-        for problem in pre.problems:
-            _say(f"  pre-flight {'REFUSED' if args.strict else 'warning'}: {problem}")
-        if args.strict and pre.problems:
-            raise guards.GuardError("--strict: pre-flight found problems (listed above); not running")
-    else:
+    if not cuda:
         _say("CPU device: no GPU lock or pre-flight")
-    clocks_before = gpu_info.snapshot(uuid).as_dict() if cuda else None
+        return _Device(device, None, guard_doc, None)
+    torch.cuda.set_device(device)
+    uuid = gpu_info.resolve_uuid(args.gpu) or _torch_uuid(torch, device)
+    lock = guards.GpuLock(args.lock_dir, uuid, args.lock_timeout)
+    _say(f"GPU {uuid}: taking lock {lock.path} (up to {args.lock_timeout:g} s)")
+    held.lock = lock.acquire()
+    guard_doc.update(lock=lock.path, lock_waited_s=round(lock.waited_s, 3))
+    pre = guards.preflight(uuid, args.expect_power_limit, os.getpid())
+    guard_doc["preflight"] = pre.as_dict()
+    _say(f"pre-flight: power limit {pre.power_limit_w} W (default {pre.default_power_limit_w} W), "
+         f"other compute processes: {'unknown' if pre.other_processes is None else len(pre.other_processes)}")
+    for problem in pre.problems:
+        _say(f"  pre-flight {'REFUSED' if args.strict else 'warning'}: {problem}")
+    if args.strict and pre.problems:
+        raise guards.GuardError("--strict: pre-flight found problems (listed above); not running")
+    return _Device(device, uuid, guard_doc, gpu_info.snapshot(uuid).as_dict())
 
-    # ------------------------------------------------------------------ model
+
+def _build_model(settings: ModelSettings, device, doc: dict):
+    from pp4.worker.model.backends import BackendUnavailable
+    from pp4.worker.model.draft import DraftWorker
+    from pp4.worker.model.model import TensorParallelDraft
+
+    g = settings.geometry
     t0 = time.monotonic()
     try:
         model = TensorParallelDraft(settings, device)
@@ -323,10 +366,9 @@ def _run(args, argv: list[str], checked, cache_dir: str, caches_late: bool, rss:
         if "safetensors" in str(exc) or "--weights" in str(exc):
             raise EnvironmentProblem(str(exc)) from None
         raise
-    worker = DraftWorker(model)
     wbytes = model.weight_bytes_per_pass()
-    _say(f"model: {geometry.layers} layer(s), hidden {geometry.hidden}, {geometry.heads}/{geometry.kv_heads} heads "
-         f"of {geometry.head_dim}, MLP {geometry.mlp}, vocab {geometry.vocab}, {args.dtype}, KV capacity "
+    _say(f"model: {g.layers} layer(s), hidden {g.hidden}, {g.heads}/{g.kv_heads} heads "
+         f"of {g.head_dim}, MLP {g.mlp}, vocab {g.vocab}, {settings.dtype}, KV capacity "
          f"{model.cache_len} slots; weights {model.weights_fingerprint}; {wbytes / 1e9:.3f} GB read per pass "
          f"({time.monotonic() - t0:.1f} s to build)")
     kernels = model.backend.kernels()
@@ -336,8 +378,14 @@ def _run(args, argv: list[str], checked, cache_dir: str, caches_late: bool, rss:
         _say(f"EXL3 module: {module.__name__} from {module.__file__} (pp4-built, checked against its pin)")
         kernels["exl3_module"] = module.__file__
     doc["kernels"] = kernels
+    return model, DraftWorker(model)
 
-    # ------------------------------------------------------------------ states
+
+def _states(args, worker, model, cache_dir: str, doc: dict):
+    """(captured states, all states, their digest): synthetic ones and ones captured from eager
+    worker runs (loaded from --states, captured now into --capture-states, or privately)."""
+    from pp4.worker.model import states as state_io
+
     synthetic = state_io.synthetic_states(worker, STATE_COUNT, args.state_seed)
     captured_dir = args.states
     if args.capture_states:
@@ -362,18 +410,26 @@ def _run(args, argv: list[str], checked, cache_dir: str, caches_late: bool, rss:
          f"contexts {min(s.context_length for s in all_states)}-{max(s.context_length for s in all_states)}")
     doc["states"] = {"synthetic": len(synthetic), "captured": len(captured), "captured_dir": captured_dir,
                      "sha256": states_digest}
+    return captured, all_states, states_digest
 
-    # ------------------------------------------------------------------ runners and gate
-    cells = [CellKey(b, d, mode) for b in batch_sizes for d in depths for mode in MODES]
+
+def _gate(args, worker, model, gpu: _Device, cells, all_states, states_digest: str, batch_sizes, depths,
+          doc: dict):
+    """(the runners to time, whether the exactness gate passed): graphs captured on a GPU, every
+    cell checked against the eager path and, with --reference, against stored digests."""
+    from pp4.worker.harness import gate
+    from pp4.worker.model.graphs import build_runners
+
     t0 = time.monotonic()
     eager = build_runners(worker, cells, graphs=False)
-    runners = build_runners(worker, cells, graphs=True, upload_in_graph=args.upload == "in-graph") if cuda else eager
-    if cuda:
+    runners = (build_runners(worker, cells, graphs=True, upload_in_graph=args.upload == "in-graph")
+               if gpu.cuda else eager)
+    if gpu.cuda:
         _say(f"captured {len(cells)} CUDA graphs ({time.monotonic() - t0:.1f} s)")
     t0 = time.monotonic()
     _say(f"exactness gate on {len(all_states)} states, batch sizes {batch_sizes}, depths {depths}:")
-    result = gate.run_gate(worker, runners, eager if cuda else None, all_states, batch_sizes, depths, log=_say)
-    identity = gate.runtime_identity(device)
+    result = gate.run_gate(worker, runners, eager if gpu.cuda else None, all_states, batch_sizes, depths, log=_say)
+    identity = gate.runtime_identity(gpu.device)
     config_sha = gate.config_fingerprint(model.fingerprint(), states_digest)
     ref_doc = None
     if args.reference:
@@ -390,29 +446,27 @@ def _run(args, argv: list[str], checked, cache_dir: str, caches_late: bool, rss:
         "digests": result.digests, "config_sha256": config_sha, "runtime": identity, "reference": ref_doc,
         "seconds": round(time.monotonic() - t0, 1),
     }
-    doc.update(backend=args.backend, attention=args.attention, gemm=args.gemm, pdl=args.pdl, upload=args.upload, head_chunks=model.ranks[0].vocab_chunks,
-               overlap_noise=settings.overlap_noise, ranks="colocated", device=str(device), execution="cuda-graph" if cuda else "eager",
-               geometry=geometry.as_dict(), dtype=args.dtype, context=args.context, cache_len=model.cache_len,
-               weights=model.weights_fingerprint, weight_bytes_per_pass=wbytes, guards=guard_doc,
-               notes=[report.EXCLUSIONS])
     if not result.ok:
         _say(f"GATE FAILED: {len(result.failures)} difference(s); no timing reported.")
         for f in result.failures[:40]:
             _say("  " + f.describe())
         if len(result.failures) > 40:
             _say(f"  ... and {len(result.failures) - 40} more")
-        _finish(args, doc, rss, None)
-        return guards.EXIT_GATE
+        return runners, False
     _say(f"gate passed: {result.checks} checks over {result.batches} batches "
          f"({'graph==eager included' if result.graph_vs_eager else 'eager only'}), {time.monotonic() - t0:.1f} s")
     if args.write_reference:
         gate.write_reference(args.write_reference, result.digests, identity, config_sha)
         _say(f"reference digests written to {args.write_reference}")
-    if args.gate_only:
-        _finish(args, doc, rss, None)
-        return 0
+    return runners, True
 
-    # ------------------------------------------------------------------ timing
+
+def _time(args, worker, model, gpu: _Device, runners, cells, captured, copy_bytes: int, doc: dict):
+    """Every cell timed against its weight-read floor; the diagnostics and clocks beside them."""
+    from pp4.worker.harness import gpu_info, report, timing
+
+    device, cuda, uuid, clocks_before = gpu.device, gpu.cuda, gpu.uuid, gpu.clocks_before
+    wbytes = model.weight_bytes_per_pass()
     fixture = captured[:4]
     for slot, st in enumerate(fixture):
         worker.load_request(slot, st)
@@ -440,7 +494,7 @@ def _run(args, argv: list[str], checked, cache_dir: str, caches_late: bool, rss:
                  f"{b['replay_ms']:.4f}, both {b['staging_and_replay_ms']:.4f}; a one-kernel graph "
                  f"{b['one_kernel_graph_ms']:.4f}")
     # After the timing, never before: the profiler (CUPTI) leaves the process with slower launches;
-    # in revision 4 a profiled process timed up to 4% slower on the H200 (docs/worker.md, Timing).
+    # a profiled process timed up to 4% slower on the H200 (docs/worker.md, Timing).
     if args.profile and cuda:
         from pp4.worker.harness import profiling
 
@@ -476,9 +530,7 @@ def _run(args, argv: list[str], checked, cache_dir: str, caches_late: bool, rss:
         "breakdown": breakdown,
     }
     doc["clocks"] = {"before": clocks_before, "during": during, "after": clocks_after}
-    _finish(args, doc, rss, timings)
-    _say(f"done in {time.monotonic() - t_start:.0f} s")
-    return 0
+    return timings
 
 
 def _finish(args, doc: dict, rss: guards.RssGuard, timings) -> None:
