@@ -177,7 +177,7 @@ def main(argv=None) -> int:
                 lines.append(f"  {'plan ' if r['planned'] else '     '}tiles(n,k,splits,warps,stages)={r['tiles']}: "
                              f"{r['us']:.2f} us ({r['tbps']:.2f} TB/s) = {r['us'] / cub:.3f}x cuBLAS")
             print("\n".join(lines[-1 - len(shown):]), flush=True)
-        del weights
+        weights = None  # free the copies before the next shape allocates its own
         torch.cuda.empty_cache()
     lines += ["", "One tile choice for every row count (what a plan by shape alone can pick): the three with "
               "the least total time over the rows"]

@@ -16,7 +16,7 @@ import attrs
 import torch
 
 from pp4.worker.model import sampling
-from pp4.worker.model.config import QUERY_BLOCK, SWITCH, CellKey
+from pp4.worker.model.config import QUERY_BLOCK, CellKey
 from pp4.worker.model.draft import DraftWorker, StaticInputs
 
 
