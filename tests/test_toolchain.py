@@ -62,6 +62,27 @@ def test_malformed_lock_names_the_file(tmp_path):
         load_lock(bad)
 
 
+@pytest.mark.parametrize("change,message", [
+    (("550c0d04", "550C0D0"), r"wheel exllamav3 has a malformed sha256"),
+    (("-py3-none-any.whl", "-py3-none-any.zip"), r"wheel exllamav3 has a malformed filename"),
+    (('project = "exllamav3"\n', ""), r"exllamav3.toml lacks the field 'project'"),
+    (("[[wheel]]", "[[wheel]]\nname = 'again'\nversion = '1'\nfilename = 'a.whl'\nsha256 = '" + "0" * 64 + "'\n[[wheel]]"),
+     r"must pin exactly one artifact, it pins 2"),
+    (("[[wheel]]", "[[wheel"), r"is not valid TOML"),
+])
+def test_the_source_lock_refuses_bad_pins_by_name(tmp_path, change, message):
+    from pp4.sources.exl3 import Exl3Error
+    from pp4.sources.exl3 import load_lock as load_source_lock
+
+    bad = tmp_path / "exllamav3.toml"
+    text = (REPO / "toolchain" / "exllamav3.toml").read_text()
+    assert change[0] in text
+    bad.write_text(text.replace(change[0], change[1], 1))
+    with pytest.raises(Exl3Error, match=message):
+        load_source_lock(bad)
+    assert load_source_lock(REPO / "toolchain" / "exllamav3.toml").wheel.sha256.startswith("550c0d04")
+
+
 # --------------------------------------------------------------------------- wheels
 
 

@@ -29,7 +29,6 @@ import json
 import os
 import re
 import subprocess
-import tomllib
 import zipfile
 from pathlib import Path
 
@@ -39,7 +38,7 @@ from pp4 import paths
 from pp4.files import locked, sha256_file, write_if_changed
 from pp4.sources.extensions import PACKAGE_DIR, SOURCE_SUFFIXES, Extension
 from pp4.sources.unidiff import apply_patch_to_files, shown
-from pp4.toolchain.locks import WheelPin, wheel_pins
+from pp4.toolchain.locks import WheelPin, checked_pins, read_lock
 from pp4.toolchain.wheelcache import WheelError, ensure_wheels
 
 REPO_ROOT = paths.REPO_ROOT
@@ -114,25 +113,16 @@ class SourceLock:
 
 
 def load_lock(path: Path = LOCK_PATH) -> SourceLock:
-    data = path.read_bytes()
+    what, example = "source lock", "toolchain/exllamav3.toml"
+    doc, sha256 = read_lock(path, what, Exl3Error)
+    wheels = checked_pins(doc, path, what, example, Exl3Error)
     try:
-        doc = tomllib.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
-        raise Exl3Error(f"source lock {path} is not valid TOML: {e}") from None
-    try:
-        wheels = wheel_pins(doc["wheel"])
         lock = SourceLock(project=str(doc["project"]), version=str(doc["version"]),
-                          source_dir=str(doc["source_dir"]).strip("/"), wheels=wheels, path=path,
-                          sha256=hashlib.sha256(data).hexdigest())
+                          source_dir=str(doc["source_dir"]).strip("/"), wheels=wheels, path=path, sha256=sha256)
     except (KeyError, TypeError) as e:
-        raise Exl3Error(f"source lock {path} lacks the field {e}: see toolchain/exllamav3.toml for the format") from None
+        raise Exl3Error(f"{what} {path} lacks the field {e}: see {example} for the format") from None
     if len(wheels) != 1:
-        raise Exl3Error(f"source lock {path} must pin exactly one artifact, it pins {len(wheels)}")
-    w = wheels[0]
-    if not re.fullmatch(r"[0-9a-f]{64}", w.sha256):
-        raise Exl3Error(f"source lock {path}: {w.filename} has a malformed sha256 {w.sha256!r}")
-    if not w.filename.endswith(".whl") or "/" in w.filename:
-        raise Exl3Error(f"source lock {path}: malformed wheel filename {w.filename!r}")
+        raise Exl3Error(f"{what} {path} must pin exactly one artifact, it pins {len(wheels)}")
     return lock
 
 

@@ -61,30 +61,40 @@ def wheel_pins(entries: list[dict]) -> tuple[WheelPin, ...]:
                  for w in entries)
 
 
-def load_lock(path: Path) -> ToolchainLock:
+def read_lock(path: Path, what: str, error: type[Exception]) -> tuple[dict, str]:
+    """(a lock file's TOML, the sha256 of its bytes); ``what`` names the lock in messages and a
+    file that is not TOML raises ``error``."""
     data = path.read_bytes()
     try:
         doc = tomllib.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
-        raise LockError(f"toolchain lock {path} is not valid TOML: {e}") from None
+        raise error(f"{what} {path} is not valid TOML: {e}") from None
+    return doc, hashlib.sha256(data).hexdigest()
+
+
+def checked_pins(doc: dict, path: Path, what: str, example: str, error: type[Exception]) -> tuple[WheelPin, ...]:
+    """The lock's [[wheel]] pins, each with a well-formed sha256 and a plain .whl file name."""
     try:
         wheels = wheel_pins(doc["wheel"])
-        lock = ToolchainLock(
-            cuda=str(doc["cuda"]),
-            platform=str(doc["platform"]),
-            wheel_root=str(doc["wheel_root"]).strip("/"),
-            wheels=wheels,
-            path=path,
-            sha256=hashlib.sha256(data).hexdigest(),
-        )
     except (KeyError, TypeError) as e:
-        raise LockError(f"toolchain lock {path} lacks the field {e}: see toolchain/cuda-13.0.toml for the format") from None
+        raise error(f"{what} {path} lacks the field {e}: see {example} for the format") from None
     for w in wheels:
         if not re.fullmatch(r"[0-9a-f]{64}", w.sha256):
-            raise LockError(f"toolchain lock {path}: wheel {w.name} has a malformed sha256 {w.sha256!r}")
+            raise error(f"{what} {path}: wheel {w.name} has a malformed sha256 {w.sha256!r}")
         if not w.filename.endswith(".whl") or "/" in w.filename:
-            raise LockError(f"toolchain lock {path}: wheel {w.name} has a malformed filename {w.filename!r}")
-    return lock
+            raise error(f"{what} {path}: wheel {w.name} has a malformed filename {w.filename!r}")
+    return wheels
+
+
+def load_lock(path: Path) -> ToolchainLock:
+    what, example = "toolchain lock", "toolchain/cuda-13.0.toml"
+    doc, sha256 = read_lock(path, what, LockError)
+    wheels = checked_pins(doc, path, what, example, LockError)
+    try:
+        return ToolchainLock(cuda=str(doc["cuda"]), platform=str(doc["platform"]),
+                             wheel_root=str(doc["wheel_root"]).strip("/"), wheels=wheels, path=path, sha256=sha256)
+    except (KeyError, TypeError) as e:
+        raise LockError(f"{what} {path} lacks the field {e}: see {example} for the format") from None
 
 
 def lock_for_cuda(cuda_version: str | None, lock_dir: Path = LOCK_DIR, machine: str | None = None) -> ToolchainLock:
