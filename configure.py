@@ -90,6 +90,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
+def check_option_values(args) -> None:
+    """Values argparse's types let through but no build can use: refused before any work."""
+    if args.jobs is not None and args.jobs < 1:
+        raise ConfigureError(f"-j/--jobs {args.jobs}: at least one compile must be allowed to run "
+                             "(leave it out for the default: the CPUs allowed, at most one per 5 GiB of memory)")
+    if args.compiler_threads < 1:
+        raise ConfigureError(f"--compiler-threads {args.compiler_threads}: nvcc compiles at least one architecture "
+                             "at a time (its 0, one thread per CPU, would step over --cpus and -j)")
+    if not -20 <= args.nice <= 19:
+        raise ConfigureError(f"--nice {args.nice}: niceness is -20 to 19 (a compile can only be made nicer: 0 to 19)")
+
+
 # ------------------------------------------------------------------------------------------------
 # toolchain and architectures
 
@@ -170,7 +182,7 @@ def select_extensions(args, builddir: Path, tc: toolchain.Toolchain) -> list[ext
                          exl3.fetch_sources(_cache_root(args), builddir / "exl3-src", args.wheel_dir))
         variant = "facc" if name == "exl3-facc" else "stock"
         exts.append(exl3.exl3_extension(variant, exl3_root, builddir / "exl3-src", nvcc=tc.nvcc))
-    exts += [extensions.from_spec(p) for p in args.ext_spec]
+    exts += [e for p in args.ext_spec for e in extensions.from_spec(p)]
     extensions.validate(exts)
     return exts
 
@@ -286,6 +298,7 @@ def main(argv: list[str]) -> int:
         raise ConfigureError(f"--builddir {args.builddir}: a `$` in the build directory's name is expanded by nvcc "
                              "as a shell variable; choose a name without `$`")
 
+    check_option_values(args)
     tc, toolchain_inputs, toolchain_args = get_toolchain(args)
     archs = args.arch or visible_gpu_archs()
     if not archs:
@@ -318,9 +331,7 @@ def main(argv: list[str]) -> int:
     identifier.save()
 
     cpus = parse_cpu_list(args.cpus) if args.cpus else tuple(sorted(os.sched_getaffinity(0)))
-    jobs = args.jobs or default_jobs(cpus)
-    if jobs < 1:
-        raise ConfigureError(f"--jobs {jobs}: at least one compile must be allowed to run")
+    jobs = default_jobs(cpus) if args.jobs is None else args.jobs
     limits = Limits(cpus=cpus, nice=args.nice,
                     address_space=parse_size(args.max_memory, positive=True) if args.max_memory else None,
                     nvcc_threads=args.compiler_threads, tmpdir=str(compile_tmpdir(builddir)))
@@ -340,6 +351,7 @@ def main(argv: list[str]) -> int:
         write_if_changed(builddir / p.extension.target / "plan.json",
                          json.dumps(plan_record(p, tc, root), indent=1, sort_keys=True) + "\n")
 
+    builddir_text = os.path.relpath(builddir, root) if builddir.is_relative_to(root) else str(builddir)
     spec_files = sorted({str(f) for e in exts for f in e.spec_files})
     generator_inputs = [str(ROOT / "configure.py"), str(ROOT / "build.ninja.in"),
                         *(str(ROOT / "pp4" / m) for m in ("plan/modules.py", "plan/torchflags.py", "plan/ninjafile.py",
@@ -350,10 +362,12 @@ def main(argv: list[str]) -> int:
         python=python_command(), configure=str(ROOT / "configure.py"), configure_args=tuple(argv),
         ninja=ninja_binary(), nvcc=str(tc.nvcc), cxx=chosen.cxx,  # as in compile_actions
         compile_env={lang: tuple(compilerenv.env_args(e)) for lang, e in envs.items()}, tool_files=tool_files,
-        config=str(config_file), actions=str(actions_file), jobs=jobs, builddir=os.path.relpath(builddir, root) if builddir.is_relative_to(root) else str(builddir),
+        config=str(config_file), actions=str(actions_file), jobs=jobs, builddir=builddir_text,
         toolchain_manifest=str(tc.prefix / toolchain.MANIFEST) if tc.pinned else None,
         toolchain_args=tuple(toolchain_args), toolchain_inputs=tuple(toolchain_inputs),
         generator_inputs=tuple(dict.fromkeys(generator_inputs)),
+        generator_outputs=(str(config_file), str(actions_file), str(builddir / "configure.json"),
+                           *(ninjafile.plan_json_path(builddir_text, p) for p in plans)),
     )
     rules = (ROOT / "build.ninja.in").read_text()
     text = ninjafile.render(settings, rules, plans, ordered)

@@ -61,9 +61,11 @@ def differing_bytes(a: bytes, b: bytes) -> list[int]:
 
 
 class Audit:
-    def __init__(self, cert_path: Path, store_dir: str | None, config: dict):
+    def __init__(self, cert_path: Path, store_dir: str | None, config: dict, doc: dict | None = None):
+        """doc: a certificate document made now for what is built (``--built`` before `ninja` has
+        written the certificate): audited the same way, with no build record to compare."""
         self.cert_path = cert_path
-        self.doc, self.digest = certificate.read(cert_path)
+        self.doc, self.digest = (doc, None) if doc is not None else certificate.read(cert_path)
         self.store_problem = None
         try:
             self.store = Store(store_dir) if store_dir else None
@@ -82,16 +84,20 @@ class Audit:
         self.failures.append(what)
 
     def check_record(self) -> None:
-        rec_path = certificate.record_path(self.cert_path)
-        try:
-            record = json.loads(rec_path.read_text())
-        except (OSError, ValueError) as e:
-            self.fail(f"build record {rec_path} missing or damaged ({e})")
-            return
-        if record["certificate"]["sha256"] != self.digest:
-            self.fail(f"certificate hash {self.digest} is not the one the build record names "
-                      f"({record['certificate']['sha256']})")
-        by_target = {m["target"]: m for m in record["modules"]}
+        """The build record names this certificate, and every module is the one both name."""
+        if self.digest is None:  # a document made now: its modules were just checked against their pins
+            by_target = {m["target"]: m for m in self.doc["modules"]}
+        else:
+            rec_path = certificate.record_path(self.cert_path)
+            try:
+                record = json.loads(rec_path.read_text())
+            except (OSError, ValueError) as e:
+                self.fail(f"build record {rec_path} missing or damaged ({e})")
+                return
+            if record["certificate"]["sha256"] != self.digest:
+                self.fail(f"certificate hash {self.digest} is not the one the build record names "
+                          f"({record['certificate']['sha256']})")
+            by_target = {m["target"]: m for m in record["modules"]}
         for m in self.doc["modules"]:
             module = Path(m["file"])
             sha = self.hasher.sha256(str(module))
@@ -252,13 +258,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--store", help="the store (default: the one build/pp4.json names)")
     ap.add_argument("--invalidate", action="store_true",
                     help="remove the objects and modules found out of date, so that the next `ninja` rebuilds them")
+    ap.add_argument("--built", action="store_true",
+                    help="`ninja certify`: with no certificate yet, audit the modules built so far (never "
+                         "build anything) and name the ones not built")
     args = ap.parse_args(argv)
     t0 = time.monotonic()
+    builddir = args.certificate.parent
+    doc, not_built = None, []
     try:
-        config = json.loads((args.certificate.parent / "pp4.json").read_text())
+        config = json.loads((builddir / "pp4.json").read_text())
         store_dir = args.store or config["reuse"]["store"]
-        audit = Audit(args.certificate, store_dir, config)
-    except (certificate.CertificateError, OSError, ValueError, KeyError) as e:
+        if args.built:
+            built, not_built = certificate.built_targets(builddir, builddir / "actions.json")
+            if not args.certificate.exists():
+                if not built:
+                    print("pp4.audit: nothing is built yet, so nothing is certified: run `ninja` (every module) "
+                          f"or `ninja TARGET` (one of {', '.join(not_built)})", file=sys.stderr)
+                    return 1
+                doc = certificate.document(builddir / "pp4.json", builddir / "actions.json", builddir, set(built))
+        audit = Audit(args.certificate, store_dir, config, doc)
+    except (certificate.CertificateError, pin.PinError, OSError, ValueError, KeyError) as e:
         print(f"pp4.audit: error: {e}", file=sys.stderr)
         return 1
     audit.check_record()
@@ -271,10 +290,16 @@ def main(argv: list[str] | None = None) -> int:
     reused = sum(o["status"] == "reused" for o in objs)
     failed = sum(s == "FAILED" for s, _, _ in audit.per_object)
     inputs = audit.hasher.files_hashed()
-    print(f"certificate {args.certificate}: sha256 {audit.digest}")
+    if doc is None:
+        print(f"certificate {args.certificate}: sha256 {audit.digest}")
+    else:
+        print(f"no certificate yet ({args.certificate} is written by `ninja`): audited what is built, "
+              f"{', '.join(m['target'] for m in doc['modules'])}")
     print(f"  {len(objs)} objects: {reused} reused, {len(objs) - reused} compiled, {failed} failed; "
           f"{len(audit.doc['modules'])} modules; {inputs} files hashed in {time.monotonic() - t0:.2f} s "
           f"({time.process_time():.2f} CPU-s with start-up)")
+    if not_built:
+        print(f"  not built yet: {', '.join(not_built)} (`ninja TARGET` builds one; `ninja` builds and certifies all)")
     if args.objects:
         for status, out, detail in audit.per_object:
             print(f"  {status:8} {out}  {detail}")

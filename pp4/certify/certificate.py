@@ -58,10 +58,12 @@ def object_inputs(doc: dict, obj: dict) -> list[tuple[str, str | None]]:
     return own + [(p, h) for sid in obj.get("input_sets", []) for p, h in doc["input_sets"][sid]]
 
 
-def write(config_path: Path, actions_path: Path, out: Path) -> str:
+def document(config_path: Path, actions_path: Path, builddir: Path, targets: set[str] | None = None) -> dict:
+    """The certificate's document for every object of ``targets`` (None: all): what each event
+    recorded, checked against the object's bytes now. CertificateError lists what cannot be certified."""
     config = json.loads(config_path.read_text())
     state_dir = config["reuse"]["state_dir"]
-    actions = json.loads(actions_path.read_text())["actions"]
+    actions = [a for a in json.loads(actions_path.read_text())["actions"] if targets is None or a["target"] in targets]
     objects, problems, sets = [], [], {}
     sets_dir = inputsets.directory(state_dir)
     known = events.Events(state_dir)
@@ -91,22 +93,42 @@ def write(config_path: Path, actions_path: Path, out: Path) -> str:
                                     f"{sets_dir}: rebuild it (delete the object first)")
     if problems:
         raise CertificateError("cannot certify this build:\n  " + "\n  ".join(problems))
-    modules = _modules(actions, out)
-    doc = {"format": 3, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-           "objects": objects, "input_sets": sets, "modules": modules}
+    return {"format": 3, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "objects": objects, "input_sets": sets, "modules": _modules(actions, builddir)}
+
+
+def built_targets(builddir: Path, actions_path: Path) -> tuple[list[str], list[str]]:
+    """(targets whose module, pin and every object are on disk; the other configured targets)."""
+    actions = json.loads(actions_path.read_text())["actions"]
+    built, missing = [], []
+    for target in sorted({a["target"] for a in actions}):
+        try:
+            plan = json.loads((builddir / target / "plan.json").read_text())
+        except (OSError, ValueError):
+            missing.append(target)
+            continue
+        module = Path(plan["output"])
+        on_disk = [module, pin.pin_path_for(module), *(Path(a["output"]) for a in actions if a["target"] == target)]
+        (built if all(p.exists() for p in on_disk) else missing).append(target)
+    return built, missing
+
+
+def write(config_path: Path, actions_path: Path, out: Path) -> str:
+    config = json.loads(config_path.read_text())
+    doc = document(config_path, actions_path, out.parent)
     raw = canonical(doc)
     digest = hashlib.sha256(raw).hexdigest()
     write_whole(out, gzip.compress(raw, mtime=0))
-    record = build_record(config, modules, out, digest)
+    record = build_record(config, doc["modules"], out, digest)
     write_whole(record_path(out), json.dumps(record, indent=1, sort_keys=True) + "\n")
+    objects = doc["objects"]
     reused = sum(o["status"] == "reused" for o in objects)
     print(f"certificate {out}: sha256 {digest} ({len(objects)} objects: {reused} reused, "
           f"{len(objects) - reused} compiled)")
     return digest
 
 
-def _modules(actions: list[dict], certificate: Path) -> list[dict]:
-    builddir = certificate.parent
+def _modules(actions: list[dict], builddir: Path) -> list[dict]:
     out = []
     for target in sorted({a["target"] for a in actions}):
         plan = json.loads((builddir / target / "plan.json").read_text())

@@ -15,13 +15,14 @@ from pathlib import Path
 import attrs
 
 from pp4.plan.torchflags import COMMON_NVCC_FLAGS, TorchBuildFlags
-from pp4.sources.extensions import Extension
+from pp4.sources.extensions import COMPILED_SUFFIXES, Extension
 from pp4.toolchain.compilerenv import Folded
 from pp4.toolchain.compilers import Compilers, ccbin_from_flags
 from pp4.toolchain.provision import Toolchain
 
 _ARCH = re.compile(r"^(\d+)\.(\d+)([af]?)(\+PTX)?$")
-CUDA_SUFFIXES = (".cu",)
+# What a CppExtension does without (torch.utils.cpp_extension links these for CUDAExtension only).
+CUDA_LIBRARIES = ("c10_cuda", "torch_cuda")
 
 
 class PlanError(Exception):
@@ -90,8 +91,14 @@ def _relative(path: Path, root: Path) -> Path:
         return path
 
 
-def object_path(builddir: Path, ext: Extension, source_rel: str) -> Path:
-    return builddir / ext.target / "obj" / (source_rel + ".o")
+def object_path(builddir: Path, ext: Extension, source: Path) -> Path:
+    """Where a source's object goes: always under the build folder, named by the source's path
+    below its extension's root; a source outside the root (`../`, absolute) gets its absolute path
+    under _outside/, so two sources never share an object and no object lands beside a source."""
+    rel = os.path.relpath(source, ext.root)
+    if rel == ".." or rel.startswith(".." + os.sep):
+        rel = os.path.join("_outside", str(source).lstrip(os.sep))
+    return builddir / ext.target / "obj" / (rel + ".o")
 
 
 def module_plan(ext: Extension, torch: TorchBuildFlags, toolchain: Toolchain, archs: list[str],
@@ -103,7 +110,10 @@ def module_plan(ext: Extension, torch: TorchBuildFlags, toolchain: Toolchain, ar
     durations = durations or {}
     folded = folded or Folded()
     common = [f"-DTORCH_EXTENSION_NAME={ext.module}", "-DTORCH_API_INCLUDE_EXTENSION_H"]
-    common += [f"-I{ext.root / inc}" for inc in ext.include_dirs]
+    # The extension's macros and then its include folders, in the order setuptools writes them.
+    common += [f"-D{name}" if value is None else f"-D{name}={value}" for name, value in ext.define_macros]
+    common += [f"-U{name}" for name in ext.undef_macros]
+    common += [f"-I{inc}" for inc in ext.include_paths()]
     system = [*torch.include_dirs, toolchain.include_dir, torch.python_include]
     for inc in system:
         common += ["-isystem", str(inc)]
@@ -119,18 +129,22 @@ def module_plan(ext: Extension, torch: TorchBuildFlags, toolchain: Toolchain, ar
     if compilers is not None:
         cuda += ["-ccbin", compilers.ccbin]
     cuda += [*env_dirs, *folded.append_flags]
-    link = [f"-L{torch.lib_dir}", *(f"-l{lib}" for lib in torch.libraries), f"-L{toolchain.lib_dir}", "-lcudart",
-            # Found without LD_LIBRARY_PATH: torch's libraries, and the CUDA runtime torch itself loads.
-            f"-Wl,-rpath,{torch.lib_dir}"]
-    if torch.cuda_runtime_lib_dir is not None:
+    with_cuda = ext.kind == "cuda"
+    libraries = [lib for lib in torch.libraries if with_cuda or lib not in CUDA_LIBRARIES]
+    link = [f"-L{torch.lib_dir}", *(f"-l{lib}" for lib in libraries)]
+    if with_cuda:
+        link += [f"-L{toolchain.lib_dir}", "-lcudart"]
+    # Found without LD_LIBRARY_PATH: torch's libraries, and the CUDA runtime torch itself loads.
+    link.append(f"-Wl,-rpath,{torch.lib_dir}")
+    if with_cuda and torch.cuda_runtime_lib_dir is not None:
         link.append(f"-Wl,-rpath,{torch.cuda_runtime_lib_dir}")
+    link += [f"-L{d}" for d in ext.library_paths()] + [f"-l{lib}" for lib in ext.libraries]
     link += list(ext.ld_flags)
     builddir_rel = _relative(builddir, root)
     steps = []
-    for rel in ext.sources:
-        obj = object_path(builddir_rel, ext, rel)
-        language = "cuda" if rel.endswith(CUDA_SUFFIXES) else "cxx"
-        steps.append(CompileStep(language, ext.root / rel, obj, durations.get(str(obj))))
+    for source in ext.source_paths():
+        obj = object_path(builddir_rel, ext, source)
+        steps.append(CompileStep(COMPILED_SUFFIXES[source.suffix], source, obj, durations.get(str(obj))))
     output = builddir_rel / ext.target / f"{ext.module}{torch.ext_suffix}"
     return ModulePlan(ext, output, tuple(cuda), tuple(cxx), tuple(link), tuple(steps))
 

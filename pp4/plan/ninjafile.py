@@ -34,6 +34,9 @@ class BuildSettings:
     toolchain_args: tuple[str, ...]
     toolchain_inputs: tuple[str, ...]  # the lock file
     generator_inputs: tuple[str, ...]
+    # What configure writes besides build.ninja (pp4.json, actions.json, each plan.json): outputs
+    # of the generator edge, so that a deleted build folder makes ninja run configure again.
+    generator_outputs: tuple[str, ...] = ()
 
 
 def _shell(args) -> str:
@@ -144,11 +147,11 @@ def render(settings: BuildSettings, rules: str, plans: list[ModulePlan],
     # Written again whenever any object is rebuilt or restored, not only when a module changes.
     objects = [str(s.object) for _, s in ordered]
     _build(w, cert, "certificate", [pin_path(p) for p in plans], implicit=[settings.actions, *objects])
-    _build(w, "certify", "audit", cert)
+    _build(w, "certify", "audit", variables={"certificate": _shell([cert])})
     w.newline()
     _build(w, "compile_commands.json", "compdb", implicit=["build.ninja"])
     _build(w, "compdb", "phony", "compile_commands.json")
-    _build(w, "build.ninja", "configure", implicit=list(settings.generator_inputs))
+    _build(w, ["build.ninja", *settings.generator_outputs], "configure", implicit=list(settings.generator_inputs))
     w.newline()
     _build(w, "all", "phony", [p.extension.target for p in plans] + [cert])
     w.default("all")

@@ -1,15 +1,23 @@
 """Sources and flags: which extensions pp4 knows how to build, and what each one is made of.
 
-An extension is a Python module built from C++ and CUDA sources. pp4 ships the P2P extension; the
-EXL3 variants come from pinned upstream sources (pp4.exl3); a user's own extension is described by
-a small TOML file passed to configure with --ext-spec:
+An extension is a Python module built from C, C++ and CUDA sources. pp4 ships the P2P extension;
+the EXL3 variants come from pinned upstream sources (pp4.sources.exl3); a user's own extensions are
+described by a TOML file passed to configure with --ext-spec (docs/specs.md has the whole format),
+or read from a project's setup.py with --setup-py (pp4.sources.setuppy). One module per file:
 
-    name = "myext"            # the importable module name (TORCH_EXTENSION_NAME)
-    sources = ["src/a.cpp", "src/b.cu"]   # relative to the spec file's folder
-    include_dirs = ["include"]            # optional, relative too
-    cxx_flags = ["-O3"]                   # optional
-    cuda_flags = ["-O3", "--use_fast_math"]  # optional
-    ld_flags = []                         # optional
+    name = "myext"                        # the importable module name (TORCH_EXTENSION_NAME)
+    sources = ["src/a.cpp", "../shared/b.cu"]   # relative to the spec file's folder, or absolute
+    include_dirs = ["include"]
+    define_macros = ["NDEBUG", "WITH_CUDA=1"]
+    undef_macros = []
+    libraries = ["cublas"]                # -l, after torch's
+    library_dirs = []                     # -L, relative or absolute
+    cxx_flags = ["-O3"]
+    cuda_flags = ["-O3", "--use_fast_math"]   # no architecture flags: --arch decides those
+    ld_flags = []
+    kind = "cuda"                         # or "cpp" (torch's CppExtension: no CUDA libraries)
+
+or several, each in an ``[[extension]]`` table with the same fields.
 """
 
 from __future__ import annotations
@@ -24,7 +32,16 @@ import attrs
 PACKAGE_DIR = Path(__file__).resolve().parent
 # The files of a source tree that can change what it compiles to.
 SOURCE_SUFFIXES = {".c", ".cc", ".cpp", ".cxx", ".cu", ".cuh", ".h", ".hh", ".hpp", ".hxx", ".inl", ".inc"}
+# What compiles each kind of source. A .c file goes to the C++ compiler, as torch's BuildExtension
+# sends it (its ninja rule runs $cxx on every non-CUDA source).
+COMPILED_SUFFIXES = {".c": "cxx", ".cc": "cxx", ".cpp": "cxx", ".cxx": "cxx", ".cu": "cuda"}
+KINDS = ("cuda", "cpp")
+SPEC_FIELDS = ("name", "target", "kind", "sources", "include_dirs", "define_macros", "undef_macros", "libraries",
+               "library_dirs", "cxx_flags", "cuda_flags", "ld_flags")
+# nvcc options that choose GPU architectures: configure's --arch is the one place that does.
+_ARCH_OPTIONS = ("-gencode", "--generate-code", "-arch", "--gpu-architecture", "-code", "--gpu-code")
 _MODULE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_MACRO_NAME = _MODULE_NAME
 
 
 class ExtensionError(Exception):
@@ -37,12 +54,17 @@ class Extension:
 
     target: str  # the ninja target that builds it, e.g. "p2p", "exl3-facc"
     module: str  # importable module name, also TORCH_EXTENSION_NAME
-    root: Path  # sources and include dirs are relative to this
+    root: Path  # relative sources, include and library dirs are relative to this; objects are named from it
     sources: tuple[str, ...]
     include_dirs: tuple[str, ...] = ()
     cxx_flags: tuple[str, ...] = ()
     cuda_flags: tuple[str, ...] = ()
     ld_flags: tuple[str, ...] = ()
+    define_macros: tuple[tuple[str, str | None], ...] = ()  # (NAME, VALUE or None), as setuptools has them
+    undef_macros: tuple[str, ...] = ()
+    libraries: tuple[str, ...] = ()
+    library_dirs: tuple[str, ...] = ()
+    kind: str = "cuda"  # "cpp": torch's CppExtension, linked without the CUDA libraries
     # Files whose change alters the source list or flags: configure re-runs when they change.
     spec_files: tuple[Path, ...] = ()
     # Defines whose value may differ between two reusable compiles when no input mentions them
@@ -52,7 +74,18 @@ class Extension:
     provenance: dict = attrs.field(factory=dict, hash=False)
 
     def source_paths(self) -> list[Path]:
-        return [self.root / s for s in self.sources]
+        """Absolute and normalized (no `..`): the paths ninja, the depfiles and the certificate use."""
+        return [_under(self.root, s) for s in self.sources]
+
+    def include_paths(self) -> list[Path]:
+        return [_under(self.root, d) for d in self.include_dirs]
+
+    def library_paths(self) -> list[Path]:
+        return [_under(self.root, d) for d in self.library_dirs]
+
+
+def _under(root: Path, path: str) -> Path:
+    return Path(os.path.normpath(root / path))
 
 
 def p2p() -> Extension:
@@ -69,8 +102,8 @@ def p2p() -> Extension:
     )
 
 
-def from_spec(path: Path) -> Extension:
-    """A user's extension described by a TOML file (see this module's docstring)."""
+def from_spec(path: Path) -> list[Extension]:
+    """The extensions a TOML file describes (see this module's docstring)."""
     path = Path(os.path.abspath(path.expanduser()))  # normalized: a root spelled with .. must still match its sources
     try:
         doc = tomllib.loads(path.read_text())
@@ -78,29 +111,110 @@ def from_spec(path: Path) -> Extension:
         raise ExtensionError(f"extension spec {path} does not exist") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
         raise ExtensionError(f"extension spec {path} is not valid TOML: {e}") from None
-    unknown = set(doc) - {"name", "target", "sources", "include_dirs", "cxx_flags", "cuda_flags", "ld_flags"}
+    if "extension" in doc:
+        tables = doc.pop("extension")
+        if doc:
+            raise ExtensionError(f"extension spec {path}: with [[extension]] tables, every field belongs in one "
+                                 f"of them ({', '.join(sorted(doc))} is outside)")
+        if not isinstance(tables, list) or not tables or not all(isinstance(t, dict) for t in tables):
+            raise ExtensionError(f"extension spec {path}: `extension` must be [[extension]] tables, one per module")
+        return [from_fields(t, path.parent, path, f"{path} [[extension]] #{i + 1}") for i, t in enumerate(tables)]
+    return [from_fields(doc, path.parent, path, str(path))]
+
+
+def from_fields(doc: dict, spec_dir: Path, spec_file: Path, where: str, provenance: dict | None = None) -> Extension:
+    """One extension from its spec fields, relative paths taken from ``spec_dir``; ``where`` names
+    them in messages."""
+    unknown = set(doc) - set(SPEC_FIELDS)
     if unknown:
-        raise ExtensionError(f"extension spec {path}: unknown field(s) {', '.join(sorted(unknown))}")
+        raise ExtensionError(f"extension spec {where}: unknown field(s) {', '.join(sorted(unknown))} "
+                             f"(the fields are {', '.join(SPEC_FIELDS)})")
     if "name" not in doc or "sources" not in doc:
-        raise ExtensionError(f"extension spec {path} needs at least `name` and `sources`")
+        raise ExtensionError(f"extension spec {where} needs at least `name` and `sources`")
 
     def strings(key):
         v = doc.get(key, [])
         if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
-            raise ExtensionError(f"extension spec {path}: `{key}` must be a list of strings")
+            raise ExtensionError(f"extension spec {where}: `{key}` must be a list of strings")
         return tuple(v)
 
+    sources = strings("sources")
+    include_dirs = strings("include_dirs")
+    library_dirs = strings("library_dirs")
+    root = project_root(spec_dir, [p for p in (*sources, *include_dirs, *library_dirs) if not os.path.isabs(p)])
+
+    def from_root(paths: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(p if os.path.isabs(p) else os.path.relpath(_under(spec_dir, p), root) for p in paths)
+
+    kind = doc.get("kind", "cuda" if any(s.endswith(".cu") for s in sources) else "cpp")
+    if kind not in KINDS:
+        raise ExtensionError(f"extension spec {where}: `kind` is {kind!r}; it is \"cuda\" or \"cpp\"")
     return Extension(
         target=str(doc.get("target", doc["name"])),
         module=str(doc["name"]),
-        root=path.parent,
-        sources=strings("sources"),
-        include_dirs=strings("include_dirs"),
+        root=root,
+        sources=from_root(sources),
+        include_dirs=from_root(include_dirs),
         cxx_flags=strings("cxx_flags"),
         cuda_flags=strings("cuda_flags"),
         ld_flags=strings("ld_flags"),
-        spec_files=(path,),
+        define_macros=tuple(parse_macro(m, where) for m in doc.get("define_macros", [])),
+        undef_macros=strings("undef_macros"),
+        libraries=strings("libraries"),
+        library_dirs=from_root(library_dirs),
+        kind=kind,
+        spec_files=(spec_file,),
+        provenance=provenance or {},
     )
+
+
+def project_root(spec_dir: Path, relative: list[str]) -> Path:
+    """The folder an extension's relative paths share with its spec's folder: a spec in proj/pp4/
+    naming ../csrc/a.cu has its root at proj/, so objects are named csrc/a.cu.o, the pin covers
+    the project's tree and keys stay the same wherever the project is checked out. Never the file
+    system's root or the home folder (the pin hashes every source file below the root)."""
+    shared = Path(os.path.commonpath([str(spec_dir), *(str(_under(spec_dir, p).parent) for p in relative)]))
+    return spec_dir if shared in (Path(shared.anchor), Path.home()) else shared
+
+
+def parse_macro(item, where: str) -> tuple[str, str | None]:
+    """"NAME", "NAME=VALUE" or [NAME, VALUE] (setuptools' define_macros pairs)."""
+    if isinstance(item, str):
+        name, eq, value = item.partition("=")
+        pair = (name, value if eq else None)
+    elif isinstance(item, list) and len(item) in (1, 2) and all(isinstance(x, str) for x in item):
+        pair = (item[0], item[1] if len(item) == 2 else None)
+    else:
+        raise ExtensionError(f"extension spec {where}: a define_macros entry is \"NAME\", \"NAME=VALUE\" or "
+                             f"[\"NAME\", \"VALUE\"], not {item!r}")
+    if not _MACRO_NAME.match(pair[0]):
+        raise ExtensionError(f"extension spec {where}: {pair[0]!r} is not a macro name")
+    return pair
+
+
+def architecture_flags(flags) -> list[str]:
+    """The flags (with their values) that choose GPU architectures."""
+    found, flags = [], list(flags)
+    for i, f in enumerate(flags):
+        name = f.split("=", 1)[0]
+        if name in _ARCH_OPTIONS:
+            found.append(f if "=" in f or i + 1 == len(flags) else f"{f} {flags[i + 1]}")
+    return found
+
+
+def without_architecture_flags(flags) -> tuple[tuple[str, ...], list[str]]:
+    """(the flags without those that choose GPU architectures, the removed ones)."""
+    kept, removed, flags, i = [], [], list(flags), 0
+    while i < len(flags):
+        name = flags[i].split("=", 1)[0]
+        if name in _ARCH_OPTIONS:
+            takes_value = "=" not in flags[i] and i + 1 < len(flags)
+            removed.append(" ".join(flags[i:i + 1 + takes_value]))
+            i += 1 + takes_value
+        else:
+            kept.append(flags[i])
+            i += 1
+    return tuple(kept), removed
 
 
 def validate(extensions: list[Extension]) -> None:
@@ -124,37 +238,56 @@ def validate(extensions: list[Extension]) -> None:
         seen_targets.add(ext.target)
         if not ext.sources:
             raise ExtensionError(f"extension {ext.target} has no sources")
+        if ext.kind not in KINDS:
+            raise ExtensionError(f"extension {ext.target}: kind {ext.kind!r} is neither cuda nor cpp")
         for src in ext.source_paths():
-            if src.suffix not in (".cpp", ".cc", ".cxx", ".cu"):
-                raise ExtensionError(f"extension {ext.target}: {src} is neither C++ (.cpp/.cc/.cxx) nor CUDA (.cu)")
+            language = COMPILED_SUFFIXES.get(src.suffix)
+            if language is None:
+                raise ExtensionError(f"extension {_named(ext)}: {src} is not a source pp4 compiles "
+                                     "(C .c, C++ .cpp/.cc/.cxx, CUDA .cu)")
+            if language == "cuda" and ext.kind == "cpp":
+                raise ExtensionError(f"extension {_named(ext)}: {src} is CUDA, but the extension is kind \"cpp\" "
+                                     "(torch's CppExtension); make it kind \"cuda\"")
             try:
                 with open(src, "rb") as f:
                     f.read(1)
             except FileNotFoundError:
-                raise ExtensionError(f"extension {ext.target}: source {src} does not exist") from None
+                raise ExtensionError(f"extension {_named(ext)}: source {src} does not exist") from None
             except PermissionError:
-                raise ExtensionError(f"extension {ext.target}: source {src} is not readable (check its permissions)") from None
+                raise ExtensionError(f"extension {_named(ext)}: source {src} is not readable (check its permissions)") from None
             except IsADirectoryError:
-                raise ExtensionError(f"extension {ext.target}: source {src} is a directory, not a file; "
+                raise ExtensionError(f"extension {_named(ext)}: source {src} is a directory, not a file; "
                                      "list the source files themselves") from None
             except OSError as e:
-                raise ExtensionError(f"extension {ext.target}: source {src} cannot be read ({e.strerror})") from None
+                raise ExtensionError(f"extension {_named(ext)}: source {src} cannot be read ({e.strerror})") from None
+        duplicates = sorted({str(p) for p in ext.source_paths() if ext.source_paths().count(p) > 1})
+        if duplicates:
+            raise ExtensionError(f"extension {_named(ext)}: {duplicates[0]} is listed twice")
+        arch = architecture_flags(ext.cuda_flags)
+        if arch:
+            raise ExtensionError(
+                f"extension {_named(ext)}: cuda_flags choose GPU architectures ({', '.join(arch)}); pp4 builds for "
+                "the architectures configure's --arch names (repeat it for several, e.g. --arch 8.0 --arch 9.0): "
+                "remove them from cuda_flags")
         cuda_sources = [src for src in ext.source_paths() if src.suffix == ".cu"]
         if cuda_sources:  # g++ takes such paths as they are; nvcc does not
-            for path in [*cuda_sources, *(ext.root / inc for inc in ext.include_dirs)]:
+            for path in [*cuda_sources, *ext.include_paths()]:
                 if "$" in str(path):
                     raise ExtensionError(
                         f"extension {ext.target}: the path {path} contains a `$`, which nvcc expands as a shell "
                         "variable when it runs its sub-tools (the compile would fail on a file that does not "
                         "exist); move or rename the folder to a path without `$`")
-        for inc in ext.include_dirs:
-            if not (ext.root / inc).is_dir():
-                raise ExtensionError(f"extension {ext.target}: include directory {ext.root / inc} does not exist")
+        for inc in ext.include_paths():
+            if not inc.is_dir():
+                raise ExtensionError(f"extension {_named(ext)}: include directory {inc} does not exist")
+        for lib in ext.library_paths():
+            if not lib.is_dir():
+                raise ExtensionError(f"extension {_named(ext)}: library directory {lib} does not exist")
 
 
 def _named(ext: Extension) -> str:
     """The target, and the spec file it came from when a user's TOML file describes it."""
-    specs = [str(f) for f in ext.spec_files if f.suffix == ".toml"]
+    specs = [str(f) for f in ext.spec_files if f.suffix == ".toml" or f.name == "setup.py"]
     return f"{ext.target} ({specs[0]})" if specs else ext.target
 
 
