@@ -29,10 +29,11 @@ from pp4 import paths  # noqa: E402
 from pp4.files import write_if_changed  # noqa: E402
 from pp4.plan import modules as plan  # noqa: E402
 from pp4.plan import ninjafile  # noqa: E402
-from pp4.plan.torchflags import torch_build_flags  # noqa: E402
+from pp4.plan.torchflags import setuptools_flags, torch_build_flags  # noqa: E402
 from pp4.sizes import parse_size  # noqa: E402
 from pp4.sources import exl3  # noqa: E402
 from pp4.sources import extensions  # noqa: E402
+from pp4.sources import setuppy  # noqa: E402
 from pp4.toolchain import compat  # noqa: E402
 from pp4.toolchain import compilerenv  # noqa: E402
 from pp4.toolchain import compilers  # noqa: E402
@@ -68,7 +69,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--exl3-source", type=Path, metavar="PATH",
                     help="build EXL3 from this exllamav3 checkout instead of the pinned release")
     ap.add_argument("--ext-spec", action="append", default=[], type=Path, metavar="FILE.toml",
-                    help="also build the extension a TOML file describes (see pp4/sources/extensions.py)")
+                    help="also build the extensions a TOML file describes (docs/specs.md)")
+    ap.add_argument("--setup-py", action="append", default=[], type=Path, metavar="PATH",
+                    help="also build the CUDAExtension/CppExtension modules a project's setup.py declares (the file "
+                         "or its folder; repeatable). It is run with setup() intercepted: nothing is installed")
+    ap.add_argument("--write-spec", type=Path, metavar="DIR",
+                    help="write each --setup-py project's extensions as a spec file into DIR, for inspection")
     ap.add_argument("--cuda-home", type=Path, help="use this CUDA toolkit instead of the pinned wheels "
                     "(still checked against torch)")
     ap.add_argument("--cache-dir", type=Path, help="pp4's cache: wheels, toolchains (default: $PP4_CACHE_DIR or ~/.cache/pp4)")
@@ -168,8 +174,8 @@ def supported_archs(tc: toolchain.Toolchain) -> list[str]:
 # extensions and plans
 
 
-def select_extensions(args, builddir: Path, tc: toolchain.Toolchain) -> list[extensions.Extension]:
-    names = list(dict.fromkeys(args.ext or ([] if args.ext_spec else DEFAULT_EXTENSIONS)))
+def select_extensions(args, builddir: Path, tc: toolchain.Toolchain, archs: list[str]) -> list[extensions.Extension]:
+    names = list(dict.fromkeys(args.ext or ([] if args.ext_spec or args.setup_py else DEFAULT_EXTENSIONS)))
     exts = []
     exl3_root = None
     for name in names:
@@ -183,6 +189,17 @@ def select_extensions(args, builddir: Path, tc: toolchain.Toolchain) -> list[ext
         variant = "facc" if name == "exl3-facc" else "stock"
         exts.append(exl3.exl3_extension(variant, exl3_root, builddir / "exl3-src", nvcc=tc.nvcc))
     exts += [e for p in args.ext_spec for e in extensions.from_spec(p)]
+    for path in args.setup_py:
+        found = setuppy.read(path, tc.prefix, archs)
+        for note in found.notices:
+            print(f"configure: notice: {note}")
+        print(f"configure: {found.setup_py}: " + ", ".join(f"{e.target} ({e.kind}, {len(e.sources)} sources)"
+                                                        for e in found.extensions))
+        if args.write_spec:
+            spec = args.write_spec / f"{found.setup_py.parent.name}.toml"
+            if write_if_changed(spec, setuppy.spec_text(found, spec)):
+                print(f"configure: wrote {spec}")
+        exts += found.extensions
     extensions.validate(exts)
     return exts
 
@@ -315,7 +332,7 @@ def main(argv: list[str]) -> int:
         print(f"configure: folded {line}")
     for line in compilerenv.notices(dict(os.environ), folded.values, "configure"):
         print(f"configure: notice: {line}")
-    exts = select_extensions(args, builddir, tc)
+    exts = select_extensions(args, builddir, tc, archs)
     chosen = choose_compilers(exts, tc, folded)
     compile_section = compilers.compile_section(chosen, folded, compilerenv.parse_compile_env(args.compile_env))
     envs = compile_section["env"]
@@ -324,7 +341,15 @@ def main(argv: list[str]) -> int:
 
     torch = torch_build_flags()
     log, table = durations_known(builddir, root)
-    plans = [plan.module_plan(e, torch, tc, archs, builddir, root, log, supported, chosen, folded) for e in exts]
+    setuptools = None
+    if any(e.flavor == "setuptools" for e in exts):  # a setup.py's extensions: what build_ext adds
+        setuptools = setuptools_flags(dict(os.environ))
+        for name in ("CFLAGS", "CPPFLAGS"):
+            if os.environ.get(name):
+                print(f"configure: folded {name}={os.environ[name]} into the setup.py extensions' C++ flags "
+                      "(setuptools adds it to every compile)")
+    plans = [plan.module_plan(e, torch, tc, archs, builddir, root, log, supported, chosen, folded, setuptools)
+             for e in exts]
     ordered = plan.longest_first(plans, table, defer=twin_of_an_earlier_module(plans))
     identifier = compilers.Identifier(builddir / ".pp4" / "compilers.json", compile_tmpdir(builddir))
     tool_files = {lang: tuple(identifier.files(chosen, lang, envs[lang])) for lang in ("cuda", "cxx")}
@@ -355,7 +380,7 @@ def main(argv: list[str]) -> int:
     spec_files = sorted({str(f) for e in exts for f in e.spec_files})
     generator_inputs = [str(ROOT / "configure.py"), str(ROOT / "build.ninja.in"),
                         *(str(ROOT / "pp4" / m) for m in ("plan/modules.py", "plan/torchflags.py", "plan/ninjafile.py",
-                                                          "sources/extensions.py", "sources/exl3.py",
+                                                          "sources/extensions.py", "sources/exl3.py", "sources/setuppy.py",
                                                           "toolchain/compilerenv.py", "toolchain/compilers.py")),
                         str(torch_package_dir() / "version.py"), *spec_files]
     settings = ninjafile.BuildSettings(

@@ -506,7 +506,7 @@ def _spec_with(folder: Path, sources: list[str], name: str = "pp4_fixture") -> P
 def test_missing_source_file(tmp_path, toolchain):
     spec = _spec_with(tmp_path / "src", ["src/ops.cpp", "src/missing.cu"])
     err = _configure_error(tmp_path / "w", "--arch", "9.0", "--ext-spec", str(spec))
-    assert err == f"configure.py: error: extension pp4_fixture: source {tmp_path}/src/src/missing.cu does not exist"
+    assert err == f"configure.py: error: extension pp4_fixture ({spec}): source {tmp_path}/src/src/missing.cu does not exist"
 
 
 def test_unreadable_source_file(tmp_path, toolchain):
@@ -514,7 +514,7 @@ def test_unreadable_source_file(tmp_path, toolchain):
     spec = _spec_with(tmp_path / "src", ["src/ops.cpp", "src/dir.cu"])
     (tmp_path / "src" / "src" / "dir.cu").mkdir()
     err = _configure_error(tmp_path / "w", "--arch", "9.0", "--ext-spec", str(spec))
-    assert err == (f"configure.py: error: extension pp4_fixture: source {tmp_path}/src/src/dir.cu is a directory, "
+    assert err == (f"configure.py: error: extension pp4_fixture ({spec}): source {tmp_path}/src/src/dir.cu is a directory, "
                    "not a file; list the source files themselves")
 
 
@@ -523,7 +523,7 @@ def test_source_file_without_read_permission(tmp_path, toolchain):
     spec = _spec_with(tmp_path / "src", ["src/ops.cpp", "src/scale.cu"])
     os.chmod(tmp_path / "src" / "src" / "scale.cu", 0)
     err = _configure_error(tmp_path / "w", "--arch", "9.0", "--ext-spec", str(spec))
-    assert err == (f"configure.py: error: extension pp4_fixture: source {tmp_path}/src/src/scale.cu is not readable "
+    assert err == (f"configure.py: error: extension pp4_fixture ({spec}): source {tmp_path}/src/src/scale.cu is not readable "
                    "(check its permissions)")
 
 

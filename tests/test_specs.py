@@ -138,3 +138,23 @@ def test_option_values_no_build_can_use_are_refused_first(tmp_path, args, messag
                           cwd=tmp_path, env=env, capture_output=True, text=True)
     assert proc.returncode == 2 and f"configure.py: error: {message}" in proc.stderr, proc.stderr
     assert not (tmp_path / "empty-cache").exists() and not (tmp_path / "build.ninja").exists()
+
+
+@pytest.mark.parametrize("argv,embeds", [
+    (["c++", "-O2", "-c", "a.cpp", "-o", "a.o", "-MF", "a.d"], False),
+    (["c++", "-g", "-c", "a.cpp", "-o", "a.o", "-MF", "a.d"], True),
+    (["c++", "-g", "-O2", "-g0", "-c", "a.cpp", "-o", "a.o", "-MF", "a.d"], False),  # the last one wins
+    (["c++", "-ggdb3", "-c", "a.cpp", "-o", "a.o", "-MF", "a.d"], True),
+    (["c++", "-gdwarf-4", "-c", "a.cpp", "-o", "a.o", "-MF", "a.d"], True),
+    (["nvcc", "-O3", "-c", "a.cu", "-o", "a.o", "-MF", "a.d"], False),
+    (["nvcc", "-lineinfo", "-c", "a.cu", "-o", "a.o", "-MF", "a.d"], True),
+    (["nvcc", "-G", "-c", "a.cu", "-o", "a.o", "-MF", "a.d"], True),
+    (["nvcc", "--compiler-options", "-fPIC,-g", "-c", "a.cu", "-o", "a.o", "-MF", "a.d"], True),
+    (["nvcc", "-Xcompiler=-g", "-c", "a.cu", "-o", "a.o", "-MF", "a.d"], True),
+    (["nvcc", "--compiler-options", "-fPIC", "-c", "a.cu", "-o", "a.o", "-MF", "a.d"], False),
+    (["nvcc", "-gencode=arch=compute_90,code=sm_90", "-c", "a.cu", "-o", "a.o", "-MF", "a.d"], False),
+])
+def test_which_compiles_record_their_folder(argv, embeds):
+    from pp4.reuse.actionkey import embeds_cwd, parse_compile
+
+    assert embeds_cwd(parse_compile(argv)) is embeds

@@ -235,8 +235,10 @@ class Audit:
                     for a in record.payload["command"]]
             argv[1:1] = [f"-D{k}={v}" for k, v in sorted(record.payload.get("erased", {}).items())]
             t0 = time.monotonic()
+            # In the folder it was compiled in: debug information records it (actionkey.embeds_cwd).
+            cwd = (record.payload.get("compiled_for") or {}).get("cwd")
             proc = subprocess.run(argv, env=process_env(record.payload.get("env", {}), scratch),
-                                  capture_output=True, text=True)
+                                  cwd=cwd if cwd and os.path.isdir(cwd) else None, capture_output=True, text=True)
             if proc.returncode != 0:
                 self.fail(f"{obj['output']}: recompiling failed:\n{proc.stderr[-2000:]}")
                 continue

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import attrs
 
-from pp4.plan.torchflags import COMMON_NVCC_FLAGS, TorchBuildFlags
+from pp4.plan.torchflags import COMMON_NVCC_FLAGS, SetuptoolsFlags, TorchBuildFlags
 from pp4.sources.extensions import COMPILED_SUFFIXES, Extension
 from pp4.toolchain.compilerenv import Folded
 from pp4.toolchain.compilers import Compilers, ccbin_from_flags
@@ -104,31 +104,21 @@ def object_path(builddir: Path, ext: Extension, source: Path) -> Path:
 def module_plan(ext: Extension, torch: TorchBuildFlags, toolchain: Toolchain, archs: list[str],
                 builddir: Path, root: Path, durations: dict[str, int] | None = None,
                 supported_archs: list[str] | None = None, compilers: Compilers | None = None,
-                folded: Folded | None = None) -> ModulePlan:
+                folded: Folded | None = None, setuptools: SetuptoolsFlags | None = None) -> ModulePlan:
     """compilers: configure's choice (the host compiler nvcc runs goes in as an absolute -ccbin);
-    folded: the toolchain variables configure took from the environment (pp4.compilerenv)."""
+    folded: the toolchain variables configure took from the environment (pp4.compilerenv);
+    setuptools: what build_ext adds, for extensions of the "setuptools" flavor (from a setup.py)."""
     durations = durations or {}
     folded = folded or Folded()
-    common = [f"-DTORCH_EXTENSION_NAME={ext.module}", "-DTORCH_API_INCLUDE_EXTENSION_H"]
-    # The extension's macros and then its include folders, in the order setuptools writes them.
-    common += [f"-D{name}" if value is None else f"-D{name}={value}" for name, value in ext.define_macros]
-    common += [f"-U{name}" for name in ext.undef_macros]
-    common += [f"-I{inc}" for inc in ext.include_paths()]
-    system = [*torch.include_dirs, toolchain.include_dir, torch.python_include]
-    for inc in system:
-        common += ["-isystem", str(inc)]
-    std = f"-std={torch.cxx_standard}"
-    # CPATH and CPLUS_INCLUDE_PATH, as gcc reads them: after every -I, and after every -isystem.
-    env_dirs = [f"-I{d}" for d in folded.quote_dirs] + [a for d in folded.system_dirs for a in ("-isystem", d)]
-    cxx = [*common, "-fPIC", std, *ext.cxx_flags, *env_dirs]
-    _, ext_cuda = ccbin_from_flags(list(ext.cuda_flags))  # replaced by the absolute path configure resolved
-    cuda = [*folded.prepend_flags, *common, *COMMON_NVCC_FLAGS, *gencode_flags(archs, supported_archs),
-            "--compiler-options", "-fPIC", *ext_cuda]
-    if not any(f.startswith("-std=") for f in cuda):
-        cuda.append(std)
+    if ext.flavor == "setuptools":
+        if setuptools is None:
+            raise PlanError(f"extension {ext.target} is built as setuptools builds it, but no setuptools flags were given")
+        cxx, cuda = _setuptools_compile_flags(ext, torch, toolchain, archs, supported_archs, folded, setuptools)
+    else:
+        cxx, cuda = _jit_compile_flags(ext, torch, toolchain, archs, supported_archs, folded)
     if compilers is not None:
         cuda += ["-ccbin", compilers.ccbin]
-    cuda += [*env_dirs, *folded.append_flags]
+    cuda += [*_env_dirs(folded), *folded.append_flags]
     with_cuda = ext.kind == "cuda"
     libraries = [lib for lib in torch.libraries if with_cuda or lib not in CUDA_LIBRARIES]
     link = [f"-L{torch.lib_dir}", *(f"-l{lib}" for lib in libraries)]
@@ -147,6 +137,60 @@ def module_plan(ext: Extension, torch: TorchBuildFlags, toolchain: Toolchain, ar
         steps.append(CompileStep(COMPILED_SUFFIXES[source.suffix], source, obj, durations.get(str(obj))))
     output = builddir_rel / ext.target / f"{ext.module}{torch.ext_suffix}"
     return ModulePlan(ext, output, tuple(cuda), tuple(cxx), tuple(link), tuple(steps))
+
+
+def _macros(ext: Extension) -> list[str]:
+    """The extension's macros and undefines, in the order setuptools writes them (before its -I)."""
+    return ([f"-D{name}" if value is None else f"-D{name}={value}" for name, value in ext.define_macros]
+            + [f"-U{name}" for name in ext.undef_macros])
+
+
+def _env_dirs(folded: Folded) -> list[str]:
+    """CPATH and CPLUS_INCLUDE_PATH, as gcc reads them: after every -I, and after every -isystem."""
+    return [f"-I{d}" for d in folded.quote_dirs] + [a for d in folded.system_dirs for a in ("-isystem", d)]
+
+
+def _jit_compile_flags(ext: Extension, torch: TorchBuildFlags, toolchain: Toolchain, archs: list[str],
+                       supported_archs: list[str] | None, folded: Folded) -> tuple[list[str], list[str]]:
+    """(C++ flags, nvcc flags) as torch.utils.cpp_extension.load builds: what pp4's own extensions
+    and EXL3 (whose upstream builds it that way) use, and a spec's default."""
+    common = [f"-DTORCH_EXTENSION_NAME={ext.module}", "-DTORCH_API_INCLUDE_EXTENSION_H", *_macros(ext)]
+    common += [f"-I{inc}" for inc in ext.include_paths()]
+    for inc in [*torch.include_dirs, toolchain.include_dir, torch.python_include]:
+        common += ["-isystem", str(inc)]
+    std = f"-std={torch.cxx_standard}"
+    cxx = [*common, "-fPIC", std, *ext.cxx_flags, *_env_dirs(folded)]
+    _, ext_cuda = ccbin_from_flags(list(ext.cuda_flags))  # replaced by the absolute path configure resolved
+    cuda = [*folded.prepend_flags, *common, *COMMON_NVCC_FLAGS, *gencode_flags(archs, supported_archs),
+            "--compiler-options", "-fPIC", *ext_cuda]
+    if not any(f.startswith("-std=") for f in cuda):
+        cuda.append(std)
+    return cxx, cuda
+
+
+def _setuptools_compile_flags(ext: Extension, torch: TorchBuildFlags, toolchain: Toolchain, archs: list[str],
+                              supported_archs: list[str] | None, folded: Folded,
+                              st: SetuptoolsFlags) -> tuple[list[str], list[str]]:
+    """(C++ flags, nvcc flags) as torch's BuildExtension builds a setup.py's extension: Python's
+    compiler flags, the macros, -I for the extension's folders, then torch's, CUDA's (a CUDA
+    extension) and Python's; after them the project's own flags, torch's two defines, --arch's
+    architectures where torch puts its own, and -std unless the project gave one. The order is
+    BuildExtension's flag for flag, without its second -c (tests/test_setuppy_flags.py)."""
+    includes = [*ext.include_paths(), *torch.include_dirs]
+    if ext.kind == "cuda":
+        includes.append(toolchain.include_dir)
+    common = [*_macros(ext), *(f"-I{d}" for d in [*includes, *st.include_dirs])]
+    defines = ["-DTORCH_API_INCLUDE_EXTENSION_H", f"-DTORCH_EXTENSION_NAME={ext.module}"]
+    std = f"-std={torch.cxx_standard}"
+    cxx = [*st.cflags, *common, *ext.cxx_flags, *defines]
+    if not any(f.startswith("-std=") for f in ext.cxx_flags):
+        cxx.append(std)
+    _, ext_cuda = ccbin_from_flags(list(ext.cuda_flags))
+    cuda = [*folded.prepend_flags, *common, *COMMON_NVCC_FLAGS, "--compiler-options", "-fPIC", *ext_cuda, *defines,
+            *gencode_flags(archs, supported_archs)]
+    if not any(f.startswith("-std=") for f in ext_cuda):
+        cuda.append(std)
+    return cxx + _env_dirs(folded), cuda
 
 
 def longest_first(plans: list[ModulePlan], table: dict[str, int],

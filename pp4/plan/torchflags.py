@@ -7,6 +7,7 @@ and compares flag by flag; docs/configure.md lists each intentional difference.
 
 from __future__ import annotations
 
+import os
 import re
 import sysconfig
 from pathlib import Path
@@ -47,6 +48,47 @@ def cxx_standard(include_root: Path) -> str:
             if re.search(r"__cplusplus\s*<\s*202002L", text):
                 return "c++20"
     return "c++17"
+
+
+@attrs.frozen
+class SetuptoolsFlags:
+    """What setuptools' build_ext adds to every compile of a setup.py build (torch's BuildExtension
+    keeps it): Python's own compiler flags first, its include folders after the extension's."""
+
+    cflags: tuple[str, ...]  # compiler_so[1:]: sysconfig's CFLAGS and CCSHARED, then $CFLAGS and $CPPFLAGS
+    include_dirs: tuple[Path, ...]  # a virtual environment's include folder, then Python's
+
+
+def setuptools_flags(env: dict[str, str]) -> SetuptoolsFlags:
+    """As setuptools computes them (its own customize_compiler and build_ext rules), for the
+    environment configure runs in: $CFLAGS and $CPPFLAGS are read here and written into the commands."""
+    import sys
+
+    from setuptools._distutils import ccompiler
+    from setuptools._distutils import sysconfig as du_sysconfig
+
+    saved = {k: os.environ.get(k) for k in ("CC", "CFLAGS", "CPPFLAGS", "CCSHARED")}
+    try:
+        for k in saved:
+            if k in env:
+                os.environ[k] = env[k]
+            else:
+                os.environ.pop(k, None)
+        compiler = ccompiler.new_compiler()
+        du_sysconfig.customize_compiler(compiler)
+        cflags = tuple(compiler.compiler_so[1:])
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    include = [Path(sys.exec_prefix) / "include"] if sys.exec_prefix != sys.base_exec_prefix else []
+    py_include, plat_include = du_sysconfig.get_python_inc(), du_sysconfig.get_python_inc(plat_specific=True)
+    include += [Path(d) for d in py_include.split(os.pathsep)]
+    if plat_include != py_include:
+        include += [Path(d) for d in plat_include.split(os.pathsep)]
+    return SetuptoolsFlags(cflags, tuple(include))
 
 
 def torch_build_flags(wheel_root: str = "nvidia/cu13") -> TorchBuildFlags:

@@ -149,11 +149,52 @@ def from_src(text: str, root: str | None) -> str:
     return text.replace("$SRC", root) if root else text
 
 
-def manifest_key(normalized: list[str], toolchain_id: dict, env: dict[str, str]) -> str:
+def manifest_key(normalized: list[str], toolchain_id: dict, env: dict[str, str], cwd: str | None = None) -> str:
     """toolchain_id: the identity of what the compile runs (pp4.compilers); env: the action's
-    environment (pp4.compilerenv). Format 3: entries carry a probe digest (pp4.probes)."""
+    environment (pp4.compilerenv); cwd: the folder the compile runs in, for a compile whose object
+    records it (embeds_cwd). Format 3: entries carry a probe digest (pp4.probes)."""
     doc = {"argv": normalized, "toolchain": toolchain_id, "env": env, "format": 3}
+    if cwd is not None:
+        doc["cwd"] = cwd
     return hashlib.sha256(canonical_json(doc)).hexdigest()
+
+
+# gcc's options that turn debug information on (-g0 turns it off; the last one wins).
+_GCC_DEBUG = re.compile(r"^-g(gdb|dwarf|btf|ctf|vms|split-dwarf|z|[1-3]|$)")
+# nvcc's own: host (-g) and device (-G, line info) debug information.
+_NVCC_DEBUG = {"-g", "--debug", "-G", "--device-debug", "-lineinfo", "--generate-line-info"}
+_NVCC_HOST_OPTIONS = {"-Xcompiler", "--compiler-options"}
+
+
+def embeds_cwd(args: CompileArgs) -> bool:
+    """Whether the object records the folder it was compiled in: debug information names it
+    (DWARF's DW_AT_comp_dir), so two folders compile the same command to different bytes. Such a
+    compile's key includes its folder (as ccache's hash_dir does)."""
+    argv = list(args.argv[1:])
+    nvcc = args.language == "cuda" and os.path.basename(args.compiler) == "nvcc"
+    host: list[str] = []
+    debug = False
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if nvcc and a in _NVCC_HOST_OPTIONS and i + 1 < len(argv):
+            host += argv[i + 1].split(",")
+            i += 2
+            continue
+        if nvcc and (a.split("=", 1)[0] in _NVCC_HOST_OPTIONS):
+            host += a.split("=", 1)[1].split(",")
+        elif nvcc and a in _NVCC_DEBUG:
+            return True
+        elif not nvcc:
+            host.append(a)
+        i += 1
+    for a in host:
+        a = a.strip("'\"")
+        if a == "-g0":
+            debug = False
+        elif _GCC_DEBUG.match(a):
+            debug = True
+    return debug
 
 
 def action_key(mkey: str, inputs: list[list[str]], input_sets: list[str], erased: dict[str, str] | None,

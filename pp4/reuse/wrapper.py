@@ -114,7 +114,8 @@ class Reuser:
         if cached is None:
             root = self.cfg.root_for(args.source)
             normalized, erased = actionkey.normalize(args, root, self.cfg.erasable)
-            mkey = actionkey.manifest_key(normalized, self.identity(args, env).hashes, env)
+            cwd = os.getcwd() if actionkey.embeds_cwd(args) else None
+            mkey = actionkey.manifest_key(normalized, self.identity(args, env).hashes, env, cwd)
             cached = self._keys[key] = (mkey, root, normalized, erased)
         return cached
 
@@ -206,7 +207,7 @@ class Reuser:
         akey = actionkey.action_key(mkey, own, sets, erased if uses else None, digest)
         payload = {"manifest_key": mkey, "command": normalized, "inputs": own, "input_sets": sets, "erased": erased,
                    "uses_erasable": uses, "probes": digest, "toolchain": toolchain, "env": env,
-                   "compiled_for": {"output": os.path.abspath(args.output), "root": root},
+                   "compiled_for": {"output": os.path.abspath(args.output), "root": root, "cwd": os.getcwd()},
                    "duration_s": round(duration, 3)}
         entry = {"action_key": akey, "inputs": own, "input_sets": sets, "probes": digest, "uses_erasable": uses,
                  "erased": erased if uses else None}

@@ -16,6 +16,7 @@ or read from a project's setup.py with --setup-py (pp4.sources.setuppy). One mod
     cuda_flags = ["-O3", "--use_fast_math"]   # no architecture flags: --arch decides those
     ld_flags = []
     kind = "cuda"                         # or "cpp" (torch's CppExtension: no CUDA libraries)
+    flavor = "jit"                        # or "setuptools": flags as BuildExtension gives a setup.py
 
 or several, each in an ``[[extension]]`` table with the same fields.
 """
@@ -36,7 +37,8 @@ SOURCE_SUFFIXES = {".c", ".cc", ".cpp", ".cxx", ".cu", ".cuh", ".h", ".hh", ".hp
 # sends it (its ninja rule runs $cxx on every non-CUDA source).
 COMPILED_SUFFIXES = {".c": "cxx", ".cc": "cxx", ".cpp": "cxx", ".cxx": "cxx", ".cu": "cuda"}
 KINDS = ("cuda", "cpp")
-SPEC_FIELDS = ("name", "target", "kind", "sources", "include_dirs", "define_macros", "undef_macros", "libraries",
+FLAVORS = ("jit", "setuptools")
+SPEC_FIELDS = ("name", "target", "kind", "flavor", "sources", "include_dirs", "define_macros", "undef_macros", "libraries",
                "library_dirs", "cxx_flags", "cuda_flags", "ld_flags")
 # nvcc options that choose GPU architectures: configure's --arch is the one place that does.
 _ARCH_OPTIONS = ("-gencode", "--generate-code", "-arch", "--gpu-architecture", "-code", "--gpu-code")
@@ -65,6 +67,9 @@ class Extension:
     libraries: tuple[str, ...] = ()
     library_dirs: tuple[str, ...] = ()
     kind: str = "cuda"  # "cpp": torch's CppExtension, linked without the CUDA libraries
+    # Whose flags: "jit" as torch.utils.cpp_extension.load builds, "setuptools" as BuildExtension
+    # builds a setup.py (Python's compiler flags, -I rather than -isystem: pp4/plan/modules.py).
+    flavor: str = "jit"
     # Files whose change alters the source list or flags: configure re-runs when they change.
     spec_files: tuple[Path, ...] = ()
     # Defines whose value may differ between two reusable compiles when no input mentions them
@@ -85,7 +90,10 @@ class Extension:
 
 
 def _under(root: Path, path: str) -> Path:
-    return Path(os.path.normpath(root / path))
+    """root/path, with `..` resolved (ninja and the depfiles name files without it). A path with no
+    `..` is kept as written (EXL3's include folder "." stays root/., as its keys were made)."""
+    joined = root / path
+    return Path(os.path.normpath(joined)) if ".." in Path(path).parts else joined
 
 
 def p2p() -> Extension:
@@ -149,6 +157,10 @@ def from_fields(doc: dict, spec_dir: Path, spec_file: Path, where: str, provenan
     kind = doc.get("kind", "cuda" if any(s.endswith(".cu") for s in sources) else "cpp")
     if kind not in KINDS:
         raise ExtensionError(f"extension spec {where}: `kind` is {kind!r}; it is \"cuda\" or \"cpp\"")
+    flavor = doc.get("flavor", "jit")
+    if flavor not in FLAVORS:
+        raise ExtensionError(f"extension spec {where}: `flavor` is {flavor!r}; it is \"jit\" (torch's load()) or "
+                             "\"setuptools\" (a setup.py under BuildExtension)")
     return Extension(
         target=str(doc.get("target", doc["name"])),
         module=str(doc["name"]),
@@ -163,6 +175,7 @@ def from_fields(doc: dict, spec_dir: Path, spec_file: Path, where: str, provenan
         libraries=strings("libraries"),
         library_dirs=from_root(library_dirs),
         kind=kind,
+        flavor=flavor,
         spec_files=(spec_file,),
         provenance=provenance or {},
     )

@@ -1,0 +1,256 @@
+"""A project's extensions read from its setup.py: ``configure.py --setup-py PATH``.
+
+The setup.py runs in a child Python (the one configure runs under, so it sees the same torch) in
+its own folder, as `pip install .` would run it on a CUDA build machine: CUDA_HOME is pp4's
+toolchain, TORCH_CUDA_ARCH_LIST and FORCE_CUDA say CUDA is wanted, torch.cuda.is_available()
+answers True. Before it runs, ``setuptools.setup`` and torch's ``CUDAExtension``/``CppExtension``
+are replaced by recorders: each extension is recorded with exactly the arguments the project gave
+(not torch's additions, which pp4's plan makes itself) and setup() stops the run. Nothing is
+built or installed.
+
+What the project's arguments cannot mean in pp4 is refused by name (device linking, prebuilt
+objects); architecture flags in its nvcc arguments are dropped with a notice, since configure's
+--arch chooses the architectures.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import attrs
+
+from pp4.sources.extensions import (
+    SPEC_FIELDS, Extension, ExtensionError, from_fields, parse_macro, without_architecture_flags
+)
+
+SETUP_TIMEOUT_S = 300
+# Extension arguments with no effect on what is compiled or linked.
+_IGNORED = {"language", "optional", "depends", "py_limited_api", "export_symbols", "swig_opts"}
+
+# Runs in the child: argv = [setup.py, output.json]. Kept free of pp4 imports (the child's
+# sys.path is the project's, not pp4's).
+_RECORDER = r'''
+import json, os, runpy, sys, traceback
+
+setup_py, out_path = sys.argv[1], sys.argv[2]
+records = []
+result = {"extensions": records}
+
+
+class _Stop(BaseException):
+    pass
+
+
+def _absolute(paths):
+    return [p if os.path.isabs(p) else os.path.abspath(p) for p in (paths or [])]
+
+
+def _record(kind, name, sources, kwargs):
+    fields = dict(kwargs, name=name, sources=_absolute(sources))
+    for key in ("include_dirs", "library_dirs", "runtime_library_dirs"):
+        if key in fields:
+            fields[key] = _absolute(fields[key])
+    fields["define_macros"] = [list(m) for m in fields.get("define_macros") or []]
+    return {"kind": kind, "fields": {k: v for k, v in fields.items() if v is not None}}
+
+
+class _Recorded:
+    def __init__(self, record):
+        self.pp4_record = record
+        self.name = record["fields"]["name"]
+
+
+def _factory(kind):
+    def make(name, sources, *args, **kwargs):
+        if args:
+            raise TypeError(f"pp4 records {kind} extensions by keyword; {name} passes {len(args)} more positional arguments")
+        return _Recorded(_record(kind, name, sources, kwargs))
+    return make
+
+
+def _setup(*args, **kwargs):
+    for ext in kwargs.get("ext_modules") or []:
+        if isinstance(ext, _Recorded):
+            records.append(ext.pp4_record)
+        else:  # a plain setuptools Extension
+            fields = {k: getattr(ext, k) for k in ("include_dirs", "define_macros", "undef_macros", "libraries",
+                                                   "library_dirs", "runtime_library_dirs", "extra_compile_args",
+                                                   "extra_link_args", "extra_objects")}
+            records.append(_record("extension", ext.name, ext.sources, fields))
+    result["setup_called"] = True
+    raise _Stop
+
+
+import setuptools
+setuptools.setup = _setup
+try:
+    import distutils.core
+    distutils.core.setup = _setup
+except ImportError:
+    pass
+try:
+    import torch
+    import torch.utils.cpp_extension as cpp_extension
+    torch.cuda.is_available = lambda: True
+    cpp_extension.CUDAExtension = _factory("cuda")
+    cpp_extension.CppExtension = _factory("cpp")
+except ImportError:
+    pass
+
+sys.argv = [setup_py, "build_ext"]
+sys.path.insert(0, os.path.dirname(setup_py))
+try:
+    runpy.run_path(setup_py, run_name="__main__")
+except _Stop:
+    pass
+except SystemExit as e:
+    if not result.get("setup_called") and e.code not in (None, 0):
+        result["error"] = f"it exited with {e.code!r} before calling setup()"
+except ModuleNotFoundError as e:
+    result["missing_module"] = e.name
+except BaseException as e:
+    result["error"] = "".join(traceback.format_exception_only(type(e), e)).strip()
+    result["traceback"] = traceback.format_exc()[-3000:]
+with open(out_path, "w") as f:
+    json.dump(result, f)
+'''
+
+
+@attrs.frozen
+class ReadSetup:
+    """What one setup.py declares, as pp4 builds it, and what pp4 changed on the way."""
+
+    setup_py: Path
+    extensions: tuple[Extension, ...]
+    notices: tuple[str, ...]
+
+
+def setup_py_path(path: Path) -> Path:
+    path = Path(os.path.abspath(path.expanduser()))
+    if path.is_dir():
+        path = path / "setup.py"
+    if not path.is_file():
+        raise ExtensionError(f"--setup-py {path}: no such file (give a setup.py, or the folder that holds it)")
+    return path
+
+
+def record(setup_py: Path, toolchain_prefix: Path, archs: list[str], python: str = sys.executable) -> dict:
+    """Run setup.py under the recorders; the child's report (extensions, or what went wrong)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONSTARTUP")}
+    env.update(CUDA_HOME=str(toolchain_prefix), CUDA_PATH=str(toolchain_prefix), FORCE_CUDA="1",
+               TORCH_CUDA_ARCH_LIST=";".join(archs), PYTHONDONTWRITEBYTECODE="1")
+    with tempfile.TemporaryDirectory(prefix="pp4-setup-py-") as tmp:
+        out = Path(tmp) / "record.json"
+        script = Path(tmp) / "record.py"
+        script.write_text(_RECORDER)
+        try:
+            proc = subprocess.run([python, str(script), str(setup_py), str(out)], cwd=setup_py.parent, env=env,
+                                  capture_output=True, text=True, timeout=SETUP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise ExtensionError(f"{setup_py} ran for {SETUP_TIMEOUT_S} s without calling setup(): pp4 stops it "
+                                 "there (does it build or download something before setup()?)") from None
+        if not out.is_file():
+            raise ExtensionError(f"{setup_py} could not be read (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+        return json.loads(out.read_text())
+
+
+def read(setup_py: Path, toolchain_prefix: Path, archs: list[str], python: str = sys.executable) -> ReadSetup:
+    """The extensions of one setup.py, as Extension records built the way BuildExtension builds them."""
+    setup_py = setup_py_path(setup_py)
+    report = record(setup_py, toolchain_prefix, archs, python)
+    if "missing_module" in report:
+        raise ExtensionError(f"{setup_py} imports the module {report['missing_module']!r}, which {python} does not "
+                             f"have: install it there (pp4 runs setup.py with the Python configure runs under, to see "
+                             "the same torch), or describe the extensions in a spec file (--ext-spec)")
+    if "error" in report:
+        raise ExtensionError(f"{setup_py} failed before declaring its extensions: {report['error']}\n"
+                             f"{report.get('traceback', '')}".rstrip())
+    if not report.get("setup_called"):
+        raise ExtensionError(f"{setup_py} finished without calling setup(): is it the project's setup.py?")
+    if not report["extensions"]:
+        raise ExtensionError(f"{setup_py} declares no CUDAExtension or CppExtension (ext_modules is empty here): "
+                             "nothing for pp4 to build")
+    exts, notices = [], []
+    for rec in report["extensions"]:
+        ext, notes = to_extension(rec, setup_py)
+        exts.append(ext)
+        notices += notes
+    return ReadSetup(setup_py, tuple(exts), tuple(notices))
+
+
+def to_extension(rec: dict, setup_py: Path) -> tuple[Extension, list[str]]:
+    """One recorded extension as spec fields, then as an Extension; notices of what pp4 changed."""
+    f = dict(rec["fields"])
+    name = f.pop("name")
+    where = f"{setup_py} extension {name!r}"
+    unsupported = {k: v for k, v in f.items() if k in ("dlink", "dlink_libraries", "extra_objects") and v}
+    if unsupported:
+        raise ExtensionError(f"{where}: pp4 cannot build {', '.join(sorted(unsupported))} yet (device linking, "
+                             "prebuilt objects); build this project with its own setup.py")
+    unknown = set(f) - {"sources", "include_dirs", "define_macros", "undef_macros", "libraries", "library_dirs",
+                        "runtime_library_dirs", "extra_compile_args", "extra_link_args", "dlink", "dlink_libraries",
+                        "extra_objects"} - _IGNORED
+    if unknown:
+        raise ExtensionError(f"{where}: pp4 does not know the argument(s) {', '.join(sorted(unknown))}")
+    if rec["kind"] == "extension":
+        kind = "cuda" if any(s.endswith(".cu") for s in f["sources"]) else "cpp"
+    else:
+        kind = rec["kind"]
+    args = f.get("extra_compile_args") or {}
+    # BuildExtension: a dict gives each compiler its own list; a plain list goes to both.
+    cxx, nvcc = (args.get("cxx", []), args.get("nvcc", [])) if isinstance(args, dict) else (list(args), list(args))
+    nvcc, removed = without_architecture_flags(nvcc)
+    notices = [f"{where}: its nvcc flags {' '.join(removed)} are dropped; configure's --arch chooses the "
+               "architectures"] if removed else []
+    ld = list(f.get("extra_link_args") or []) + [f"-Wl,-rpath,{d}" for d in f.get("runtime_library_dirs") or []]
+    module = name.rsplit(".", 1)[-1]  # BuildExtension's TORCH_EXTENSION_NAME: the last part of a dotted name
+    fields = {
+        "name": module, "target": name, "kind": kind, "flavor": "setuptools", "sources": f["sources"],
+        "include_dirs": f.get("include_dirs") or [],
+        "define_macros": [[m[0]] if len(m) < 2 or m[1] is None else [m[0], str(m[1])]
+                          for m in f.get("define_macros") or []],
+        "undef_macros": f.get("undef_macros") or [], "libraries": f.get("libraries") or [],
+        "library_dirs": f.get("library_dirs") or [], "cxx_flags": list(cxx), "cuda_flags": list(nvcc),
+        "ld_flags": ld,
+    }
+    for m in fields["define_macros"]:
+        parse_macro(m, where)
+    ext = from_fields(fields, setup_py.parent, setup_py, where, provenance={"setup.py": str(setup_py)})
+    return ext, notices
+
+
+def spec_text(read_setup: ReadSetup, spec_path: Path) -> str:
+    """The spec file that builds the same extensions (paths relative to where it is written)."""
+    spec_dir = Path(os.path.abspath(spec_path)).parent
+    lines = [f"# The extensions of {read_setup.setup_py}, as pp4 reads them (configure.py --setup-py).",
+             f"# Build them from this file with: python configure.py --ext-spec {spec_path}"]
+    for note in read_setup.notices:
+        lines.append(f"# {note}")
+    for ext in read_setup.extensions:
+        lines += ["", "[[extension]]"]
+        values = {
+            "name": ext.module, "target": ext.target, "kind": ext.kind, "flavor": ext.flavor,
+            "sources": [os.path.relpath(p, spec_dir) for p in ext.source_paths()],
+            "include_dirs": [os.path.relpath(p, spec_dir) for p in ext.include_paths()],
+            "define_macros": [[n] if v is None else [n, v] for n, v in ext.define_macros],
+            "undef_macros": list(ext.undef_macros), "libraries": list(ext.libraries),
+            "library_dirs": [os.path.relpath(p, spec_dir) for p in ext.library_paths()],
+            "cxx_flags": list(ext.cxx_flags), "cuda_flags": list(ext.cuda_flags), "ld_flags": list(ext.ld_flags),
+        }
+        for key in SPEC_FIELDS:
+            value = values[key]
+            if value or key in ("name", "sources"):
+                lines.append(f"{key} = {_toml(value)}")
+    return "\n".join(lines) + "\n"
+
+
+def _toml(value) -> str:
+    """A string or a (nested) list of strings as TOML: JSON's string escapes are TOML's basic-string ones."""
+    if isinstance(value, str):
+        return json.dumps(value)
+    return "[" + ", ".join(_toml(v) for v in value) + "]"

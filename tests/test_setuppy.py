@@ -1,0 +1,88 @@
+"""configure --setup-py: a project's extensions read from its setup.py with setup() intercepted,
+exactly as the project declares them; nothing built or installed; failures named."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+from pp4.sources import setuppy
+from pp4.sources.extensions import ExtensionError, from_spec, validate
+
+FIXTURES = REPO / "tests" / "fixtures" / "setuppy"
+BASIC = FIXTURES / "basic"
+
+
+@pytest.fixture(scope="module")
+def basic(toolchain):
+    return setuppy.read(BASIC, toolchain.prefix, ["9.0"])
+
+
+def test_every_extension_is_recorded_as_the_project_declares_it(basic):
+    cpu, cuda = basic.extensions
+    assert (cpu.target, cpu.module, cpu.kind, cpu.root) == ("basic_cpu._C", "_C", "cpp", BASIC)
+    assert cpu.source_paths() == [BASIC / "csrc/cpu/answer.cpp"]  # its glob, run in its folder
+    assert cpu.define_macros == (("ANSWER", "42"), ("WITH_FLAG", None)) and cpu.cxx_flags == ("-O2",)
+    # The CUDA extension is declared only where torch sees CUDA: pp4 reads it as a CUDA build machine would.
+    assert (cuda.target, cuda.kind, cuda.libraries) == ("basic_cuda", "cuda", ("m",))
+    assert cuda.source_paths() == [BASIC / "csrc/cuda/bind.cpp", BASIC / "csrc/cuda/scale.cu"]
+    assert cuda.include_paths() == [BASIC / "include"]
+    assert cuda.cuda_flags == ("-O2", "--use_fast_math")  # its -gencode dropped ...
+    assert basic.notices == (f"{BASIC / 'setup.py'} extension 'basic_cuda': its nvcc flags "
+                             "-gencode=arch=compute_80,code=sm_80 are dropped; configure's --arch chooses the "
+                             "architectures",)  # ... and said so
+    assert cpu.spec_files == (BASIC / "setup.py",)  # configure runs again when setup.py changes
+    validate(list(basic.extensions))
+
+
+def test_reading_a_setup_py_builds_and_installs_nothing(basic):
+    assert sorted(p.name for p in BASIC.iterdir()) == ["csrc", "include", "setup.py"]
+    found = subprocess.run([sys.executable, "-m", "pip", "show", "basic"], capture_output=True, text=True)
+    assert found.returncode != 0
+
+
+def test_the_written_spec_builds_the_same_extensions(basic, tmp_path):
+    spec = tmp_path / "specs" / "basic.toml"
+    spec.parent.mkdir()
+    spec.write_text(setuppy.spec_text(basic, spec))
+    text = spec.read_text()
+    assert "# " + basic.notices[0] in text  # what pp4 changed stays visible in the spec
+    again = from_spec(spec)
+    keys = ("target", "module", "kind", "define_macros", "undef_macros", "libraries", "cxx_flags", "cuda_flags",
+            "ld_flags")
+    for a, b in zip(basic.extensions, again):
+        assert {k: getattr(a, k) for k in keys} == {k: getattr(b, k) for k in keys}
+        assert (a.source_paths(), a.include_paths(), a.library_paths()) == (b.source_paths(), b.include_paths(),
+                                                                            b.library_paths())
+
+
+@pytest.mark.parametrize("how,message", [
+    ("missing", r"imports the module 'pp4_no_such_module', which .* does not have: install it there"),
+    ("raises", r"failed before declaring its extensions: RuntimeError: the version file is missing"),
+    ("no-setup", r"finished without calling setup\(\)"),
+    ("no-extensions", r"declares no CUDAExtension or CppExtension"),
+    ("dlink", r"pp4 cannot build dlink yet \(device linking"),
+])
+def test_a_setup_py_that_cannot_be_read_says_why(toolchain, monkeypatch, how, message):
+    monkeypatch.setenv("PP4_BROKEN_SETUP", how)
+    with pytest.raises(ExtensionError, match=message):
+        setuppy.read(FIXTURES / "broken" / "setup.py", toolchain.prefix, ["9.0"])
+
+
+def test_a_path_that_is_not_a_setup_py_is_refused(tmp_path, toolchain):
+    with pytest.raises(ExtensionError, match=r"--setup-py .*: no such file \(give a setup.py, or the folder"):
+        setuppy.read(tmp_path, toolchain.prefix, ["9.0"])
+
+
+def test_configure_reads_it_and_writes_the_spec(tmp_path):
+    proc = subprocess.run([sys.executable, str(REPO / "configure.py"), "--arch", "9.0", "--setup-py", str(BASIC),
+                           "--write-spec", str(tmp_path / "specs")], cwd=tmp_path, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "configure: notice: " in proc.stdout and "-gencode=arch=compute_80,code=sm_80 are dropped" in proc.stdout
+    assert "basic_cpu._C (cpp, 1 sources), basic_cuda (cuda, 2 sources)" in proc.stdout
+    assert (tmp_path / "specs" / "basic.toml").is_file()
+    assert "build build/basic_cpu._C/_C" in (tmp_path / "build.ninja").read_text()
