@@ -84,3 +84,29 @@ def test_setup_py_extensions_get_buildextensions_flags_in_its_order(tmp_path, to
             assert arch == ["-gencode=arch=compute_90,code=sm_90"]
             assert ours_cuda.index(arch[0]) == ours_cuda.index("-std=c++20") - 1
             assert [f for f in ours_cuda if f not in arch] == theirs_cuda
+
+
+@pytest.mark.slow
+def test_a_setup_py_project_builds_and_its_op_runs(tmp_path, toolchain):
+    """The fixture project built from its setup.py alone: pp4's modules import, and the CPU op gives
+    what torch gives."""
+    import shutil
+
+    from test_build import ninja_bin, run
+
+    project = tmp_path / "basic"
+    shutil.copytree(BASIC, project)
+    work = tmp_path / "work"
+    work.mkdir()
+    conf = run([sys.executable, str(REPO / "configure.py"), "--arch", "9.0", "--setup-py", str(project),
+                "--store", str(tmp_path / "store")], work)
+    assert "basic_cpu._C (cpp, 1 sources), basic_cuda (cuda, 2 sources)" in conf.stdout
+    run([ninja_bin()], work)
+    code = (f"import sys, json, torch; sys.path.insert(0, {str(REPO)!r}); from pp4.certify.loader import load_target; "
+            "cpu = load_target('basic_cpu._C', 'build'); cuda = load_target('basic_cuda', 'build'); "
+            "x = torch.arange(4.0); print(json.dumps([cpu.add_answer(x).tolist(), (x + 42).tolist(), "
+            "hasattr(cuda, 'scale')]))")
+    out = run([sys.executable, "-c", code], work).stdout.strip().splitlines()[-1]
+    got, want, has_scale = __import__("json").loads(out)
+    assert got == want and has_scale
+    assert run([ninja_bin(), "certify"], work).stdout.rstrip().endswith("audit passed")
