@@ -25,6 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 
+from pp4 import interrupt  # noqa: E402
 from pp4 import paths  # noqa: E402
 from pp4.files import write_if_changed  # noqa: E402
 from pp4.plan import modules as plan  # noqa: E402
@@ -402,11 +403,40 @@ def main(argv: list[str]) -> int:
     print(f"configure: {report.summary()}")
     print(f"configure: compilers: nvcc {chosen.nvcc} with host compiler {chosen.ccbin}; C++ {chosen.cxx}")
     print(f"configure: {len(plans)} module(s): " + ", ".join(f"{p.extension.target} ({len(p.steps)} units)" for p in plans))
+    print(f"configure: {cost_line(plans, ordered, table, jobs)}")
     print(f"configure: {jobs} job(s) on CPUs {_cpu_text(cpus)}, nice +{args.nice}"
           + (f", {args.max_memory} address space per compile" if args.max_memory else ""))
     print(f"configure: build.ninja {'written' if changed else 'unchanged'}; run `ninja`"
           + (f" (re-run: python configure.py {shlex.join(argv)})" if argv else ""))
     return 0
+
+
+def cost_line(plans: list[plan.ModulePlan], ordered, table: dict[str, int], jobs: int) -> str:
+    """What a cold build costs: CPU time, the wall time of ninja's order on `jobs` slots (each unit
+    starts on the first free slot, as ninja starts them), the longest unit."""
+    times = [(p, s, plan.expected_ms(p, s, table) / 1000, plan.is_measured(p, s, table)) for p, s in ordered]
+    if not times:
+        return "nothing to compile"
+    slots = [0.0] * jobs
+    for _, _, t, _ in times:
+        i = min(range(jobs), key=slots.__getitem__)
+        slots[i] += t
+    p, s, longest, _ = max(times, key=lambda x: x[2])
+    measured = sum(m for *_, m in times)
+    source = (f"{measured} timed before" if measured == len(times) else
+              f"{measured} timed before, {len(times) - measured} estimated from their text (pp4/plan/estimate.py)")
+    return (f"a cold build: {len(times)} compiles ({source}), about {_duration(sum(t for _, _, t, _ in times))} of CPU, "
+            f"about {_duration(max(slots))} on {jobs} job(s); the longest unit {os.path.relpath(s.source, p.extension.root)} "
+            f"about {_duration(longest)}. Objects found in the store cost a copy instead. Times are per-unit "
+            "figures from this build's log, else from the H200 machine: a slower CPU takes longer")
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
 
 
 def _cpu_text(cpus: tuple[int, ...]) -> str:
@@ -422,7 +452,7 @@ def _cpu_text(cpus: tuple[int, ...]) -> str:
 
 if __name__ == "__main__":
     try:
-        sys.exit(main(sys.argv[1:]))
+        sys.exit(interrupt.command("configure.py")(main)(sys.argv[1:]))
     except (ConfigureError, LockError, WheelError, TorchError, toolchain.ToolchainError, compat.CompatError,
             compilers.CompilerError,
             extensions.ExtensionError, plan.PlanError, exl3.Exl3Error, ValueError) as e:

@@ -106,19 +106,27 @@ def test_unknown_arch_is_refused_with_the_supported_list():
         plan.gencode_flags(["ninety"], None)
 
 
-def test_longest_first_uses_log_then_table_then_size(tmp_path):
+def test_longest_first_uses_log_then_table_then_the_estimate(tmp_path):
     root = tmp_path / "src"
     root.mkdir()
-    for name, size in (("a.cu", 10), ("b.cu", 10), ("c.cu", 500), ("d.cu", 100)):
-        (root / name).write_text("x" * size)
-    ext = Extension(target="t", module="t", root=root, sources=("a.cu", "b.cu", "c.cu", "d.cu"))
+    # A big plain C++ file, and a tiny CUDA unit that reaches torch's headers through a project header
+    # and invokes its instantiation macro: source size would put the tiny one last.
+    (root / "big.cpp").write_text("int f%d(int x) { return x + %d; }\n" * 2000 % tuple(v for i in range(2000) for v in (i, i)))
+    (root / "inst.cuh").write_text("#include <torch/extension.h>\n#define INSTANCES(n) " +
+                                   " \\\n  ".join(f"template __global__ void k<{i}, n>(float*);" for i in range(200)) + "\n")
+    (root / "tiny.cu").write_text('#include "inst.cuh"\nINSTANCES(8)\n')
+    for name in ("a.cu", "b.cu"):
+        (root / name).write_text("x")
+    ext = Extension(target="t", module="t", root=root, sources=("a.cu", "b.cu", "big.cpp", "tiny.cu"))
 
     def step(name, ms):
         return plan.CompileStep("cuda", root / name, Path(f"build/t/obj/{name}.o"), ms)
 
-    p = plan.ModulePlan(ext, Path("m.so"), (), (), (), (step("a.cu", 5_000), step("b.cu", None), step("c.cu", None), step("d.cu", None)))
+    p = plan.ModulePlan(ext, Path("m.so"), (), (), (), (step("a.cu", 5_000), step("b.cu", None), step("big.cpp", None),
+                                                        step("tiny.cu", None)))
     order = [s.source.name for _, s in plan.longest_first([p], {"t/b.cu": 60_000})]
-    assert order == ["b.cu", "a.cu", "c.cu", "d.cu"]
+    assert order == ["b.cu", "tiny.cu", "a.cu", "big.cpp"]
+    assert (root / "big.cpp").stat().st_size > 100 * (root / "tiny.cu").stat().st_size
 
 
 def test_ninja_log_is_read(tmp_path):

@@ -87,7 +87,7 @@ def test_cuda_requested_without_gpu(capsys):
     if torch.cuda.is_available():
         pytest.skip("a GPU is visible")
     assert cli.main(["--geometry", "tiny"]) == guards.EXIT_ENVIRONMENT
-    assert ("pp4.worker: --device cuda: no CUDA GPU is visible (use --device cpu for the eager CPU path)"
+    assert ("pp4.worker: --device cuda: no CUDA GPU is visible. On a CPU: --device cpu --geometry tiny "
             in capsys.readouterr().err)
 
 

@@ -29,6 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from pp4 import interrupt
 from pp4.certify import certificate, pin
 from pp4.reuse import actionkey, inputsets
 from pp4.reuse.basis import Basis
@@ -251,6 +252,7 @@ class Audit:
         return lines
 
 
+@interrupt.command("pp4.audit")
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m pp4.audit", description="Audit a pp4 build against its certificate.")
     ap.add_argument("certificate", type=Path)

@@ -23,6 +23,7 @@ import sys
 import time
 from pathlib import Path
 
+from pp4 import interrupt
 from pp4.certify import pin
 from pp4.files import canonical_json, sha256_and_size, write_whole
 from pp4.reuse import actionkey, events, inputsets
@@ -162,6 +163,7 @@ def build_record(config: dict, modules: list[dict], certificate: Path, digest: s
     }
 
 
+@interrupt.command("pp4.certificate")
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if len(argv) != 4 or argv[0] != "write":

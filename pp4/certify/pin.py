@@ -16,6 +16,7 @@ import json
 import sys
 from pathlib import Path
 
+from pp4 import interrupt
 from pp4.files import sha256_file, write_if_changed
 from pp4.sources.extensions import SOURCE_SUFFIXES
 
@@ -99,6 +100,7 @@ def check(module: Path, module_sha256: str | None = None, with_tree: bool = Fals
     return dict(pin, tree_sha256=tree) if with_tree else pin
 
 
+@interrupt.command("pp4.pin")
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m pp4.pin", description="Write or check a built module's pin.")
     sub = ap.add_subparsers(dest="cmd", required=True)

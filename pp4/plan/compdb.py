@@ -10,6 +10,8 @@ import json
 import shlex
 import sys
 
+from pp4 import interrupt
+
 
 def strip_launcher(command: str) -> str:
     args = shlex.split(command)
@@ -20,6 +22,7 @@ def strip_launcher(command: str) -> str:
     return command
 
 
+@interrupt.command("pp4.plan.compdb")
 def main() -> int:
     entries = json.load(sys.stdin)
     for e in entries:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import attrs
 
+from pp4.plan.estimate import estimate_seconds
 from pp4.plan.torchflags import COMMON_NVCC_FLAGS, SetuptoolsFlags, TorchBuildFlags
 from pp4.sources.extensions import COMPILED_SUFFIXES, Extension
 from pp4.toolchain.compilerenv import Folded
@@ -197,24 +198,34 @@ def longest_first(plans: list[ModulePlan], table: dict[str, int],
                   defer=lambda plan, step: False) -> list[tuple[ModulePlan, CompileStep]]:
     """All compile steps, longest expected first: ninja starts ready edges in the order they are written.
 
-    Known durations (the previous .ninja_log, else the shipped table, looked up by the source path
-    relative to its extension root) come first, longest first; unknown ones follow, largest source first.
-    Steps for which defer() is true go after all others (in the same order among themselves): a
-    variant's units that may reuse their twin's object should start once the twin is done.
+    A step's expected time is its measured duration (the previous .ninja_log, else the shipped
+    table, looked up by the source path relative to its extension root), else the estimate from
+    its text (pp4/plan/estimate.py). Steps for which defer() is true go after all others (in the
+    same order among themselves): a variant's units that may reuse their twin's object should
+    start once the twin is done.
     """
-    def expected(plan: ModulePlan, step: CompileStep) -> int | None:
-        if step.expected_ms is not None:
-            return step.expected_ms
-        rel = os.path.relpath(step.source, plan.extension.root)
-        return table.get(f"{plan.extension.target}/{rel}", table.get(rel))
-
-    items = [(p, s, expected(p, s)) for p in plans for s in p.steps]
-    # Durations are bucketed (steps of about 19%) and ties keep source order, so the jitter of
-    # re-measured compiles does not reshuffle build.ninja after every build.
-    known = sorted((i for i in items if i[2] is not None), key=lambda i: (-_bucket(i[2]), str(i[1].source)))
-    unknown = sorted((i for i in items if i[2] is None), key=lambda i: (-i[1].source.stat().st_size, str(i[1].source)))
-    ordered = [(p, s) for p, s, _ in known + unknown]
+    ordered = [(p, s) for p, s, _ in sorted(
+        ((p, s, expected_ms(p, s, table)) for p in plans for s in p.steps),
+        # Durations are bucketed (steps of about 19%) and ties keep source order, so the jitter of
+        # re-measured compiles does not reshuffle build.ninja after every build.
+        key=lambda i: (-_bucket(i[2]), str(i[1].source)))]
     return [i for i in ordered if not defer(*i)] + [i for i in ordered if defer(*i)]
+
+
+def expected_ms(plan: ModulePlan, step: CompileStep, table: dict[str, int]) -> int:
+    """Measured, else estimated (pp4/plan/estimate.py)."""
+    if step.expected_ms is not None:
+        return step.expected_ms
+    rel = os.path.relpath(step.source, plan.extension.root)
+    known = table.get(f"{plan.extension.target}/{rel}", table.get(rel))
+    if known is not None:
+        return known
+    return round(1000 * estimate_seconds(step.source, plan.extension.include_paths()))
+
+
+def is_measured(plan: ModulePlan, step: CompileStep, table: dict[str, int]) -> bool:
+    rel = os.path.relpath(step.source, plan.extension.root)
+    return step.expected_ms is not None or f"{plan.extension.target}/{rel}" in table or rel in table
 
 
 def _bucket(ms: int) -> int:

@@ -21,6 +21,7 @@ import resource
 import sys
 from pathlib import Path
 
+from pp4 import interrupt
 from pp4.toolchain.compilerenv import parse_env_args, process_env
 from pp4.toolchain.limits import Limits
 
@@ -41,6 +42,7 @@ def command_for(limits: Limits, argv: list[str]) -> list[str]:
     return argv
 
 
+@interrupt.command("pp4.reuse.launch")
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     action_env, rest = parse_env_args(argv[1:])

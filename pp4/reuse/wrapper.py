@@ -27,6 +27,7 @@ from pathlib import Path
 
 import attrs
 
+from pp4 import interrupt
 from pp4.files import sha256_and_size
 from pp4.reuse import actionkey, events, inputsets
 from pp4.reuse.actionkey import CompileArgs
@@ -438,6 +439,7 @@ def prepass(cfg: ReuseConfig, actions_file: Path, stamp: Path) -> int:
     return 0
 
 
+@interrupt.command("pp4.reuse")
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:

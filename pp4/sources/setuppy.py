@@ -47,7 +47,8 @@ class _Stop(BaseException):
 
 
 def _absolute(paths):
-    return [p if os.path.isabs(p) else os.path.abspath(p) for p in (paths or [])]
+    paths = [os.fspath(p) for p in (paths or [])]  # setup.py files pass pathlib paths too
+    return [p if os.path.isabs(p) else os.path.abspath(p) for p in paths]
 
 
 def _record(kind, name, sources, kwargs):
@@ -116,8 +117,10 @@ except ModuleNotFoundError as e:
 except BaseException as e:
     result["error"] = "".join(traceback.format_exception_only(type(e), e)).strip()
     result["traceback"] = traceback.format_exc()[-3000:]
-with open(out_path, "w") as f:
-    json.dump(result, f)
+text = json.dumps(result, default=os.fspath)
+with open(out_path + ".tmp", "w") as f:
+    f.write(text)
+os.replace(out_path + ".tmp", out_path)
 '''
 
 

@@ -9,6 +9,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from pp4 import interrupt
 from pp4.sizes import parse_size
 from pp4.store import hashed
 from pp4.store.local import Store, default_store_dir
@@ -107,6 +108,7 @@ def format_verify(report: VerifyReport) -> str:
     return "\n".join(lines)
 
 
+@interrupt.command("pp4.cache")
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     root = args.store if args.store is not None else default_store_dir()

@@ -8,6 +8,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from pp4 import interrupt
 from pp4 import paths
 from pp4.toolchain import compat
 from pp4.toolchain.compat import CompatError
@@ -23,6 +24,7 @@ def _lock_from_args(args) -> ToolchainLock:
     return lock_for_cuda(torch_cuda_version())
 
 
+@interrupt.command("pp4.toolchain")
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m pp4.toolchain",

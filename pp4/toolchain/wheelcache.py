@@ -59,15 +59,23 @@ def _pip_download(pins: list[WheelPin], dest: Path, scratch: Path) -> None:
         # $RUSTUP_HOME (default ~/.rustup). Point it into the scratch folder that is deleted after.
         RUSTUP_HOME=str(dest / "rustup-home"),
     )
+    # On a terminal pip shows its progress (the compiler wheels are a few hundred MB); elsewhere
+    # it stays quiet and its messages come back only when it fails.
+    terminal = sys.stderr.isatty()
     cmd = [
         sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--require-hashes",
-        "--no-cache-dir", "--disable-pip-version-check", "-q", "-d", str(dest), "-r", str(requirements),
+        "--no-cache-dir", "--disable-pip-version-check", *([] if terminal else ["-q"]), "-d", str(dest),
+        "-r", str(requirements),
     ]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    print(f"pp4: downloading {len(pins)} pinned compiler wheel(s) with pip, once per cache "
+          f"({', '.join(p.name for p in pins)})", file=sys.stderr, flush=True)
+    proc = subprocess.run(cmd, env=env, stdout=None if terminal else subprocess.PIPE,
+                          stderr=None if terminal else subprocess.PIPE, text=True)
     if proc.returncode != 0:
+        said = "its messages are above" if terminal else (proc.stderr or "").strip()[-2000:]
         raise WheelError(
             "pip could not download the pinned compiler wheels "
-            f"({', '.join(f'{p.name}=={p.version}' for p in pins)}):\n{proc.stderr.strip()[-2000:]}\n"
+            f"({', '.join(f'{p.name}=={p.version}' for p in pins)}):\n{said}\n"
             "On a machine without a package index, copy the wheels into a directory and pass "
             "--wheel-dir DIR (or set PP4_WHEELHOUSE=DIR)."
         )

@@ -8,7 +8,9 @@ from __future__ import annotations
 import argparse
 import shutil
 import sys
+import warnings
 
+from pp4 import interrupt
 from pp4.sizes import parse_size
 from pp4.worker.harness import guards
 from pp4.worker.harness.run import EnvironmentProblem, Held, run
@@ -193,7 +195,10 @@ def validate(args) -> tuple[Geometry, list[int], list[int], int, int]:
     return geometry, batch_sizes, depths, max_rss, copy_bytes
 
 
+@interrupt.command("pp4.worker")
 def main(argv: list[str] | None = None) -> int:
+    # torch warns at import when NumPy is missing or built for another ABI; the worker never uses NumPy.
+    warnings.filterwarnings("ignore", message=r"Failed to initiali[sz]e NumPy", category=UserWarning)
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -101,7 +101,9 @@ def _open_device(args, cache_dir: str, caches_late: bool, held: Held, max_rss: i
     from pp4.worker.harness import gpu_info
 
     if args.device == "cuda" and not torch.cuda.is_available():
-        raise EnvironmentProblem("--device cuda: no CUDA GPU is visible (use --device cpu for the eager CPU path)")
+        raise EnvironmentProblem("--device cuda: no CUDA GPU is visible. On a CPU: --device cpu --geometry tiny "
+                                 "(the eager path on a small model; the default 8B geometry takes minutes to build "
+                                 "there and its calls crawl)")
     n_gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if args.ranks == "pair":
         if n_gpus < 2:

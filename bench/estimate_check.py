@@ -1,0 +1,89 @@
+#!/usr/bin/env python3
+"""How well pp4's compile-time estimate (pp4/plan/estimate.py) orders units, against source size:
+Spearman's rank correlation of each with measured compile times.
+
+    python bench/estimate_check.py --table pp4/plan/durations/exl3-1.6.5.tsv --root EXL3_EXT_DIR [--include DIR]
+    python bench/estimate_check.py --build BUILD_DIR [BUILD_DIR ...]   (a pp4 build: its .ninja_log and actions.json)
+
+For a build, each object's time is its last compile in .ninja_log, and its include folders are the
+-I folders of its command. Objects ninja only claimed (restored by the prepass) are left out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from pp4.plan.estimate import estimate_seconds  # noqa: E402
+from pp4.plan.modules import read_duration_table, read_ninja_log  # noqa: E402
+
+
+def ranks(xs: list[float]) -> list[float]:
+    order = sorted(range(len(xs)), key=lambda i: xs[i])
+    r = [0.0] * len(xs)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and xs[order[j + 1]] == xs[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            r[order[k]] = (i + j) / 2
+        i = j + 1
+    return r
+
+
+def spearman(a: list[float], b: list[float]) -> float:
+    ra, rb = ranks(a), ranks(b)
+    n = len(a)
+    ma, mb = sum(ra) / n, sum(rb) / n
+    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
+    var = (sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb)) ** 0.5
+    return cov / var if var else float("nan")
+
+
+def from_table(table: Path, root: Path, includes: list[Path]) -> list[tuple[Path, list[Path], float]]:
+    return [(root / rel, includes or [root], ms / 1000) for rel, ms in read_duration_table(table).items()
+            if (root / rel).is_file()]
+
+
+def from_build(build: Path) -> list[tuple[Path, list[Path], float]]:
+    log = read_ninja_log(build / ".ninja_log")
+    out = []
+    for action in json.loads((build / "actions.json").read_text())["actions"]:
+        ms = log.get(action["output"])
+        if ms is None or ms < 50:  # not compiled here (claimed after the prepass restored it)
+            continue
+        argv = action["argv"]
+        incs = [Path(a[2:]) for a in argv if a.startswith("-I") and len(a) > 2]
+        incs += [Path(argv[i + 1]) for i, a in enumerate(argv[:-1]) if a == "-I"]
+        out.append((Path(action["source"]), incs, ms / 1000))
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--table", type=Path)
+    ap.add_argument("--root", type=Path)
+    ap.add_argument("--include", type=Path, action="append", default=[])
+    ap.add_argument("--build", type=Path, nargs="*", default=[])
+    args = ap.parse_args()
+    sets = []
+    if args.table:
+        sets.append((f"{args.table.name}", from_table(args.table, args.root, args.include)))
+    for b in args.build:
+        sets.append((str(b), from_build(b)))
+    for name, units in sets:
+        times = [t for _, _, t in units]
+        size = [float(p.stat().st_size) for p, _, _ in units]
+        est = [estimate_seconds(p, incs) for p, incs, _ in units]
+        print(f"{name}: {len(units)} units, Spearman with measured times: estimate {spearman(est, times):.3f}, "
+              f"source size {spearman(size, times):.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,89 @@
+"""How long a unit takes to compile when no build has timed it: an estimate from its text alone.
+
+ninja starts ready compiles in the order build.ninja lists them, so the longest should come first.
+Source size says little: a 200-byte `comp_units/*.cu` that invokes one instantiation macro can take
+a minute, a 30 kB C++ file a second. What does say something, without running a compiler:
+
+- whether the unit reaches torch's or pybind11's headers (directly or through the project's own
+  headers): tens of thousands of lines of host C++ before its first line of its own;
+- whether it is CUDA (a device pass per architecture, then the host pass);
+- how much project code its own lines expand to: its text plus, for each macro it invokes that a
+  project header defines, that macro's body, expanded the same way (an instantiation macro's
+  fan-out).
+
+log(seconds) is a linear function of those three, fitted to exllamav3 1.6.5's 194 units timed on
+the H200 (pp4/plan/durations/exl3-1.6.5.tsv): Spearman's rank correlation 0.39 there, against 0.03
+for source size (`python bench/estimate_check.py` prints both, and the same for any timed build).
+It is for ordering and for configure's cost line; a measured duration always replaces it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+_INCLUDE = re.compile(rb'^[ \t]*#[ \t]*include[ \t]*([<"])([^>"\n]+)[>"]', re.M)
+_DEFINE = re.compile(rb"^[ \t]*#[ \t]*define[ \t]+([A-Za-z_]\w*)(?:\([^)\n]*\))?((?:[^\n]*\\\n)*[^\n]*)", re.M)
+_CALL = re.compile(rb"\b([A-Za-z_]\w*)[ \t]*\(")
+_HEAVY = ("torch/", "ATen/", "c10/", "pybind11/", "Python.h")
+# Fitted on the H200 (16 cores, nvcc 13.0, sm_90): log(s) = A + B*heavy + C*cuda + D*log(1 + expanded kB).
+_A, _B, _C, _D = -1.819, 3.746, 0.661, 0.192
+_MAX_DEPTH = 8
+
+
+def estimate_seconds(source: Path, include_dirs: list[Path]) -> float:
+    """The estimated compile time of one unit on the H200 (other machines scale it)."""
+    files, heavy = _closure(source, include_dirs)
+    macros = {}
+    for f in files:
+        for m in _DEFINE.finditer(_read(f)):
+            macros[m.group(1)] = m.group(2)
+    expanded = _expanded(_read(source), macros, 0, {})
+    cuda = source.suffix == ".cu"
+    return math.exp(_A + _B * heavy + _C * cuda + _D * math.log1p(expanded / 1000))
+
+
+def _read(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return b""
+
+
+def _closure(source: Path, include_dirs: list[Path]) -> tuple[list[Path], bool]:
+    """The project files a unit includes, transitively (quoted names from the including file's folder
+    first, then the include folders; angle names from the include folders), and whether any of
+    them names torch's, pybind11's or Python's headers."""
+    seen: dict[Path, None] = {}
+    stack, heavy = [source], False
+    while stack:
+        path = stack.pop()
+        if path in seen:
+            continue
+        seen[path] = None
+        for m in _INCLUDE.finditer(_read(path)):
+            name = m.group(2).decode(errors="replace").strip()
+            heavy = heavy or name.startswith(_HEAVY)
+            bases = ([path.parent] if m.group(1) == b'"' else []) + list(include_dirs)
+            for base in bases:
+                candidate = base / name
+                if candidate.is_file():
+                    stack.append(candidate)
+                    break
+    return list(seen), heavy
+
+
+def _expanded(text: bytes, macros: dict[bytes, bytes], depth: int, memo: dict[bytes, int]) -> int:
+    """Bytes of text after expanding the project's function-like macros it invokes, recursively."""
+    total = len(text)
+    if depth >= _MAX_DEPTH:
+        return total
+    for m in _CALL.finditer(text):
+        name = m.group(1)
+        if name in macros:
+            if name not in memo:
+                memo[name] = 0  # a macro that reaches itself adds nothing more
+                memo[name] = _expanded(macros[name], macros, depth + 1, memo)
+            total += memo[name]
+    return total

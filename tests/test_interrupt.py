@@ -1,0 +1,46 @@
+"""Ctrl-C ends a pp4 command with one line and exit status 130, no traceback, its cleanup done."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from conftest import REPO
+
+
+def interrupt_when(proc: subprocess.Popen, ready, timeout: float = 120) -> tuple[int, str]:
+    deadline = time.time() + timeout
+    while not ready():
+        assert proc.poll() is None, proc.communicate()
+        assert time.time() < deadline, "the command never got going"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    return proc.returncode, err
+
+
+def test_the_worker_stops_with_one_line_and_removes_its_private_caches(tmp_path):
+    out = tmp_path / "out.txt"
+    with open(out, "w") as f:
+        # The default geometry on a CPU: building its weights takes a minute, so SIGINT lands mid-build.
+        proc = subprocess.Popen([sys.executable, "-m", "pp4.worker", "--device", "cpu"], stdout=f,
+                                stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+        rc, err = interrupt_when(proc, lambda: "private caches:" in out.read_text())
+    assert rc == 130 and err.strip().splitlines()[-1] == "pp4.worker: interrupted" and "Traceback" not in err, err
+    cache = out.read_text().split("private caches: ")[1].split()[0]
+    assert not Path(cache).exists()
+
+
+def test_configure_stops_with_one_line(tmp_path):
+    started = tmp_path / "started"
+    env = dict(os.environ, PP4_SLOW_SETUP_STARTED=str(started))
+    proc = subprocess.Popen([sys.executable, str(REPO / "configure.py"), "--arch", "9.0", "--setup-py",
+                             str(REPO / "tests" / "fixtures" / "setuppy" / "slow")], cwd=tmp_path, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    rc, err = interrupt_when(proc, started.exists)
+    assert rc == 130 and err.strip() == "configure.py: interrupted", err
+    assert not (tmp_path / "build.ninja").exists()
