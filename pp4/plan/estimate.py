@@ -1,20 +1,23 @@
 """How long a unit takes to compile when no build has timed it: an estimate from its text alone.
 
 ninja starts ready compiles in the order build.ninja lists them, so the longest should come first.
-Source size says little: a 200-byte `comp_units/*.cu` that invokes one instantiation macro can take
-a minute, a 30 kB C++ file a second. What does say something, without running a compiler:
+Source size alone misleads: a 200-byte `comp_units/*.cu` that invokes one instantiation macro can
+take a minute, a 30 kB C++ file a second. What says more, without running a compiler:
 
-- whether the unit reaches torch's or pybind11's headers (directly or through the project's own
-  headers): tens of thousands of lines of host C++ before its first line of its own;
+- whether the unit reaches torch's, pybind11's or Python's headers (directly or through the
+  project's own headers): tens of thousands of lines of host C++ before its first line of its own;
 - whether it is CUDA (a device pass per architecture, then the host pass);
 - how much project code its own lines expand to: its text plus, for each macro it invokes that a
   project header defines, that macro's body, expanded the same way (an instantiation macro's
-  fan-out).
+  fan-out);
+- how much project code it includes (the bytes of every project file it reaches).
 
-log(seconds) is a linear function of those three, fitted to exllamav3 1.6.5's 194 units timed on
-the H200 (pp4/plan/durations/exl3-1.6.5.tsv): Spearman's rank correlation 0.39 there, against 0.03
-for source size (`python bench/estimate_check.py` prints both, and the same for any timed build).
-It is for ordering and for configure's cost line; a measured duration always replaces it.
+log(seconds) is a linear function of those four, fitted by least squares to 250 units timed on the
+H200 (16 jobs): exllamav3 1.6.5's 194 (pp4/plan/durations/exl3-1.6.5.tsv), torch-scatter 2.1.2's
+17 and torch-cluster 1.6.3's 39 (`bench/projects.py`). Spearman's rank correlation with the
+measured times: 0.57, 0.45 and 0.72 (source size: 0.03, 0.76, 0.61); `python bench/estimate_check.py`
+prints them for any timed build. It orders the units no history covers and gives configure's cost
+line; a measured duration always replaces it.
 """
 
 from __future__ import annotations
@@ -27,8 +30,9 @@ _INCLUDE = re.compile(rb'^[ \t]*#[ \t]*include[ \t]*([<"])([^>"\n]+)[>"]', re.M)
 _DEFINE = re.compile(rb"^[ \t]*#[ \t]*define[ \t]+([A-Za-z_]\w*)(?:\([^)\n]*\))?((?:[^\n]*\\\n)*[^\n]*)", re.M)
 _CALL = re.compile(rb"\b([A-Za-z_]\w*)[ \t]*\(")
 _HEAVY = ("torch/", "ATen/", "c10/", "pybind11/", "Python.h")
-# Fitted on the H200 (16 cores, nvcc 13.0, sm_90): log(s) = A + B*heavy + C*cuda + D*log(1 + expanded kB).
-_A, _B, _C, _D = -1.819, 3.746, 0.661, 0.192
+# log(s) = A + B*heavy + C*cuda + D*log(1 + expanded kB) + F*log(1 + included kB), fitted on the
+# H200 (16 jobs, nvcc 13.0, sm_90); A is the mean of the three projects' intercepts.
+_A, _B, _C, _D, _F = -2.73, 2.862, 0.226, 0.266, 0.342
 _MAX_DEPTH = 8
 
 
@@ -40,8 +44,9 @@ def estimate_seconds(source: Path, include_dirs: list[Path]) -> float:
         for m in _DEFINE.finditer(_read(f)):
             macros[m.group(1)] = m.group(2)
     expanded = _expanded(_read(source), macros, 0, {})
+    included = sum(len(_read(f)) for f in files)
     cuda = source.suffix == ".cu"
-    return math.exp(_A + _B * heavy + _C * cuda + _D * math.log1p(expanded / 1000))
+    return math.exp(_A + _B * heavy + _C * cuda + _D * math.log1p(expanded / 1000) + _F * math.log1p(included / 1000))
 
 
 def _read(path: Path) -> bytes:

@@ -203,7 +203,7 @@ class Identifier:
     def _host(self, driver: str, env: dict[str, str]) -> dict:
         key = self._probe_key(env, driver)
         probe = self.probes.get(key)
-        if probe is None:
+        if probe is None or not probe.get("ok"):  # a failed probe from an older pp4 is asked again
             probe = self.probes[key] = probe_host(driver, env, self.tmpdir)
             self.dirty = True
         hashes = {"driver": self.sha256(driver)}
@@ -239,6 +239,11 @@ def probe_host(driver: str, env: dict[str, str], tmpdir: Path) -> dict:
     """The programs a host compiler runs for a C++ compile and its built-in include folders, from
     its own verbose output (`-E -v`), in the compile environment."""
     proc = _run([driver, "-E", "-v", "-x", "c++", "/dev/null"], env, tmpdir)
+    if proc.returncode != 0:
+        # Its search list would be partial or empty: the probes would then skip the built-in
+        # folders. Never used, never cached: the compile fails and the next run asks again.
+        raise CompilerError(f"{driver} -E -v failed (exit status {proc.returncode}), so the folders it searches "
+                            f"are unknown: {proc.stderr.strip()[-1000:]}")
     programs: dict[str, str | None] = {"cc1plus": None, "as": None}
     quote, angle, missing = [], [], []
     section = None
@@ -262,12 +267,10 @@ def probe_host(driver: str, env: dict[str, str], tmpdir: Path) -> dict:
         words = line.split()
         if words and os.path.basename(words[0]) == "cc1plus" and os.path.isabs(words[0]):
             programs["cc1plus"] = words[0]
-    if proc.returncode == 0:
-        asm = _run([driver, "-print-prog-name=as"], env, tmpdir).stdout.strip()
-        if asm:
-            programs["as"] = asm if os.path.isabs(asm) else shutil.which(asm, path=env.get("PATH"))
-    return {"programs": programs, "include_dirs": list(dict.fromkeys(quote + angle + missing)),
-            "ok": proc.returncode == 0}
+    asm = _run([driver, "-print-prog-name=as"], env, tmpdir).stdout.strip()
+    if asm:
+        programs["as"] = asm if os.path.isabs(asm) else shutil.which(asm, path=env.get("PATH"))
+    return {"programs": programs, "include_dirs": list(dict.fromkeys(quote + angle + missing)), "ok": True}
 
 
 def probe_nvcc(nvcc: str, ccbin: str, env: dict[str, str], tmpdir: Path) -> dict:
