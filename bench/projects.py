@@ -51,8 +51,16 @@ keep, real, n = sys.argv[1], ce._run_ninja_build, [0]
 def run(build_directory, verbose, error_prefix):
     n[0] += 1
     shutil.copy(os.path.join(build_directory, "build.ninja"), os.path.join(keep, f"{n[0]}.ninja"))
+    if os.environ.get("PP4_BENCH_FLAGS_ONLY"):
+        return None  # the flags are all we came for; the links that follow are made no-ops too
     return real(build_directory, verbose, error_prefix)
 ce._run_ninja_build = run
+if os.environ.get("PP4_BENCH_FLAGS_ONLY"):  # a project that turns ninja off: its flags, through ninja's writer
+    init = ce.BuildExtension.__init__
+    def with_ninja(self, *args, **kwargs):
+        kwargs["use_ninja"] = True
+        init(self, *args, **kwargs)
+    ce.BuildExtension.__init__ = with_ninja
 sys.argv = ["setup.py"] + sys.argv[2:]
 sys.path.insert(0, os.getcwd())
 runpy.run_path("setup.py", run_name="__main__")
@@ -152,8 +160,56 @@ def compare(theirs: dict, build: Path) -> list[str]:
                 continue
             a, b = comparable(ours), comparable(t[lang])
             same = "identical" if a == b else f"DIFFER: pp4 only {[f for f in a if f not in b]}, BuildExtension only {[f for f in b if f not in a]}" + ("" if sorted(a) != sorted(b) else " (order)")
-            lines.append(f"{plan['target']} {lang}: {same} (architectures and -ccbin aside)")
+            lines.append(f"{plan['target']} {lang}: {same}")
     return lines
+
+
+FAKE_LINKER = """#!/bin/sh
+case " $* " in *" -o "*) exit 0;; esac
+exec g++ "$@"
+"""
+
+
+def flags_only(name: str, sdist: Path, work: Path, cuda_home: Path | None, default_arch: list[str]) -> dict:
+    """pp4's plan and BuildExtension's build.ninja for every unit, compared, without compiling."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}
+    pdir = work / name
+    src = unpack(sdist, pdir / "src")
+    cuda_args = ["--cuda-home", str(cuda_home)] if cuda_home else []
+    archs = project_archs(src, env, default_arch, cuda_args, pdir / "arch-probe")
+    bdir = pdir / "pp4"
+    bdir.mkdir()
+    subprocess.run([sys.executable, str(REPO / "configure.py"), "--setup-py", str(src),
+                    *sum((["--arch", a] for a in archs), []), *cuda_args], cwd=bdir, env=env, check=True,
+                   capture_output=True)
+    keep = pdir / "buildextension-ninja"
+    keep.mkdir()
+    linker = pdir / "bin" / "g++"
+    linker.parent.mkdir()
+    linker.write_text(FAKE_LINKER)
+    linker.chmod(0o755)
+    if cuda_home is None:
+        from pp4.toolchain.locks import lock_for_cuda
+        from pp4.toolchain.provision import provision
+        from pp4.toolchain.torchenv import torch_cuda_version
+        cuda_home = provision(lock_for_cuda(torch_cuda_version())).toolchain.prefix
+    senv = dict(env, CUDA_HOME=str(cuda_home), TORCH_CUDA_ARCH_LIST=";".join(archs), FORCE_CUDA="1",
+                PP4_BENCH_FLAGS_ONLY="1", CXX=str(linker))
+    ssrc = unpack(sdist, pdir / "src-setup")
+    subprocess.run([sys.executable, "-c", KEEP_NINJA, str(keep), "build_ext", "--build-temp", str(pdir / "temp"),
+                    "--build-lib", str(pdir / "lib")], cwd=ssrc, env=senv, check=True, capture_output=True)
+    theirs = {}
+    for f in sorted(keep.glob("*.ninja")):
+        text = f.read_text().replace(str(ssrc), str(src))  # the same tree, unpacked twice
+        theirs.update(ninja_flags(text))
+    # A relative -I is relative to setup.py's folder, where BuildExtension compiles; pp4 compiles in
+    # its build folder and writes the same folder absolute (docs/specs.md lists this difference).
+    for flags in theirs.values():
+        for lang in ("cxx", "cuda"):
+            if flags[lang] is not None:
+                flags[lang] = [f"-I{src / f[2:]}" if f.startswith("-I") and len(f) > 2 and not f[2:].startswith("/")
+                               else f for f in flags[lang]]
+    return {"project": name, "archs": archs, "flags": compare(theirs, bdir / "build")}
 
 
 # ------------------------------------------------------------------------ op checks (GPU)
@@ -288,6 +344,8 @@ def main() -> int:
     ap.add_argument("--arch", action="append", default=[])
     ap.add_argument("--only", action="append", default=[])
     ap.add_argument("--out", type=Path, help="also write the results as JSON here")
+    ap.add_argument("--flags-only", action="store_true",
+                    help="compare every unit's flags with BuildExtension's, compiling nothing")
     ap.add_argument("--pp4-only", action="store_true", help="only pp4's build (and the op check)")
     ap.add_argument("--first", type=int, default=0, help="1: the first project builds setup.py first")
     args = ap.parse_args()
@@ -301,6 +359,11 @@ def main() -> int:
         sdist = args.sdists / filename
         if sha256(sdist) != digest:
             raise SystemExit(f"{sdist}: not the pinned sdist")
+        if args.flags_only:
+            r = flags_only(name, sdist, args.work, args.cuda_home, args.arch or ["9.0"])
+            print("\n".join([f"{name} ({', '.join(r['archs'])}):", *(f"  {ln}" for ln in r["flags"])]), flush=True)
+            results.append(r)
+            continue
         partial = args.out.with_name(f"{args.out.stem}-{name}.json") if args.out else None
         r = run_project(name, sdist, args.work, args.jobs, args.cuda_home, args.arch or ["9.0"],
                         pp4_first=(i + args.first) % 2 == 0, out=partial, pp4_only=args.pp4_only)
@@ -308,7 +371,9 @@ def main() -> int:
         print(json.dumps(r, indent=1), flush=True)
         if partial:
             partial.write_text(json.dumps(r, indent=1) + "\n")
-    if args.pp4_only:
+    if args.out:
+        args.out.write_text(json.dumps(results, indent=1) + "\n")
+    if args.pp4_only or args.flags_only:
         return 0
     print("\nproject          units  archs            pp4 wall/CPU s     setup.py wall/CPU s   pp4/setup.py wall")
     for r in results:
