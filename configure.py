@@ -379,11 +379,14 @@ def main(argv: list[str]) -> int:
 
     builddir_text = os.path.relpath(builddir, root) if builddir.is_relative_to(root) else str(builddir)
     spec_files = sorted({str(f) for e in exts for f in e.spec_files})
+    # A setup.py often finds its sources by glob: the folders they sit in are inputs too, so that a
+    # source added or removed there makes ninja read the setup.py again.
+    source_folders = sorted({str(p.parent) for e in exts if "setup.py" in e.provenance for p in e.source_paths()})
     generator_inputs = [str(ROOT / "configure.py"), str(ROOT / "build.ninja.in"),
                         *(str(ROOT / "pp4" / m) for m in ("plan/modules.py", "plan/torchflags.py", "plan/ninjafile.py",
                                                           "sources/extensions.py", "sources/exl3.py", "sources/setuppy.py",
                                                           "toolchain/compilerenv.py", "toolchain/compilers.py")),
-                        str(torch_package_dir() / "version.py"), *spec_files]
+                        str(torch_package_dir() / "version.py"), *spec_files, *source_folders]
     settings = ninjafile.BuildSettings(
         python=python_command(), configure=str(ROOT / "configure.py"), configure_args=tuple(argv),
         ninja=ninja_binary(), nvcc=str(tc.nvcc), cxx=chosen.cxx,  # as in compile_actions

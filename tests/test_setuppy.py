@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from conftest import REPO
@@ -86,3 +85,24 @@ def test_configure_reads_it_and_writes_the_spec(tmp_path):
     assert "basic_cpu._C (cpp, 1 sources), basic_cuda (cuda, 2 sources)" in proc.stdout
     assert (tmp_path / "specs" / "basic.toml").is_file()
     assert "build build/basic_cpu._C/_C" in (tmp_path / "build.ninja").read_text()
+
+
+def test_a_source_added_where_setup_py_globs_makes_ninja_read_it_again(tmp_path):
+    """The fixture's CPU module takes csrc/cpu/*.cpp: a new file there is in build.ninja after a plain
+    `ninja build.ninja` (which rebuilds the manifest only, compiling nothing)."""
+    import shutil
+    import time
+
+    from test_build import ninja_bin, run
+
+    project = tmp_path / "basic"
+    shutil.copytree(BASIC, project)
+    run([sys.executable, str(REPO / "configure.py"), "--arch", "9.0", "--setup-py", str(project)], tmp_path)
+    assert "extra.cpp" not in (tmp_path / "build.ninja").read_text()
+    assert "no work to do" in run([ninja_bin(), "build.ninja"], tmp_path).stdout
+    time.sleep(1.1)  # a folder mtime newer than build.ninja's, however coarse the clock
+    (project / "csrc" / "cpu" / "extra.cpp").write_text("int extra() { return 1; }\n")
+    again = run([ninja_bin(), "build.ninja"], tmp_path)
+    assert "CONFIGURE" in again.stdout and "basic_cpu._C (cpp, 2 sources)" in again.stdout
+    assert "csrc/cpu/extra.cpp" in (tmp_path / "build.ninja").read_text()
+    assert "no work to do" in run([ninja_bin(), "build.ninja"], tmp_path).stdout  # and then it settles
