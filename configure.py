@@ -417,7 +417,7 @@ def main(argv: list[str]) -> int:
 def cost_line(plans: list[plan.ModulePlan], ordered, table: dict[str, int], jobs: int) -> str:
     """What a cold build costs: CPU time, the wall time of ninja's order on `jobs` slots (each unit
     starts on the first free slot, as ninja starts them), the longest unit."""
-    times = [(p, s, plan.expected_ms(p, s, table) / 1000, plan.is_measured(p, s, table)) for p, s in ordered]
+    times = [(p, s, plan.expected_ms(p, s, table) / 1000, plan.measured_ms(p, s, table) is not None) for p, s in ordered]
     if not times:
         return "nothing to compile"
     slots = [0.0] * jobs

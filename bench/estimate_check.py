@@ -79,7 +79,7 @@ def main() -> int:
     for name, units in sets:
         times = [t for _, _, t in units]
         size = [float(p.stat().st_size) for p, _, _ in units]
-        est = [estimate_seconds(p, incs) for p, incs, _ in units]
+        est = [estimate_seconds(p, tuple(incs)) for p, incs, _ in units]
         print(f"{name}: {len(units)} units, Spearman with measured times: estimate {spearman(est, times):.3f}, "
               f"source size {spearman(size, times):.3f}")
     return 0

@@ -133,18 +133,10 @@ def ninja_flags(text: str) -> dict:
 
 def comparable(flags: list[str]) -> list[str]:
     """Flags without the ones pp4 states it sets itself: architectures and -ccbin."""
-    out, skip = [], False
-    for f in flags:
-        if skip:
-            skip = False
-            continue
-        if f in ("-gencode", "-ccbin", "--generate-code", "-arch"):
-            skip = True
-            continue
-        if f.startswith(("-gencode=", "--generate-code=", "-arch=", "-ccbin=")):
-            continue
-        out.append(f)
-    return out
+    from pp4.sources.extensions import without_architecture_flags
+    from pp4.toolchain.compilers import ccbin_from_flags
+
+    return ccbin_from_flags(list(without_architecture_flags(flags)[0]))[1]
 
 
 def compare(theirs: dict, build: Path) -> list[str]:

@@ -22,6 +22,7 @@ line; a measured duration always replaces it.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from pathlib import Path
@@ -36,8 +37,10 @@ _A, _B, _C, _D, _F = -2.73, 2.862, 0.226, 0.266, 0.342
 _MAX_DEPTH = 8
 
 
-def estimate_seconds(source: Path, include_dirs: list[Path]) -> float:
-    """The estimated compile time of one unit on the H200 (other machines scale it)."""
+@functools.lru_cache(maxsize=None)
+def estimate_seconds(source: Path, include_dirs: tuple[Path, ...]) -> float:
+    """The estimated compile time of one unit on the H200 (other machines scale it). Kept per
+    process: configure asks once to order the units and again for its cost line."""
     files, heavy = _closure(source, include_dirs)
     macros = {}
     for f in files:

@@ -214,18 +214,19 @@ def longest_first(plans: list[ModulePlan], table: dict[str, int],
 
 def expected_ms(plan: ModulePlan, step: CompileStep, table: dict[str, int]) -> int:
     """Measured, else estimated (pp4/plan/estimate.py)."""
+    known = measured_ms(plan, step, table)
+    if known is not None:
+        return known
+    return round(1000 * estimate_seconds(step.source, tuple(plan.extension.include_paths())))
+
+
+def measured_ms(plan: ModulePlan, step: CompileStep, table: dict[str, int]) -> int | None:
+    """This build's last duration of the step, else the shipped table's (by the source's path below
+    its extension root, the target's entry first); None when neither has it."""
     if step.expected_ms is not None:
         return step.expected_ms
     rel = os.path.relpath(step.source, plan.extension.root)
-    known = table.get(f"{plan.extension.target}/{rel}", table.get(rel))
-    if known is not None:
-        return known
-    return round(1000 * estimate_seconds(step.source, plan.extension.include_paths()))
-
-
-def is_measured(plan: ModulePlan, step: CompileStep, table: dict[str, int]) -> bool:
-    rel = os.path.relpath(step.source, plan.extension.root)
-    return step.expected_ms is not None or f"{plan.extension.target}/{rel}" in table or rel in table
+    return table.get(f"{plan.extension.target}/{rel}", table.get(rel))
 
 
 def _bucket(ms: int) -> int:

@@ -207,12 +207,7 @@ def parse_macro(item, where: str) -> tuple[str, str | None]:
 
 def architecture_flags(flags) -> list[str]:
     """The flags (with their values) that choose GPU architectures."""
-    found, flags = [], list(flags)
-    for i, f in enumerate(flags):
-        name = f.split("=", 1)[0]
-        if name in _ARCH_OPTIONS:
-            found.append(f if "=" in f or i + 1 == len(flags) else f"{f} {flags[i + 1]}")
-    return found
+    return without_architecture_flags(flags)[1]
 
 
 def without_architecture_flags(flags) -> tuple[tuple[str, ...], list[str]]:

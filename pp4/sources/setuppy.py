@@ -25,7 +25,7 @@ from pathlib import Path
 import attrs
 
 from pp4.sources.extensions import (
-    SPEC_FIELDS, Extension, ExtensionError, from_fields, parse_macro, without_architecture_flags
+    SPEC_FIELDS, Extension, ExtensionError, from_fields, without_architecture_flags
 )
 
 SETUP_TIMEOUT_S = 300
@@ -221,8 +221,6 @@ def to_extension(rec: dict, setup_py: Path) -> tuple[Extension, list[str]]:
         "library_dirs": f.get("library_dirs") or [], "cxx_flags": list(cxx), "cuda_flags": list(nvcc),
         "ld_flags": ld,
     }
-    for m in fields["define_macros"]:
-        parse_macro(m, where)
     ext = from_fields(fields, setup_py.parent, setup_py, where, provenance={"setup.py": str(setup_py)})
     return ext, notices
 
