@@ -55,12 +55,32 @@ def run(build_directory, verbose, error_prefix):
         return None  # the flags are all we came for; the links that follow are made no-ops too
     return real(build_directory, verbose, error_prefix)
 ce._run_ninja_build = run
-if os.environ.get("PP4_BENCH_FLAGS_ONLY"):  # a project that turns ninja off: its flags, through ninja's writer
+if os.environ.get("PP4_BENCH_FLAGS_ONLY") or os.environ.get("PP4_BENCH_SETUP_NINJA"):
+    # a project that turns ninja off: its flags through ninja's writer, or (--setup-ninja) its build at its best
     init = ce.BuildExtension.__init__
     def with_ninja(self, *args, **kwargs):
         kwargs["use_ninja"] = True
         init(self, *args, **kwargs)
     ce.BuildExtension.__init__ = with_ninja
+if os.environ.get("PP4_BENCH_STRIP_GENCODE"):  # --archs-from-bench: torch's arch flags (TORCH_CUDA_ARCH_LIST) replace the project's
+    arch_options = ("-gencode", "--generate-code", "-arch", "--gpu-architecture")
+    def without_arch(flags):
+        out, skip = [], False
+        for f in flags:
+            if skip:
+                skip = False
+            elif f in arch_options:
+                skip = True
+            elif not f.startswith(tuple(o + "=" for o in arch_options)):
+                out.append(f)
+        return out
+    cuda_extension = ce.CUDAExtension
+    def CUDAExtension(*args, **kwargs):
+        extra = kwargs.get("extra_compile_args")
+        if isinstance(extra, dict) and "nvcc" in extra:
+            kwargs["extra_compile_args"] = dict(extra, nvcc=without_arch(extra["nvcc"]))
+        return cuda_extension(*args, **kwargs)
+    ce.CUDAExtension = CUDAExtension
 sys.argv = ["setup.py"] + sys.argv[2:]
 sys.path.insert(0, os.getcwd())
 runpy.run_path("setup.py", run_name="__main__")
@@ -263,12 +283,13 @@ CHECKS = {"causal-conv1d": check_causal_conv1d, "torch-scatter": check_torch_sca
 
 
 def run_project(name: str, sdist: Path, work: Path, jobs: int, cuda_home: Path | None, default_arch: list[str],
-                pp4_first: bool, out: Path | None = None, pp4_only: bool = False) -> dict:
+                pp4_first: bool, out: Path | None = None, pp4_only: bool = False, setup_ninja: bool = False,
+                archs_from_bench: bool = False) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}
     pdir = work / name
     src = unpack(sdist, pdir / "src-pp4")
     cuda_args = ["--cuda-home", str(cuda_home)] if cuda_home else []
-    archs = project_archs(src, env, default_arch, cuda_args, pdir / "arch-probe")
+    archs = default_arch if archs_from_bench else project_archs(src, env, default_arch, cuda_args, pdir / "arch-probe")
     result = {"project": name, "archs": archs}
     theirs: dict = {}
 
@@ -290,6 +311,12 @@ def run_project(name: str, sdist: Path, work: Path, jobs: int, cuda_home: Path |
         keep = pdir / "buildextension-ninja"
         keep.mkdir()
         senv = dict(env, MAX_JOBS=str(jobs), TORCH_CUDA_ARCH_LIST=";".join(archs), FORCE_CUDA="1")
+        if setup_ninja:
+            senv["PP4_BENCH_SETUP_NINJA"] = "1"
+        if archs_from_bench:
+            senv["PP4_BENCH_STRIP_GENCODE"] = "1"
+        result["archs_from"] = "--arch, for both (the project's list stripped)" if archs_from_bench else "the project"
+        result["setup.py_mode"] = "use_ninja forced on" if setup_ninja else "as shipped"
         if cuda_home:
             senv["CUDA_HOME"] = str(cuda_home)
         else:
@@ -339,6 +366,12 @@ def main() -> int:
     ap.add_argument("--flags-only", action="store_true",
                     help="compare every unit's flags with BuildExtension's, compiling nothing")
     ap.add_argument("--pp4-only", action="store_true", help="only pp4's build (and the op check)")
+    ap.add_argument("--setup-ninja", action="store_true",
+                    help="build setup.py with BuildExtension's ninja on even where the project turns it off "
+                         "(its parallel best, the strongest alternative; the default builds it as shipped)")
+    ap.add_argument("--archs-from-bench", action="store_true",
+                    help="both builds use --arch only: the project's own gencode list is stripped from its "
+                         "setup.py's nvcc flags (a project that lists nine architectures takes minutes per unit)")
     ap.add_argument("--first", type=int, default=0, help="1: the first project builds setup.py first")
     args = ap.parse_args()
     if args.fetch:
@@ -358,7 +391,8 @@ def main() -> int:
             continue
         partial = args.out.with_name(f"{args.out.stem}-{name}.json") if args.out else None
         r = run_project(name, sdist, args.work, args.jobs, args.cuda_home, args.arch or ["9.0"],
-                        pp4_first=(i + args.first) % 2 == 0, out=partial, pp4_only=args.pp4_only)
+                        pp4_first=(i + args.first) % 2 == 0, out=partial, pp4_only=args.pp4_only,
+                        setup_ninja=args.setup_ninja, archs_from_bench=args.archs_from_bench)
         results.append(r)
         print(json.dumps(r, indent=1), flush=True)
         if partial:
