@@ -4,6 +4,11 @@ Spearman's rank correlation of each with measured compile times.
 
     python bench/estimate_check.py --table pp4/plan/durations/exl3-1.6.5.tsv --root EXL3_EXT_DIR [--include DIR]
     python bench/estimate_check.py --build BUILD_DIR [BUILD_DIR ...]   (a pp4 build: its .ninja_log and actions.json)
+    python bench/estimate_check.py --log NINJA_LOG --root PROJECT_DIR [--include DIR]   (a kept .ninja_log)
+    ... --fit     also fit the estimate's coefficients to all the units given (one pooled intercept)
+
+Besides the ranks it prints each set's scale: the sum of the estimates over the sum of the measured
+times (1.0: configure's cost line is right on the machine that timed them).
 
 For a build, each object's time is its last compile in .ninja_log, and its include folders are the
 -I folders of its command. Objects ninja only claimed (restored by the prepass) are left out.
@@ -18,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pp4.plan.estimate import estimate_seconds  # noqa: E402
+from pp4.plan.estimate import estimate_seconds, features  # noqa: E402
 from pp4.plan.modules import read_duration_table, read_ninja_log  # noqa: E402
 
 
@@ -64,16 +69,48 @@ def from_build(build: Path) -> list[tuple[Path, list[Path], float]]:
     return out
 
 
+def from_log(log: Path, root: Path, includes: list[Path]) -> list[tuple[Path, list[Path], float]]:
+    """A pp4 build's .ninja_log kept without its build folder: objects build/<module>/obj/<source>.o."""
+    out = []
+    for output, ms in read_ninja_log(log).items():
+        if "/obj/" not in output or ms < 50:
+            continue
+        source = root / output.split("/obj/", 1)[1].removesuffix(".o")
+        if source.is_file():
+            out.append((source, includes or [root], ms / 1000))
+    return out
+
+
+def fit(units: list[tuple[Path, list[Path], float]]) -> list[float]:
+    """Least squares of log(seconds) on the estimate's features: [A, B, C, D, F, G] of pp4/plan/estimate.py."""
+    import numpy as np
+    rows, y = [], []
+    for p, incs, t in units:
+        torch_api, heavy, cuda, expanded_kb, included_kb = features(p, tuple(incs))
+        rows.append([1.0, float(torch_api), float(heavy and not torch_api), float(cuda),
+                     np.log1p(expanded_kb), np.log1p(included_kb)])
+        y.append(np.log(t))
+    coef, *_ = np.linalg.lstsq(np.array(rows), np.array(y), rcond=None)
+    return [round(float(c), 3) for c in coef]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--table", type=Path)
-    ap.add_argument("--root", type=Path)
+    ap.add_argument("--root", type=Path, action="append", default=[])
     ap.add_argument("--include", type=Path, action="append", default=[])
     ap.add_argument("--build", type=Path, nargs="*", default=[])
+    ap.add_argument("--log", type=Path, action="append", default=[],
+                    help="a kept .ninja_log; its --root (and --include) pair by position: give one --root per --log")
+    ap.add_argument("--fit", action="store_true")
     args = ap.parse_args()
     sets = []
+    roots = list(args.root)
     if args.table:
-        sets.append((f"{args.table.name}", from_table(args.table, args.root, args.include)))
+        sets.append((f"{args.table.name}", from_table(args.table, roots.pop(0), args.include)))
+    for log in args.log:
+        root = roots.pop(0)
+        sets.append((str(log), from_log(log, root, [i for i in args.include if i.is_relative_to(root)])))
     for b in args.build:
         sets.append((str(b), from_build(b)))
     for name, units in sets:
@@ -81,7 +118,9 @@ def main() -> int:
         size = [float(p.stat().st_size) for p, _, _ in units]
         est = [estimate_seconds(p, tuple(incs)) for p, incs, _ in units]
         print(f"{name}: {len(units)} units, Spearman with measured times: estimate {spearman(est, times):.3f}, "
-              f"source size {spearman(size, times):.3f}")
+              f"source size {spearman(size, times):.3f}; scale (estimated/measured seconds) {sum(est) / sum(times):.2f}")
+    if args.fit:
+        print("fit of [A, B, C, D, F, G] over all", sum(len(u) for _, u in sets), "units:", fit([u for _, us in sets for u in us]))
     return 0
 
 

@@ -4,20 +4,25 @@ ninja starts ready compiles in the order build.ninja lists them, so the longest 
 Source size alone misleads: a 200-byte `comp_units/*.cu` that invokes one instantiation macro can
 take a minute, a 30 kB C++ file a second. What says more, without running a compiler:
 
-- whether the unit reaches torch's, pybind11's or Python's headers (directly or through the
-  project's own headers): tens of thousands of lines of host C++ before its first line of its own;
+- which of torch's headers the unit reaches (directly or through the project's own headers): the
+  whole C++ API (`torch/extension.h`, `torch/script.h`, ...: 35-55 s on the H200 before a line of
+  its own), or only ATen's, c10's, pybind11's or Python's (a few seconds);
 - whether it is CUDA (a device pass per architecture, then the host pass);
 - how much project code its own lines expand to: its text plus, for each macro it invokes that a
   project header defines, that macro's body, expanded the same way (an instantiation macro's
   fan-out);
 - how much project code it includes (the bytes of every project file it reaches).
 
-log(seconds) is a linear function of those four, fitted by least squares to 250 units timed on the
-H200 (16 jobs): exllamav3 1.6.5's 194 (pp4/plan/durations/exl3-1.6.5.tsv), torch-scatter 2.1.2's
-17 and torch-cluster 1.6.3's 39 (`bench/projects.py`). Spearman's rank correlation with the
-measured times: 0.57, 0.45 and 0.72 (source size: 0.03, 0.76, 0.61); `python bench/estimate_check.py`
-prints them for any timed build. It orders the units no history covers and gives configure's cost
-line; a measured duration always replaces it.
+log(seconds) is a linear function of those five, fitted by least squares (one intercept) to 250
+units timed on the H200 (16 jobs): exllamav3 1.6.5's 194 (pp4/plan/durations/exl3-1.6.5.tsv),
+torch-scatter 2.1.2's 17 and torch-cluster 1.6.3's 39 (`bench/projects.py`). Spearman's rank
+correlation with the measured times: 0.61, 0.86 and 0.70 (source size: 0.03, 0.76, 0.61); the sum of
+the estimates over the sum of the measured times: 0.84, 0.94 and 0.91. `python
+bench/estimate_check.py` prints both for any timed build and refits (`--fit`). It orders the units
+no history covers and gives configure's cost line; a measured duration always replaces it. It knows
+nothing of the architecture count: a unit built for nine takes several times as long. Out of
+sample it can miss by far: causal-conv1d 1.7.0's `causal_conv1d_bwd.cu` (templates instantiated
+by plain C++, not macros) is estimated at 21 s and took about 320 s for sm_90 alone.
 """
 
 from __future__ import annotations
@@ -30,10 +35,11 @@ from pathlib import Path
 _INCLUDE = re.compile(rb'^[ \t]*#[ \t]*include[ \t]*([<"])([^>"\n]+)[>"]', re.M)
 _DEFINE = re.compile(rb"^[ \t]*#[ \t]*define[ \t]+([A-Za-z_]\w*)(?:\([^)\n]*\))?((?:[^\n]*\\\n)*[^\n]*)", re.M)
 _CALL = re.compile(rb"\b([A-Za-z_]\w*)[ \t]*\(")
+_TORCH_API = ("torch/extension.h", "torch/script.h", "torch/torch.h", "torch/all.h", "torch/python.h")
 _HEAVY = ("torch/", "ATen/", "c10/", "pybind11/", "Python.h")
-# log(s) = A + B*heavy + C*cuda + D*log(1 + expanded kB) + F*log(1 + included kB), fitted on the
-# H200 (16 jobs, nvcc 13.0, sm_90); A is the mean of the three projects' intercepts.
-_A, _B, _C, _D, _F = -2.73, 2.862, 0.226, 0.266, 0.342
+# log(s) = A + B*torch_api + C*(other heavy only) + D*cuda + F*log(1 + expanded kB) + G*log(1 + included kB),
+# fitted on the H200 (16 jobs, nvcc 13.0, sm_90).
+_A, _B, _C, _D, _F, _G = -1.927, 5.025, 3.053, 0.849, 0.147, 0.132
 _MAX_DEPTH = 8
 
 
@@ -41,15 +47,22 @@ _MAX_DEPTH = 8
 def estimate_seconds(source: Path, include_dirs: tuple[Path, ...]) -> float:
     """The estimated compile time of one unit on the H200 (other machines scale it). Kept per
     process: configure asks once to order the units and again for its cost line."""
-    files, heavy = _closure(source, include_dirs)
+    torch_api, heavy, cuda, expanded_kb, included_kb = features(source, include_dirs)
+    return math.exp(_A + _B * torch_api + _C * (heavy and not torch_api) + _D * cuda
+                    + _F * math.log1p(expanded_kb) + _G * math.log1p(included_kb))
+
+
+def features(source: Path, include_dirs: tuple[Path, ...]) -> tuple[bool, bool, bool, float, float]:
+    """(reaches torch's whole C++ API, reaches any of torch's, pybind11's or Python's headers, is
+    CUDA, expanded kB, included kB): what the estimate reads."""
+    files, torch_api, heavy = _closure(source, include_dirs)
     macros = {}
     for f in files:
         for m in _DEFINE.finditer(_read(f)):
             macros[m.group(1)] = m.group(2)
     expanded = _expanded(_read(source), macros, 0, {})
     included = sum(len(_read(f)) for f in files)
-    cuda = source.suffix == ".cu"
-    return math.exp(_A + _B * heavy + _C * cuda + _D * math.log1p(expanded / 1000) + _F * math.log1p(included / 1000))
+    return torch_api, heavy, source.suffix == ".cu", expanded / 1000, included / 1000
 
 
 def _read(path: Path) -> bytes:
@@ -59,12 +72,12 @@ def _read(path: Path) -> bytes:
         return b""
 
 
-def _closure(source: Path, include_dirs: list[Path]) -> tuple[list[Path], bool]:
+def _closure(source: Path, include_dirs: list[Path]) -> tuple[list[Path], bool, bool]:
     """The project files a unit includes, transitively (quoted names from the including file's folder
-    first, then the include folders; angle names from the include folders), and whether any of
-    them names torch's, pybind11's or Python's headers."""
+    first, then the include folders; angle names from the include folders), whether any of them
+    names a header of torch's whole C++ API, and whether any names torch's, pybind11's or Python's."""
     seen: dict[Path, None] = {}
-    stack, heavy = [source], False
+    stack, torch_api, heavy = [source], False, False
     while stack:
         path = stack.pop()
         if path in seen:
@@ -73,13 +86,14 @@ def _closure(source: Path, include_dirs: list[Path]) -> tuple[list[Path], bool]:
         for m in _INCLUDE.finditer(_read(path)):
             name = m.group(2).decode(errors="replace").strip()
             heavy = heavy or name.startswith(_HEAVY)
+            torch_api = torch_api or name in _TORCH_API
             bases = ([path.parent] if m.group(1) == b'"' else []) + list(include_dirs)
             for base in bases:
                 candidate = base / name
                 if candidate.is_file():
                     stack.append(candidate)
                     break
-    return list(seen), heavy
+    return list(seen), torch_api, heavy
 
 
 def _expanded(text: bytes, macros: dict[bytes, bytes], depth: int, memo: dict[bytes, int]) -> int:
