@@ -35,6 +35,8 @@ from pp4.sizes import parse_size  # noqa: E402
 from pp4.sources import exl3  # noqa: E402
 from pp4.sources import extensions  # noqa: E402
 from pp4.sources import setuppy  # noqa: E402
+from pp4.store.remote import redact  # noqa: E402
+from pp4.store.remote import tier  # noqa: E402
 from pp4.toolchain import compat  # noqa: E402
 from pp4.toolchain import compilerenv  # noqa: E402
 from pp4.toolchain import compilers  # noqa: E402
@@ -91,6 +93,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     reuse = ap.add_argument_group("object reuse (see docs/reuse.md)")
     reuse.add_argument("--store", type=Path, help="the object store (default: $PP4_STORE_DIR, else <cache dir>/store)")
     reuse.add_argument("--no-reuse", action="store_true", help="compile everything; store and reuse nothing")
+    reuse.add_argument("--remote-store", metavar="URL",
+                       help="a store shared with other machines behind the local one: redis://[:PASSWORD@]HOST[:PORT][/DB], "
+                            "rediss://... (TLS) or file:///SHARED/FOLDER; a password may instead come from "
+                            "$PP4_REMOTE_PASSWORD (see docs/store.md)")
+    reuse.add_argument("--remote-store-mode", choices=("read", "readwrite"), default="readwrite",
+                       help="readwrite (default): fetch hits and send fresh compiles; read: fetch only")
+    reuse.add_argument("--remote-expire-days", type=float, metavar="DAYS",
+                       help="a remote value nobody read for this long expires (Redis; default: the server's "
+                            "maxmemory-policy decides)")
     env = ap.add_argument_group("the compile environment (see docs/reuse.md): compilers get only what pp4 chose")
     env.add_argument("--compile-env", action="append", default=[], metavar="NAME=VALUE",
                      help="also pass this variable to every compiler and linker (repeatable; part of the key)")
@@ -266,6 +277,28 @@ def plan_record(p: plan.ModulePlan, tc: toolchain.Toolchain, root: Path) -> dict
     }
 
 
+def remote_settings(args, builddir: Path) -> dict | None:
+    """The remote tier's settings for pp4.json (no password), checked now; a remote that does not
+    answer is only a warning: builds try it and go on locally."""
+    if not args.remote_store:
+        if args.remote_expire_days is not None:
+            raise ConfigureError("--remote-expire-days needs --remote-store")
+        return None
+    if args.no_reuse:
+        raise ConfigureError("--remote-store with --no-reuse: a remote tier shares reused objects; drop one of them")
+    try:
+        settings = tier.settings(args.remote_store, args.remote_store_mode, args.remote_expire_days,
+                                 builddir / ".pp4")
+    except ValueError as e:
+        raise ConfigureError(str(e)) from None
+    problem = tier.reachable(settings["url"], builddir / ".pp4", settings["ttl"])
+    if problem:
+        print(f"configure: warning: {problem}; builds will try it and go on locally while it does not answer")
+    else:
+        print(f"configure: remote store {settings['url']} ({settings['mode']}) answers")
+    return settings
+
+
 def _default_store(args) -> Path:
     from pp4.store.local import default_store_dir
 
@@ -317,6 +350,8 @@ def main(argv: list[str]) -> int:
                              "as a shell variable; choose a name without `$`")
 
     check_option_values(args)
+    remote = remote_settings(args, builddir)
+    argv = [redact(a) if "://" in a else a for a in argv]  # build.ninja and configure.json never hold a password
     tc, toolchain_inputs, toolchain_args = get_toolchain(args)
     archs = args.arch or visible_gpu_archs()
     if not archs:
@@ -364,7 +399,7 @@ def main(argv: list[str]) -> int:
     store_dir = None if args.no_reuse else str((args.store or _default_store(args)).absolute())
     config = {
         "limits": json.loads(limits.to_json()),
-        "reuse": {"store": store_dir, "roots": sorted({str(e.root) for e in exts}),
+        "reuse": {"store": store_dir, "remote": remote, "roots": sorted({str(e.root) for e in exts}),
                   "erasable": sorted({d for e in exts for d in e.erasable_defines}),
                   "toolchain": toolchain.identity(tc), "state_dir": str(builddir / ".pp4")},
         "compile": compile_section,

@@ -85,6 +85,8 @@ def document(config_path: Path, actions_path: Path, builddir: Path, targets: set
             "inputs": ev["inputs"], "input_sets": ev.get("input_sets", []), "probes": ev.get("probes"),
             "object_sha256": sha, "object_size": size, "argv": action["argv"], "env": action.get("env", {}),
             "toolchain": ev.get("toolchain"), "compile_duration_s": ev.get("compile_duration_s"),
+            "tier": ev.get("tier") or ("local" if ev["status"] == "reused" else None),
+            "fetched_from": ev.get("fetched_from"),
         })
         for sid in ev.get("input_sets", []):
             if sid not in sets:
@@ -124,8 +126,9 @@ def write(config_path: Path, actions_path: Path, out: Path) -> str:
     write_whole(record_path(out), json.dumps(record, indent=1, sort_keys=True) + "\n")
     objects = doc["objects"]
     reused = sum(o["status"] == "reused" for o in objects)
-    print(f"certificate {out}: sha256 {digest} ({len(objects)} objects: {reused} reused, "
-          f"{len(objects) - reused} compiled)")
+    remote = sum(o.get("tier") == "remote" for o in objects)
+    print(f"certificate {out}: sha256 {digest} ({len(objects)} objects: {reused} reused"
+          + (f" ({remote} from the remote store)" if remote else "") + f", {len(objects) - reused} compiled)")
     return digest
 
 

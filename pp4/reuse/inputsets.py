@@ -115,6 +115,11 @@ class SetChecker:
             raise ValueError(f"input set {sid} is missing or damaged in {directory}")
         write_canonical(to, sid, data)
 
+    def forget(self, sid: str) -> None:
+        """Read a set again next time (it was just written where it was missing)."""
+        for memo in (self._sets, self._bytes, self._match, self._depfile_bodies, self._paths):
+            memo.pop(sid, None)
+
     def matches(self, directory: str | Path, sid: str) -> bool:
         if sid not in self._match:
             entries = self.load(directory, sid)

@@ -37,6 +37,8 @@ from pp4.sources.extensions import may_be_shared
 from pp4.store.local import Store
 from pp4.store.manifests import Manifests
 from pp4.store.records import CorruptObject, ObjectMissing, StoreError
+from pp4.store.remote import RemoteUnavailable
+from pp4.store.remote.tier import RemoteTier
 from pp4.toolchain import compilerenv
 from pp4.toolchain.compilers import CompilerError, Compilers
 from pp4.toolchain.limits import Limits
@@ -56,6 +58,7 @@ class ReuseConfig:
     state_dir: str
     limits: Limits
     folded: dict  # the toolchain variables configure folded into build.ninja, as it saw them
+    remote: dict | None = None  # {"url" (no password), "mode", "ttl"}: the remote tier, if any
 
     @classmethod
     def load(cls, path: str | Path) -> "ReuseConfig":
@@ -64,7 +67,7 @@ class ReuseConfig:
         return cls(store=r["store"], roots=tuple(sorted(r["roots"], key=len, reverse=True)),
                    erasable=tuple(r["erasable"]), compilers=Compilers.from_dict(doc["compile"]["compilers"]),
                    state_dir=r["state_dir"], limits=Limits.from_dict(doc["limits"]),
-                   folded=doc["compile"].get("folded", {}))
+                   folded=doc["compile"].get("folded", {}), remote=r.get("remote"))
 
     def tmpdir(self) -> Path:
         return Path(self.limits.tmpdir) if self.limits.tmpdir else Path(os.environ.get("TMPDIR", "/tmp"))
@@ -78,6 +81,7 @@ class ReuseConfig:
 class Hit:
     entry: dict
     record: object  # pp4.store.ActionRecord
+    tier: str = "local"  # "remote": fetched from the remote tier (checked) into the local store first
 
 
 class Reuser:
@@ -100,6 +104,8 @@ class Reuser:
             self.store_problem = str(e)
             print(f"pp4.reuse: warning: {e} (building without reuse: every object is compiled, none stored)",
                   file=sys.stderr)
+        # Remote hits are restored through the local store, so the tier needs one.
+        self.remote = RemoteTier.from_config(cfg.remote, cfg.state_dir) if self.store is not None else None
         self._keys: dict[tuple, tuple] = {}
 
     # -- keys -------------------------------------------------------------------------------
@@ -123,23 +129,15 @@ class Reuser:
     # -- lookup -----------------------------------------------------------------------------
 
     def lookup(self, args: CompileArgs, env: dict[str, str]) -> Hit | None:
+        """A stored object for this compile: the local store's, else one the remote tier holds."""
         if self.store is None:
             return None
         mkey, root, _, erased = self.keys(args, env)
         for entry in reversed(self.manifests.read(mkey)):
             if not sound_entry(mkey, entry):
                 continue  # a damaged entry (the manifest's checksum is verify's, not read here): never trust it
-            if entry.get("uses_erasable") and entry.get("erased") != erased:
-                continue  # an input mentions the module name or internals id: values must match
-            own = [(actionkey.from_src(p, root), p, sha) for p, sha in entry["inputs"]]
-            if any(self.hasher.sha256(p) != sha for p, _, sha in own):
+            if not self._entry_matches(entry, args, env, root, erased):
                 continue
-            if not all(self.sets.matches(self.store_sets, sid) for sid in entry["input_sets"]):
-                continue  # a shared header changed (or the set is gone or damaged)
-            digest = self.basis.probe_digest(args, env, [(p, shown) for p, shown, _ in own], entry["input_sets"],
-                                       self.store_sets)
-            if digest != entry["probes"]:
-                continue  # a file appeared or vanished where its include search looks
             try:
                 record = self.store.lookup(entry["action_key"])
             except StoreError as e:
@@ -148,7 +146,77 @@ class Reuser:
             if record is None:
                 continue
             return Hit(entry, record)
+        if self.remote is not None:
+            try:
+                return self._remote_lookup(args, env, mkey, root, erased)
+            except RemoteUnavailable:
+                self.remote = None  # said once (pp4/store/remote/tier.py); this process goes on locally
         return None
+
+    def _entry_matches(self, entry: dict, args: CompileArgs, env: dict[str, str], root: str | None,
+                       erased: dict) -> bool:
+        """Whether a sound entry's inputs are this compile's: the same bytes, sets and probes."""
+        if entry.get("uses_erasable") and entry.get("erased") != erased:
+            return False  # an input mentions the module name or internals id: values must match
+        own = [(actionkey.from_src(p, root), p, sha) for p, sha in entry["inputs"]]
+        if any(self.hasher.sha256(p) != sha for p, _, sha in own):
+            return False
+        if not all(self.sets.matches(self.store_sets, sid) for sid in entry["input_sets"]):
+            return False  # a shared header changed (or the set is gone or damaged)
+        digest = self.basis.probe_digest(args, env, [(p, shown) for p, shown, _ in own], entry["input_sets"],
+                                         self.store_sets)
+        return digest == entry["probes"]  # else a file appeared or vanished where its include search looks
+
+    def _remote_lookup(self, args: CompileArgs, env: dict[str, str], mkey: str, root: str | None,
+                       erased: dict) -> Hit | None:
+        """The remote tier's entries for this command, checked as local ones are; a match's record
+        and object are checked again (pp4/store/remote/tier.py) and put into the local store,
+        which then serves the hit."""
+        remote = self.remote
+        for entry in reversed(remote.entries(mkey)):
+            if not sound_entry(mkey, entry):
+                remote.refuse(f"man/{mkey}", "an entry whose action key does not follow from its inputs")
+                continue
+            for sid in entry["input_sets"]:
+                if inputsets.read(self.store_sets, sid) is None:
+                    data = remote.input_set(sid)
+                    if data is None:
+                        break
+                    inputsets.write_canonical(self.store_sets, sid, data)
+                    self.sets.forget(sid)
+            if not self._entry_matches(entry, args, env, root, erased):
+                continue
+            akey = entry["action_key"]
+            try:
+                record = self.store.lookup(akey)
+            except StoreError:
+                record = None
+            if record is None:
+                fetched = remote.fetch(akey)
+                if fetched is None:
+                    continue
+                record = self._fill_local(*fetched)
+                if record is None:
+                    return None
+            self._add_to_manifest(mkey, entry)
+            return Hit(entry, record, tier="remote")
+        return None
+
+    def _fill_local(self, record, blob: bytes):
+        """Put a checked remote object into the local store; the record the local store keeps."""
+        tmpdir = self.cfg.tmpdir()
+        tmpdir.mkdir(parents=True, exist_ok=True)
+        staged = tmpdir / f"remote-{record.object_sha256[:16]}-{os.getpid()}.o"
+        try:
+            staged.write_bytes(blob)
+            payload = dict(record.payload, fetched_from=self.remote.describe())
+            return self.store.put(record.action_key, staged, payload)
+        except (OSError, StoreError) as e:
+            print(f"pp4.reuse: warning: cannot keep the remote store's object in the local store ({e}); "
+                  "compiling instead", file=sys.stderr)
+            return None
+        finally:
+            staged.unlink(missing_ok=True)
 
     def materialize(self, hit: Hit, args: CompileArgs) -> bool:
         """Put the stored object at the output, rechecked, and the dependency file beside it."""
@@ -218,6 +286,7 @@ class Reuser:
             # are valid; they may differ in the source paths they embed (docs/reuse.md). The
             # manifest may lack the entry (a put killed before the manifest was written): add it.
             self._add_to_manifest(mkey, entry)
+            self._publish(mkey, entry, {sid: set_bytes}, existing, args.output)
             twin = (existing.payload.get("compiled_for") or {}).get("output")
             return dict(result, not_stored=f"the store already holds this action's object, compiled for {twin}")
         try:
@@ -235,7 +304,15 @@ class Reuser:
         if record.object_sha256 != sha:
             return dict(result, not_stored="the object changed while it was being stored")
         self._add_to_manifest(mkey, entry)
-        return dict(result, action_key=akey)
+        return dict(result, action_key=akey, remote=self._publish(mkey, entry, {sid: set_bytes}, record, args.output))
+
+    def _publish(self, mkey: str, entry: dict, sets: dict[str, bytes], record, output: str) -> str | None:
+        """Send a stored compile to the remote tier (readwrite mode); where it went, for the event."""
+        if self.remote is None or not self.remote.writes:
+            return None
+        ok = self.remote.publish(mkey, entry, sets, record, output,
+                                 keep=lambda e: sound_entry(mkey, e) and e.get("action_key") != entry["action_key"])
+        return self.remote.describe() if ok else None
 
     def _add_to_manifest(self, mkey: str, entry: dict) -> None:
         try:
@@ -272,7 +349,11 @@ class Reuser:
 
     def hit_doc(self, args: CompileArgs, env: dict[str, str], hit: Hit, seconds: float, via: str) -> dict:
         payload = hit.record.payload
-        return self.event_doc(args, status="reused", via=via, action_key=hit.entry["action_key"],
+        if hit.tier == "remote":
+            via += ", from the remote store"
+        return self.event_doc(args, status="reused", via=via, tier=hit.tier,
+                              fetched_from=payload.get("fetched_from") if hit.tier == "remote" else None,
+                              action_key=hit.entry["action_key"],
                               object_sha256=hit.record.object_sha256, inputs=hit.entry["inputs"],
                               input_sets=hit.entry["input_sets"], probes=hit.entry["probes"],
                               reused_from=payload.get("compiled_for"), compile_duration_s=payload.get("duration_s"),
@@ -434,8 +515,10 @@ def prepass(cfg: ReuseConfig, actions_file: Path, stamp: Path) -> int:
                                  "seconds": round(time.monotonic() - t0, 3), "cpu_seconds": round(cpu, 3),
                                  "input_sets": reuser.sets.loaded()}) + "\n")
     if checked:
-        print(f"pp4.reuse: {restored} of {checked} missing objects restored from the store "
-              f"in {time.monotonic() - t0:.2f} s ({cpu:.2f} CPU-s)")
+        remote = sum(doc.get("tier") == "remote" for doc in hits.values())
+        print(f"pp4.reuse: {restored} of {checked} missing objects restored from the store"
+              + (f" ({remote} from the remote store)" if remote else "")
+              + f" in {time.monotonic() - t0:.2f} s ({cpu:.2f} CPU-s)")
     return 0
 
 

@@ -1,4 +1,5 @@
-"""Command line for the object store: `python -m pp4.cache {stats,gc,verify}`.
+"""Command line for the object store: `python -m pp4.cache {stats,gc,verify}`, and for a remote tier
+`python -m pp4.cache remote URL {stats,verify,expire}`.
 
 Exit codes: 0 fine, 1 verify found damage (repaired or not), 2 usage or store error.
 """
@@ -49,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help=f"store directory (default: $PP4_STORE_DIR or the pp4 cache dir; now {default_store_dir()})",
     )
-    commands = parser.add_subparsers(dest="command", required=True, metavar="{stats,gc,verify}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{stats,gc,verify,remote}")
     commands.add_parser("stats", help="count entries and bytes")
     gc = commands.add_parser("gc", help="evict least-recently-used entries down to a size; drop leftovers of crashed builds")
     gc.add_argument(
@@ -61,7 +62,79 @@ def build_parser() -> argparse.ArgumentParser:
     )
     verify = commands.add_parser("verify", help="rehash every object, check every record; remove what is broken")
     verify.add_argument("--no-repair", dest="repair", action="store_false", help="only report damage, remove nothing")
+    remote = commands.add_parser("remote", help="a remote tier (redis://..., file:///...): stats, verify, expire")
+    remote.add_argument("url", help="the remote store's URL (a password may come from $PP4_REMOTE_PASSWORD)")
+    remote.add_argument("action", choices=("stats", "verify", "expire"))
+    remote.add_argument("--no-repair", dest="repair", action="store_false",
+                        help="verify: only report damage, remove nothing")
+    remote.add_argument("--days", type=float, help="expire: every value unread this long from now expires (Redis)")
     return parser
+
+
+def remote_main(args) -> int:
+    """Counts and bytes per kind; verify rehashes every set and object and checks every record and
+    manifest entry (a damaged value is removed: the entries that need it become misses); expire
+    gives every value a time to live."""
+    import hashlib
+    import json
+
+    from pp4.store.records import _InvalidRecord, decode_record
+    from pp4.store.remote import RemoteUnavailable, open_remote, redact
+
+    try:
+        remote = open_remote(args.url)
+        if args.action == "stats":
+            total = 0
+            print(f"remote:   {redact(args.url)}")
+            for kind, what in (("obj", "objects"), ("act", "action records"), ("man", "manifests"), ("set", "input sets")):
+                keys = list(remote.keys(kind))
+                size = sum(remote.size_of(k) for k in keys)
+                total += size
+                print(f"{what + ':':16}{len(keys)} ({human_bytes(size)})")
+            facts = remote.server_facts() if hasattr(remote, "server_facts") else {}
+            line = f"size:           {human_bytes(total)}"
+            if facts.get("maxmemory"):
+                line += f"; server {human_bytes(facts['used_memory'])} used of {human_bytes(facts['maxmemory'])}"
+            if facts.get("maxmemory_policy"):
+                line += f", policy {facts['maxmemory_policy']}"
+            print(line)
+            return EXIT_OK
+        if args.action == "expire":
+            if not args.days or args.days <= 0 or not hasattr(remote, "expire"):
+                print("pp4.cache: error: expire needs --days N (more than 0) and a Redis remote", file=sys.stderr)
+                return EXIT_ERROR
+            n = sum(remote.expire(k, int(args.days * 86400)) for kind in ("obj", "act", "man", "set")
+                    for k in list(remote.keys(kind)))
+            print(f"{n} values of {redact(args.url)} expire unless read within {args.days:g} days")
+            return EXIT_OK
+        damage = []
+        for key in list(remote.keys("set")) + list(remote.keys("obj")):
+            data = remote.get(key)
+            if data is not None and hashlib.sha256(data).hexdigest() != key.split("/")[1]:
+                damage.append((key, "its bytes do not hash to its name"))
+        for key in list(remote.keys("act")):
+            data = remote.get(key)
+            try:
+                if data is not None:
+                    decode_record(data, expected_key=key.split("/")[1])
+            except _InvalidRecord as e:
+                damage.append((key, str(e)))
+        for key in list(remote.keys("man")):
+            data = remote.get(key)
+            try:
+                if data is not None and not isinstance(json.loads(data)["entries"], list):
+                    raise ValueError
+            except (ValueError, KeyError, TypeError):
+                damage.append((key, "not a manifest (JSON with an entries list)"))
+        for key, why in damage:
+            if args.repair:
+                remote.remove(key)
+            print(f"  DAMAGE {key}: {why} [{'removed' if args.repair else 'left in place'}]")
+        print(f"verify {redact(args.url)}: " + ("no damage found" if not damage else f"{len(damage)} damaged values"))
+        return EXIT_OK if not damage else EXIT_DAMAGE
+    except (ValueError, RemoteUnavailable) as exc:
+        print(f"pp4.cache: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
 
 
 def format_stats(stats: StoreStats) -> str:
@@ -111,6 +184,8 @@ def format_verify(report: VerifyReport) -> str:
 @interrupt.command("pp4.cache")
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "remote":
+        return remote_main(args)
     root = args.store if args.store is not None else default_store_dir()
     if not root.exists():
         # Reporting on a store must not create one.

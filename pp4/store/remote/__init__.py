@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 
 from pp4.store.records import StoreError
 
+REDACTED = "***"  # a password's place in a URL that messages, build files and certificates show
 # Keys are "<kind>/<hex>" (e.g. "obj/<sha256>"): safe as file names and as Redis keys alike.
 KEY_RE = re.compile(r"[a-z]{1,16}/[0-9a-f]{16,128}")
 
@@ -51,13 +52,34 @@ def check_key(key: str) -> str:
     return key
 
 
-def open_remote(url: str) -> RemoteStorage:
-    """The backend for url: ``file:///shared/folder`` (a folder every machine mounts)."""
+def open_remote(url: str, *, ttl: int | None = None) -> RemoteStorage:
+    """The backend for url: ``file:///shared/folder`` (a folder every machine mounts) or
+    ``redis://[:PASSWORD@]HOST[:PORT][/DB]`` (``rediss://`` with TLS). ttl: seconds an unused value
+    lives (Redis only)."""
     parts = urlsplit(url)
+    if parts.scheme in ("redis", "rediss"):
+        from pp4.store.remote.redisstore import RedisStorage
+
+        return RedisStorage(url, ttl=ttl)
     if parts.scheme == "file":
         from pp4.store.remote.folder import FolderStorage
 
         if parts.netloc not in ("", "localhost"):
             raise ValueError(f"remote store {url!r}: a file URL names a local path (file:///path), not host {parts.netloc!r}")
+        if ttl:
+            raise ValueError(f"remote store {url!r}: a folder has no expiry (remove old files with find -mtime)")
         return FolderStorage(parts.path)
-    raise ValueError(f"remote store {url!r}: unknown scheme {parts.scheme!r} (use file:///PATH)")
+    raise ValueError(f"remote store {redact(url)!r}: unknown scheme {parts.scheme!r} "
+                     "(use redis://HOST:PORT/DB, rediss://HOST:PORT/DB or file:///PATH)")
+
+
+def redact(url: str) -> str:
+    """The URL as messages, build files and certificates may show it: any password replaced by ***."""
+    parts = urlsplit(url)
+    try:
+        if parts.password is None:
+            return url
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:  # a port that is not a number: show no part of the netloc
+        return parts._replace(netloc="***").geturl()
+    return parts._replace(netloc=f"{parts.username or ''}:{REDACTED}@{parts.hostname or ''}{port}").geturl()

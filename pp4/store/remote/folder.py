@@ -75,3 +75,13 @@ class FolderStorage:
             return False
         except OSError as exc:
             raise RemoteUnavailable(f"{self.describe()}: cannot remove {key}: {exc.strerror}") from None
+
+    def keys(self, kind: str):
+        for path in sorted((self.root / kind).glob("[0-9a-f]*")):
+            yield f"{kind}/{path.name}"
+
+    def size_of(self, key: str) -> int:
+        try:
+            return self._path(key).stat().st_size
+        except OSError:
+            return 0

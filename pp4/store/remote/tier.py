@@ -1,0 +1,245 @@
+"""The remote tier: what a build keeps on a remote storage, and the checks that make it harmless.
+
+Four kinds of value, each under a key that is a digest (pp4/store/remote/__init__.py):
+
+    set/<sha256>   an input set's canonical bytes (pp4/reuse/inputsets.py); its name is their hash
+    obj/<sha256>   an object's bytes; its name is their hash
+    act/<key>      the action record (checksummed JSON, pp4/store/records.py) of one action key
+    man/<key>      the manifest of one manifest key: the most recent entries, as JSON
+
+A compile's results are published in that order, the manifest last, so a reader that finds an entry
+finds what it names (or, after an eviction, a miss). Nothing read is trusted: a set must hash to its
+name, a record must be for the action key it is filed under and pass its checksum, an object must
+hash to the record's sha256 and have its size; the reuse rule then checks every entry as it checks a
+local one (its action key must follow from its inputs, which must hash to their local bytes). A
+value that fails is refused: one warning line, a line in build/.pp4/remote/refused.log, never used.
+
+A remote that cannot answer (RemoteUnavailable) is left alone by every process of the build for
+RETRY_S seconds: one warning, then local work only, so a dead server costs one timeout, not one per
+compile.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from urllib.parse import quote, unquote, urlsplit
+
+from pp4.files import canonical_json
+from pp4.store.records import ActionRecord, _InvalidRecord, decode_record, encode_record
+from pp4.store.remote import REDACTED, RemoteStorage, RemoteUnavailable, open_remote, redact
+
+MODES = ("read", "readwrite")
+RETRY_S = 60.0
+MANIFEST_ENTRIES = 16
+
+
+class RemoteTier:
+    def __init__(self, storage: RemoteStorage, mode: str, state_dir: str | Path):
+        if mode not in MODES:
+            raise ValueError(f"remote store mode {mode!r}: read or readwrite")
+        self.storage = storage
+        self.mode = mode
+        self.folder = Path(state_dir) / "remote"
+        self.refused = 0
+
+    @classmethod
+    def from_config(cls, config: dict | None, state_dir: str | Path) -> "RemoteTier | None":
+        """The tier a build's pp4.json names, or None (none configured, or down a moment ago)."""
+        if not config:
+            return None
+        folder = Path(state_dir) / "remote"
+        if _recently_down(folder):
+            return None
+        try:
+            storage = open_remote(url_with_secret(config["url"], state_dir), ttl=config.get("ttl"))
+        except (ValueError, RemoteUnavailable) as e:
+            _mark_down(folder, str(e))
+            return None
+        return cls(storage, config.get("mode", "readwrite"), state_dir)
+
+    @property
+    def writes(self) -> bool:
+        return self.mode == "readwrite"
+
+    def describe(self) -> str:
+        return redact(self.storage.describe())
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def entries(self, mkey: str) -> list:
+        data = self._get(f"man/{mkey}")
+        if data is None:
+            return []
+        try:
+            doc = json.loads(data)
+            entries = doc["entries"]
+            if not isinstance(entries, list):
+                raise TypeError
+            return entries
+        except (ValueError, KeyError, TypeError):
+            self.refuse(f"man/{mkey}", "not a manifest (JSON with an entries list)")
+            return []
+
+    def input_set(self, sid: str) -> bytes | None:
+        data = self._get(f"set/{sid}")
+        if data is not None and hashlib.sha256(data).hexdigest() != sid:
+            self.refuse(f"set/{sid}", "its bytes do not hash to its name")
+            return None
+        return data
+
+    def fetch(self, action_key: str) -> tuple[ActionRecord, bytes] | None:
+        """The record and object bytes of one action, both checked, or None."""
+        data = self._get(f"act/{action_key}")
+        if data is None:
+            return None
+        try:
+            record = decode_record(data, expected_key=action_key)
+        except _InvalidRecord as e:
+            self.refuse(f"act/{action_key}", str(e))
+            return None
+        blob = self._get(f"obj/{record.object_sha256}")
+        if blob is None:
+            return None  # evicted: a miss
+        if len(blob) != record.object_size or hashlib.sha256(blob).hexdigest() != record.object_sha256:
+            self.refuse(f"obj/{record.object_sha256}", f"{len(blob)} bytes that do not hash to the sha256 "
+                        f"the record of action {action_key[:16]} names")
+            return None
+        return record, blob
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def publish(self, mkey: str, entry: dict, sets: dict[str, bytes], record: ActionRecord, object_path: str,
+                keep) -> bool:
+        """Put one compile's results, the manifest entry last. keep(entry) says which of the remote
+        manifest's present entries to keep beside the new one. True when all of it is there."""
+        if not self.writes:
+            return False
+        try:
+            # Written over whatever is there: a value under a digest's name has one right content
+            # (a record: one of its twins'), so a damaged or poisoned one is healed, never kept.
+            for sid, data in sets.items():
+                self.storage.put(f"set/{sid}", data)
+            self.storage.put(f"obj/{record.object_sha256}", Path(object_path).read_bytes())
+            self.storage.put(f"act/{record.action_key}", encode_record(record))
+            kept = [e for e in self.entries(mkey) if keep(e)]
+            # Read, merge, write: two writers at once may lose one entry (a later miss, never a wrong hit).
+            doc = {"entries": (kept + [entry])[-MANIFEST_ENTRIES:]}
+            self.storage.put(f"man/{mkey}", canonical_json(doc))
+            return True
+        except RemoteUnavailable as e:
+            self.down(str(e))
+            return False
+        except OSError as e:  # the object to send vanished: nothing half-published names it
+            print(f"pp4.reuse: warning: cannot send {object_path} to the remote store ({e.strerror})", file=sys.stderr)
+            return False
+
+    # -- faults ----------------------------------------------------------------------------
+
+    def _get(self, key: str) -> bytes | None:
+        try:
+            return self.storage.get(key)
+        except RemoteUnavailable as e:
+            self.down(str(e))
+            raise
+
+    def down(self, reason: str) -> None:
+        _mark_down(self.folder, reason)
+
+    def refuse(self, key: str, why: str) -> None:
+        """A remote value that failed its check: said and counted once per build, never used."""
+        if any(f" {key}: " in seen for seen in refusals(self.folder.parent)):
+            return  # the prepass refused it already; this compile's own lookup met it again
+        self.refused += 1
+        line = f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {self.describe()} {key}: {why}"
+        print(f"pp4.reuse: warning: refused the remote store's {key[:24]}: {why}", file=sys.stderr)
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            with open(self.folder / "refused.log", "a") as f:
+                f.write(line + "\n")
+        except OSError:
+            pass
+
+
+def settings(url: str, mode: str, expire_days: float | None, state_dir: str | Path) -> dict:
+    """What configure records in build/pp4.json for a remote tier: the URL without its password (a
+    password given in the URL is kept in build/.pp4/remote/secret, readable by its owner only, for
+    the build's processes; PP4_REMOTE_PASSWORD, when set, wins), the mode, the expiry. ValueError
+    when the URL cannot name a remote."""
+    if mode not in MODES:
+        raise ValueError(f"--remote-store-mode {mode}: read or readwrite")
+    if expire_days is not None and not 0 < expire_days <= 3650:
+        raise ValueError(f"--remote-expire-days {expire_days}: more than 0 and at most 3650")
+    folder = Path(state_dir) / "remote"
+    secret = folder / "secret"
+    parts = urlsplit(url)
+    try:
+        password = parts.password
+    except ValueError:
+        password = None
+    if password is not None and password != REDACTED:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd = os.open(secret, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(unquote(password))
+        os.chmod(secret, 0o600)
+    ttl = int(expire_days * 86400) if expire_days else None
+    open_remote(url_with_secret(redact(url), state_dir), ttl=ttl)  # refuses a bad URL or a missing client now
+    return {"url": redact(url), "mode": mode, "ttl": ttl}
+
+
+def url_with_secret(url: str, state_dir: str | Path) -> str:
+    """A recorded URL with the password the build keeps put back in."""
+    parts = urlsplit(url)
+    if parts.password != REDACTED:
+        return url
+    try:
+        password = (Path(state_dir) / "remote" / "secret").read_text()
+    except OSError:
+        password = os.environ.get("PP4_REMOTE_PASSWORD", "")
+    port = f":{parts.port}" if parts.port else ""
+    return parts._replace(netloc=f"{parts.username or ''}:{quote(password, safe='')}@{parts.hostname}{port}").geturl()
+
+
+def reachable(storage_url: str, state_dir: str | Path, ttl: int | None) -> str | None:
+    """None when the remote answers a read now, else why not."""
+    try:
+        open_remote(url_with_secret(storage_url, state_dir), ttl=ttl).get("man/" + "0" * 64)
+        return None
+    except (ValueError, RemoteUnavailable) as e:
+        return str(e)
+
+
+def refusals(state_dir: str | Path) -> list[str]:
+    """The lines of a build's refused.log (the certificate counts them)."""
+    try:
+        return (Path(state_dir) / "remote" / "refused.log").read_text().splitlines()
+    except OSError:
+        return []
+
+
+def _recently_down(folder: Path) -> bool:
+    try:
+        return time.time() - (folder / "down").stat().st_mtime < RETRY_S
+    except OSError:
+        return False
+
+
+def _mark_down(folder: Path, reason: str) -> None:
+    """Record that the remote failed; the first process to record it says so."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        marker = folder / "down"
+        fresh = not _recently_down(folder)
+        tmp = folder / f".down.{os.getpid()}"
+        tmp.write_text(reason + "\n")
+        os.replace(tmp, marker)
+    except OSError:
+        fresh = True
+    if fresh:
+        print(f"pp4.reuse: warning: {reason}; going on with the local store alone (the remote store is tried "
+              f"again after {RETRY_S:.0f} s)", file=sys.stderr)
