@@ -9,7 +9,10 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import socket
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -89,3 +92,38 @@ def snapshot(root: Path) -> dict[str, tuple]:
             st = os.lstat(p)
             out[os.path.relpath(p, root)] = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_mode)
     return out
+
+
+class RedisServer:
+    """A real redis-server on a free local port, for the remote tier's tests."""
+
+    def __init__(self, folder: Path, *args: str):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        folder.mkdir(parents=True, exist_ok=True)
+        self.proc = subprocess.Popen([shutil.which("redis-server"), "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                                      "--appendonly", "no", "--dir", str(folder), *args],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        password = args[args.index("--requirepass") + 1] if "--requirepass" in args else None
+        import redis
+
+        self.client = redis.Redis(port=self.port, password=password)
+        for _ in range(100):
+            try:
+                self.client.ping()
+                break
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        else:
+            raise RuntimeError("redis-server did not start")
+
+    def url(self, password: str | None = None) -> str:
+        return f"redis://{':' + password + '@' if password else ''}127.0.0.1:{self.port}/0"
+
+    def keys(self, kind: str = "*") -> list[str]:
+        return sorted(k.decode() for k in self.client.keys(f"pp4:{kind}/*"))
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait()

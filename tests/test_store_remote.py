@@ -5,20 +5,29 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
 
 import pytest
+from conftest import RedisServer
 
 from pp4.store.remote import RemoteStorage, RemoteUnavailable, open_remote
 
 KEY = "obj/" + "ab" * 32
 
 
-@pytest.fixture(params=["file"])
+@pytest.fixture(params=["file", "redis"])
 def remote(request, tmp_path) -> RemoteStorage:
+    if request.param == "redis":
+        pytest.importorskip("redis", reason="the Redis client (pip install 'pp4[redis]')")
+        if shutil.which("redis-server") is None:
+            pytest.skip("redis-server is not installed (.ci/run installs Debian's package)")
+        server = RedisServer(tmp_path / "redis")
+        request.addfinalizer(server.stop)
+        return open_remote(server.url())
     folder = tmp_path / "shared"
     folder.mkdir()
     return open_remote(f"file://{folder}")

@@ -1,0 +1,200 @@
+"""The remote tier on a real Redis server (Debian's redis-server, started here on a free port).
+
+Oracles independent of the code under test: a restored object is compared byte for byte with a real
+compile of the same sources in another folder; what the server holds is read with the server's own
+commands (redis-cli semantics through the client, never through pp4); a poisoned value is made by
+hand and the build must compile instead of using it.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+from conftest import RedisServer as Server
+from test_build import ninja_bin
+
+pytest.importorskip("redis", reason="the Redis client (pip install 'pp4[redis]'; .ci/run installs it)")
+pytestmark = pytest.mark.skipif(shutil.which("redis-server") is None, reason="redis-server is not installed "
+                                "(.ci/run installs Debian's package)")
+
+FIXTURE = REPO / "tests" / "fixtures" / "debuginfo"
+PASSWORD = "pp4-s3cret-Pa55"
+
+
+@pytest.fixture
+def server(tmp_path):
+    s = Server(tmp_path / "redis")
+    yield s
+    s.stop()
+
+
+def build(work: Path, *options: str, env: dict | None = None, timeout: float = 300) -> tuple[dict, str]:
+    """Configure and build the fixture in work (its own copy of the sources, its own store)."""
+    if not (work / "src").exists():
+        shutil.copytree(FIXTURE, work / "src")
+    env = dict(os.environ, **(env or {}))
+    out = ""
+    for cmd in ([sys.executable, str(REPO / "configure.py"), "--arch", "9.0", "--ext-spec", "src/plain.toml",
+                 "--store", str(work / "store"), *options], [ninja_bin()]):
+        proc = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=timeout)
+        out += proc.stdout + proc.stderr
+        assert proc.returncode == 0, f"{cmd} failed:\n{out}"
+    (obj,) = json.loads(gzip.decompress((work / "build" / "certificate.json.gz").read_bytes()))["objects"]
+    return obj, out
+
+
+def object_bytes(work: Path, obj: dict) -> bytes:
+    return (work / obj["output"]).read_bytes()
+
+
+@pytest.mark.slow
+def test_another_clone_restores_from_redis_the_bytes_a_real_compile_gives(tmp_path, server, toolchain):
+    first, _ = build(tmp_path / "a", "--remote-store", server.url())
+    assert first["status"] == "compiled"
+    assert [k.split("/")[0] for k in server.keys()] == ["pp4:act", "pp4:man", "pp4:obj", "pp4:set"]
+    (obj_key,) = server.keys("obj")
+    assert obj_key == f"pp4:obj/{first['object_sha256']}"
+
+    # Another folder, an empty local store, read only: restored from the remote, filling the local store.
+    second, out = build(tmp_path / "b", "--remote-store", server.url(), "--remote-store-mode", "read")
+    assert second["status"] == "reused" and second["tier"] == "remote", out
+    assert "1 from the remote store" in out
+    assert list((tmp_path / "b" / "store" / "objects").glob("*/*")), "a remote hit fills the local store"
+    real, _ = build(tmp_path / "c", "--no-reuse")
+    assert real["status"] == "compiled"
+    assert object_bytes(tmp_path / "b", second) == object_bytes(tmp_path / "c", real)
+
+    # Read mode sends nothing: an edited source compiles in b and the server gains no key.
+    before = server.keys()
+    unit = tmp_path / "b" / "src" / "unit.cpp"
+    unit.write_text(unit.read_text() + "int pp4_read_mode_edit() { return 7; }\n")
+    subprocess.run([ninja_bin()], cwd=tmp_path / "b", check=True, capture_output=True)
+    assert server.keys() == before
+
+    # The same edit in readwrite mode is sent, and a third clone gets it.
+    (tmp_path / "d").mkdir()
+    shutil.copytree(tmp_path / "b" / "src", tmp_path / "d" / "src")
+    edited, _ = build(tmp_path / "d", "--remote-store", server.url())
+    assert edited["status"] == "compiled" and len(server.keys("obj")) == 2
+
+
+@pytest.mark.slow
+def test_poisoned_truncated_or_mismatched_remote_values_are_refused_and_never_used(tmp_path, server, toolchain):
+    good, _ = build(tmp_path / "a", "--remote-store", server.url())
+    good_bytes = object_bytes(tmp_path / "a", good)
+    (obj_key,) = server.keys("obj")
+    (act_key,) = server.keys("act")
+    (man_key,) = server.keys("man")
+
+    def poisoned_build(name: str, why: str) -> None:
+        obj, out = build(tmp_path / name, "--remote-store", server.url())
+        assert obj["status"] == "compiled", out  # never the poisoned value
+        assert object_bytes(tmp_path / name, obj) == good_bytes
+        assert "warning: refused the remote store's" in out and why in out, out
+        log = (tmp_path / name / "build" / ".pp4" / "remote" / "refused.log").read_text().splitlines()
+        assert len(log) == 1 and why in log[0]
+
+    # Other bytes under the object's digest: the record's sha256 is not theirs.
+    server.client.set(obj_key, good_bytes[:-8] + b"POISONED")
+    poisoned_build("b", "do not hash to the sha256")
+    assert server.client.get(obj_key) == good_bytes, "the compile that refused it heals the value"
+
+    # A truncated record: its checksum fails.
+    server.client.set(act_key, server.client.get(act_key)[:-40])
+    poisoned_build("c", "not valid JSON")
+
+    # A manifest entry naming another action (a hand-edited action key): its key does not follow
+    # from its inputs.
+    doc = json.loads(server.client.get(man_key))
+    doc["entries"] = [dict(e, action_key=hashlib.sha256(b"another action").hexdigest()) for e in doc["entries"]]
+    server.client.set(man_key, json.dumps(doc))
+    poisoned_build("d", "an entry whose action key does not follow from its inputs")
+
+
+@pytest.mark.slow
+def test_a_dead_slow_full_or_locked_server_costs_one_warning_and_the_build_goes_on(tmp_path, toolchain):
+    # Down: nothing listens on the port.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    obj, out = build(tmp_path / "down", "--remote-store", f"redis://127.0.0.1:{port}/0")
+    assert obj["status"] == "compiled"
+    warnings = [ln for ln in out.splitlines() if "pp4.reuse: warning" in ln]
+    assert len(warnings) == 1 and "Connection refused" in warnings[0] and "local store alone" in warnings[0], out
+
+    # A wrong password: refused by the server, said once, built locally; the password is in no file.
+    locked = Server(tmp_path / "locked", "--requirepass", PASSWORD)
+    try:
+        obj, out = build(tmp_path / "wrong", "--remote-store", locked.url("not-the-password"))
+        assert obj["status"] == "compiled" and "not-the-password" not in out
+        assert len([ln for ln in out.splitlines() if "pp4.reuse: warning" in ln]) == 1, out
+        assert locked.keys() == []
+        # The right one, in the URL: it works, and appears in no file but the owner-only secret.
+        obj, out = build(tmp_path / "right", "--remote-store", locked.url(PASSWORD))
+        assert obj["status"] == "compiled" and len(locked.keys("obj")) == 1, out
+        secret = tmp_path / "right" / "build" / ".pp4" / "remote" / "secret"
+        assert secret.read_text() == PASSWORD and secret.stat().st_mode & 0o777 == 0o600
+        for f in (tmp_path / "right").rglob("*"):
+            if f.is_file() and f != secret and "src" not in f.parts:
+                assert PASSWORD.encode() not in f.read_bytes(), f
+        assert PASSWORD not in out
+        # Or from the environment alone.
+        obj, _ = build(tmp_path / "env", "--remote-store", locked.url(), env={"PP4_REMOTE_PASSWORD": PASSWORD})
+        assert obj["status"] == "reused" and obj["tier"] == "remote"
+    finally:
+        locked.stop()
+
+    # Out of memory: maxmemory with no eviction refuses every write.
+    full = Server(tmp_path / "full", "--maxmemory", "1", "--maxmemory-policy", "noeviction")
+    try:
+        full.client.config_set("maxmemory", full.client.info("memory")["used_memory"] + 1024)
+        obj, out = build(tmp_path / "full", "--remote-store", full.url())
+        assert obj["status"] == "compiled"
+        warnings = [ln for ln in out.splitlines() if "pp4.reuse: warning" in ln]
+        assert len(warnings) == 1 and "out of memory" in warnings[0], out
+    finally:
+        full.stop()
+
+    # Slow: a server that stops answering mid-build (SIGSTOP) costs one bounded wait per process.
+    slow = Server(tmp_path / "slow")
+    try:
+        os.kill(slow.proc.pid, signal.SIGSTOP)
+        t0 = time.monotonic()
+        obj, out = build(tmp_path / "slow", "--remote-store", slow.url(), env={"PP4_REMOTE_TIMEOUT": "1"},
+                         timeout=120)
+        assert obj["status"] == "compiled" and time.monotonic() - t0 < 60
+        assert "configure: warning" in out and ("Timeout" in out or "timed out" in out), out
+    finally:
+        os.kill(slow.proc.pid, signal.SIGCONT)
+        slow.stop()
+
+
+def test_remote_settings_refuse_bad_input_and_keep_no_password(tmp_path):
+    from pp4.store.remote import redact
+    from pp4.store.remote.tier import settings, url_with_secret
+
+    state = tmp_path / ".pp4"
+    doc = settings("redis://:p%40ss@h:7/1", "read", 2, state)
+    assert doc == {"url": "redis://:***@h:7/1", "mode": "read", "ttl": 172800}
+    assert url_with_secret(doc["url"], state) == "redis://:p%40ss@h:7/1"
+    assert redact("rediss://user:pw@h/0") == "rediss://user:***@h/0"
+    for url, message in (("redis://h:7/x", "database number"), ("redis://:9/0", "no host"),
+                         ("ftp://h/x", "unknown scheme"), ("file://host/x", "local path")):
+        with pytest.raises(ValueError, match=message):
+            settings(url, "readwrite", None, state)
+    with pytest.raises(ValueError, match="read or readwrite"):
+        settings("redis://h/0", "write", None, state)
+    with pytest.raises(ValueError, match="at most 3650"):
+        settings("redis://h/0", "read", 0, state)
