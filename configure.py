@@ -19,6 +19,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tempfile
 from pathlib import Path
 
@@ -32,6 +33,7 @@ from pp4.plan import modules as plan  # noqa: E402
 from pp4.plan import ninjafile  # noqa: E402
 from pp4.plan.torchflags import setuptools_flags, torch_build_flags  # noqa: E402
 from pp4.sizes import parse_size  # noqa: E402
+from pp4.reuse import relocate  # noqa: E402
 from pp4.sources import exl3  # noqa: E402
 from pp4.sources import extensions  # noqa: E402
 from pp4.sources import setuppy  # noqa: E402
@@ -384,7 +386,9 @@ def main(argv: list[str]) -> int:
             if os.environ.get(name):
                 print(f"configure: folded {name}={os.environ[name]} into the setup.py extensions' C++ flags "
                       "(setuptools adds it to every compile)")
-    plans = [plan.module_plan(e, torch, tc, archs, builddir, root, log, supported, chosen, folded, setuptools)
+    places = relocate.places_here(str(torch_package_dir()), str(tc.prefix), sysconfig.get_paths()["include"],
+                                  sys.prefix)
+    plans = [plan.module_plan(e, torch, tc, archs, builddir, root, log, supported, chosen, folded, setuptools, places)
              for e in exts]
     ordered = plan.longest_first(plans, table, defer=twin_of_an_earlier_module(plans))
     identifier = compilers.Identifier(builddir / ".pp4" / "compilers.json", compile_tmpdir(builddir))
@@ -400,6 +404,7 @@ def main(argv: list[str]) -> int:
     config = {
         "limits": json.loads(limits.to_json()),
         "reuse": {"store": store_dir, "remote": remote, "roots": sorted({str(e.root) for e in exts}),
+                  "relocation": places,
                   "erasable": sorted({d for e in exts for d in e.erasable_defines}),
                   "toolchain": toolchain.identity(tc), "state_dir": str(builddir / ".pp4")},
         "compile": compile_section,

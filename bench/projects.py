@@ -152,11 +152,12 @@ def ninja_flags(text: str) -> dict:
 
 
 def comparable(flags: list[str]) -> list[str]:
-    """Flags without the ones pp4 states it sets itself: architectures and -ccbin."""
+    """Flags without the ones pp4 states it sets itself: architectures, -ccbin, the prefix maps."""
+    from pp4.plan.modules import without_prefix_maps
     from pp4.sources.extensions import without_architecture_flags
     from pp4.toolchain.compilers import ccbin_from_flags
 
-    return ccbin_from_flags(list(without_architecture_flags(flags)[0]))[1]
+    return ccbin_from_flags(without_prefix_maps(list(without_architecture_flags(flags)[0])))[1]
 
 
 def compare(theirs: dict, build: Path) -> list[str]:

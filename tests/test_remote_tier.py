@@ -198,3 +198,61 @@ def test_remote_settings_refuse_bad_input_and_keep_no_password(tmp_path):
         settings("redis://h/0", "write", None, state)
     with pytest.raises(ValueError, match="at most 3650"):
         settings("redis://h/0", "read", 0, state)
+
+
+def venv_elsewhere(folder: Path) -> Path:
+    """A second Python environment at another path with this one's packages (linked, not copied:
+    what matters to a key is where torch's headers are, not whose bytes they are)."""
+    import sysconfig
+
+    subprocess.run([getattr(sys, "_base_executable", sys.executable), "-m", "venv", "--without-pip", str(folder)],
+                   check=True)
+    python = folder / "bin" / "python"
+    site = Path(subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               capture_output=True, text=True, check=True).stdout.strip())
+    for entry in Path(sysconfig.get_paths()["purelib"]).iterdir():
+        if not (site / entry.name).exists():
+            (site / entry.name).symlink_to(entry)
+    return python
+
+
+@pytest.mark.slow
+def test_clones_with_other_folders_venvs_and_caches_share_objects_a_real_compile_there_gives(tmp_path, server,
+                                                                                              wheelhouse):
+    """Portable keys: the second clone's checkout, venv (so torch's headers) and pp4 cache (so the
+    toolchain) all sit at other paths; its restored objects equal what it compiles itself."""
+    two = REPO / "tests" / "fixtures" / "twomodules"
+
+    def build_two(work: Path, python: Path, cache: Path, *options: str) -> list[dict]:
+        shutil.copytree(two, work / "proj")
+        env = dict(os.environ, PP4_CACHE_DIR=str(cache))
+        for cmd in ([str(python), str(REPO / "configure.py"), "--arch", "9.0", "--ext-spec", "proj/spec/spec.toml",
+                     "--wheel-dir", str(wheelhouse), *options], [ninja_bin()]):
+            proc = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=600)
+            assert proc.returncode == 0, f"{cmd} failed:\n{proc.stdout}\n{proc.stderr}"
+        return json.loads(gzip.decompress((work / "build" / "certificate.json.gz").read_bytes()))["objects"]
+
+    first = build_two(tmp_path / "one", Path(sys.executable), Path(os.environ.get("PP4_CACHE_DIR", tmp_path / "c1")),
+                      "--store", str(tmp_path / "store-one"), "--remote-store", server.url())
+    assert {o["status"] for o in first} == {"compiled"} and len(first) == 3
+    python = venv_elsewhere(tmp_path / "elsewhere" / "venv")
+    other_cache = tmp_path / "elsewhere" / "pp4-cache"
+    second = build_two(tmp_path / "elsewhere" / "checkout", python, other_cache,
+                       "--store", str(tmp_path / "store-two"), "--remote-store", server.url())
+    assert [(o["status"], o["tier"]) for o in second] == [("reused", "remote")] * 3
+    config = json.loads((tmp_path / "elsewhere" / "checkout" / "build" / "pp4.json").read_text())
+    assert config["reuse"]["relocation"]["$TORCH"].startswith(str(tmp_path / "elsewhere" / "venv"))
+    assert config["reuse"]["relocation"]["$TOOLCHAIN"].startswith(str(other_cache))
+    real = build_two(tmp_path / "elsewhere" / "real", python, other_cache, "--no-reuse")
+    for restored, compiled in zip(second, real):
+        assert restored["output"] == compiled["output"]
+        a = (tmp_path / "elsewhere" / "checkout" / restored["output"]).read_bytes()
+        b = (tmp_path / "elsewhere" / "real" / compiled["output"]).read_bytes()
+        assert a == b, f"{restored['output']}: a restored object differs from the real compile in the same place"
+    # The objects name no folder of either machine: their headers' paths are mapped (torch/include/...).
+    for o in second:
+        data = (tmp_path / "elsewhere" / "checkout" / o["output"]).read_bytes()
+        for folder in (str(tmp_path), sys.prefix, os.path.realpath(sys.prefix)):
+            assert folder.encode() not in data, (o["output"], folder)
+        if o["output"].endswith("answer.cpp.o"):
+            assert b"torch/include/pybind11/" in data  # pybind11's __FILE__, mapped

@@ -123,7 +123,8 @@ def test_macros_then_includes_in_setuptools_order(toolchain, tmp_path):
     flags = list(mp.cxx_flags)
     i = flags.index("-DANSWER=42")
     assert flags[i:i + 5] == ["-DANSWER=42", '-DGREETING="hello"', "-DDROPPED", "-UDROPPED", f"-I{TWO / 'include'}"]
-    assert flags.index("-DTORCH_EXTENSION_NAME=pp4_answer") < i and flags[-1] == "-O1"
+    # the spec's own flags come last, before only the prefix map pp4 adds (pp4/plan/modules.py)
+    assert flags.index("-DTORCH_EXTENSION_NAME=pp4_answer") < i and flags[-2:] == ["-O1", f"-fmacro-prefix-map={TWO}=src"]
 
 
 @pytest.mark.parametrize("args,message", [

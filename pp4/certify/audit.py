@@ -33,6 +33,7 @@ from pp4 import interrupt
 from pp4.certify import certificate, pin
 from pp4.reuse import actionkey, inputsets
 from pp4.reuse.basis import Basis
+from pp4.reuse.relocate import Relocation
 from pp4.store.local import Store
 from pp4.store.records import StoreError
 from pp4.toolchain.compilerenv import process_env
@@ -74,7 +75,8 @@ class Audit:
             self.store, self.store_problem = None, str(e)
         state_dir = config["reuse"]["state_dir"]
         tmpdir = Path(config["limits"].get("tmpdir") or tempfile.gettempdir())
-        self.basis = Basis(Compilers.from_dict(config["compile"]["compilers"]), state_dir, tmpdir)
+        self.relocation = Relocation.from_dict(config["reuse"].get("relocation"))
+        self.basis = Basis(Compilers.from_dict(config["compile"]["compilers"]), state_dir, tmpdir, self.relocation)
         self.hasher = self.basis.hasher
         self.sets_dir = inputsets.directory(state_dir)
         self.failures: list[str] = []
@@ -119,8 +121,9 @@ class Audit:
             if entries is None or inputsets.set_id(entries) != sid:
                 problems[sid] = [f"the certificate's input set {sid[:16]} does not hash to its name"]
                 continue
-            problems[sid] = [f"input {p} has sha256 {got}, certificate says {want}"
-                             for p, want in entries if (got := self.hasher.sha256(p)) != want]
+            local = self.relocation.local
+            problems[sid] = [f"input {local(p)} has sha256 {got}, certificate says {want}"
+                             for p, want in entries if (got := self.hasher.sha256(local(p))) != want]
         return problems
 
     def check_objects(self) -> None:
@@ -232,7 +235,7 @@ class Audit:
                 continue
             root = (obj.get("reused_from") or {}).get("root") or obj.get("root")
             out, dep = scratch / "recompiled.o", scratch / "recompiled.o.d"
-            argv = [{"$OUT": str(out), "$DEP": str(dep)}.get(a, actionkey.from_src(a, root))
+            argv = [{"$OUT": str(out), "$DEP": str(dep)}.get(a, self.relocation.local(actionkey.from_src(a, root)))
                     for a in record.payload["command"]]
             argv[1:1] = [f"-D{k}={v}" for k, v in sorted(record.payload.get("erased", {}).items())]
             t0 = time.monotonic()

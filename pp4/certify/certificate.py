@@ -96,8 +96,10 @@ def document(config_path: Path, actions_path: Path, builddir: Path, targets: set
                                     f"{sets_dir}: rebuild it (delete the object first)")
     if problems:
         raise CertificateError("cannot certify this build:\n  " + "\n  ".join(problems))
+    # The input sets name files portably ($TORCH/...): where each placeholder was on this machine.
     return {"format": 3, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "objects": objects, "input_sets": sets, "modules": _modules(actions, builddir)}
+            "objects": objects, "input_sets": sets, "relocation": config["reuse"].get("relocation") or {},
+            "modules": _modules(actions, builddir)}
 
 
 def built_targets(builddir: Path, actions_path: Path) -> tuple[list[str], list[str]]:

@@ -13,14 +13,16 @@ from pathlib import Path
 
 from pp4.reuse import inputsets, probes
 from pp4.reuse.actionkey import CompileArgs, FileHasher
+from pp4.reuse.relocate import NONE, Relocation
 from pp4.toolchain.compilers import Compilers, Identifier, Identity
 
 
 class Basis:
-    def __init__(self, compilers: Compilers, state_dir: str | Path, tmpdir: Path):
+    def __init__(self, compilers: Compilers, state_dir: str | Path, tmpdir: Path, relocation: Relocation = NONE):
         self.compilers = compilers
+        self.relocation = relocation
         self.hasher = FileHasher()
-        self.sets = inputsets.SetChecker(self.hasher)
+        self.sets = inputsets.SetChecker(self.hasher, relocation)
         self.prober = probes.Prober(self.hasher, Path(state_dir) / "probe-names.json")
         self.identifier = Identifier(Path(state_dir) / "compilers.json", tmpdir)
 
@@ -36,7 +38,7 @@ class Basis:
                      set_ids: list[str], sets_dir: str | Path, cwd: str | None = None) -> str:
         """own: (path, path as recorded) of the unit's own inputs; set_ids: its input sets, read
         from sets_dir."""
-        sets = [(sid, self.sets.paths(sets_dir, sid)) for sid in set_ids]
+        sets = [(sid, self.sets.pairs(sets_dir, sid)) for sid in set_ids]
         return self.prober.unit_digest(own, sets, self.search_path(args, env, cwd))
 
     def save(self) -> None:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from pp4.files import canonical_json
 from pp4.reuse.actionkey import FileHasher, depfile_body
+from pp4.reuse.relocate import NONE, Relocation
 from pp4.store import hashed
 
 SRC = "$SRC"  # inputs under the extension's own source root; they stay inline
@@ -92,10 +93,13 @@ def _read(directory: str | Path, sid: str) -> tuple[bytes | None, list[list[str]
 
 class SetChecker:
     """Per-process answers about sets: their content and whether every file still has its recorded
-    bytes. Each is worked out once per set."""
+    bytes. Each is worked out once per set. A set names files portably ($TORCH/..., pp4/reuse/relocate.py);
+    what this class answers names them where they are on this machine, except pairs(), which gives both."""
 
-    def __init__(self, hasher: FileHasher):
+    def __init__(self, hasher: FileHasher, relocation: Relocation = NONE):
         self.hasher = hasher
+        self.relocation = relocation
+        self._portable: dict[str, list[str]] = {}
         self._sets: dict[str, list[list[str]] | None] = {}
         self._bytes: dict[str, bytes | None] = {}
         self._match: dict[str, bool] = {}
@@ -103,9 +107,18 @@ class SetChecker:
         self._paths: dict[str, list[str]] = {}
 
     def load(self, directory: str | Path, sid: str) -> list[list[str]] | None:
+        """The set's entries, their paths as on this machine."""
         if sid not in self._sets:
-            self._bytes[sid], self._sets[sid] = _read(directory, sid)
+            data, entries = _read(directory, sid)
+            self._bytes[sid] = data
+            self._portable[sid] = [p for p, _ in entries or []]
+            local = self.relocation.local
+            self._sets[sid] = None if entries is None else [[local(p), sha] for p, sha in entries]
         return self._sets[sid]
+
+    def pairs(self, directory: str | Path, sid: str) -> list[tuple[str, str]]:
+        """(path on this machine, path as the set names it) of each file."""
+        return list(zip(self.paths(directory, sid), self._portable.get(sid, [])))
 
     def copy(self, directory: str | Path, sid: str, to: str | Path) -> None:
         """Write a set this process read from directory into another directory, as the bytes read."""
@@ -117,7 +130,7 @@ class SetChecker:
 
     def forget(self, sid: str) -> None:
         """Read a set again next time (it was just written where it was missing)."""
-        for memo in (self._sets, self._bytes, self._match, self._depfile_bodies, self._paths):
+        for memo in (self._sets, self._bytes, self._match, self._depfile_bodies, self._paths, self._portable):
             memo.pop(sid, None)
 
     def matches(self, directory: str | Path, sid: str) -> bool:

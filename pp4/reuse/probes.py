@@ -247,18 +247,18 @@ class Prober:
             pieces += (shown, compute(path, chain, cid) if part is None else part)
         return hashlib.sha256("\x01".join(pieces).encode("utf-8", "surrogateescape")).hexdigest()
 
-    def set_digest(self, sid: str, paths: list[str], chain: tuple[str, ...]) -> str:
+    def set_digest(self, sid: str, files: list[tuple[str, str]], chain: tuple[str, ...]) -> str:
         key = (self.chain_id(chain), sid)
         d = self._set_parts.get(key)
         if d is None:
-            d = self._set_parts[key] = self.digest_of([(p, p) for p in paths], chain)
+            d = self._set_parts[key] = self.digest_of(files, chain)
         return d
 
-    def unit_digest(self, own: list[tuple[str, str]], sets: list[tuple[str, list[str]]],
+    def unit_digest(self, own: list[tuple[str, str]], sets: list[tuple[str, list[tuple[str, str]]]],
                     chain: tuple[str, ...]) -> str:
         """The probe digest of one compile: its own inputs (path, path as recorded with $SRC), its
-        input sets (name, paths), under its search path."""
-        parts = [self.digest_of(own, chain)] + [self.set_digest(sid, paths, chain) for sid, paths in sets]
+        input sets (name, [(path, path as the set records it)]), under its search path."""
+        parts = [self.digest_of(own, chain)] + [self.set_digest(sid, files, chain) for sid, files in sets]
         return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
     def present_paths(self, files: list[str], chain: tuple[str, ...]) -> list[str]:

@@ -29,10 +29,11 @@ import attrs
 
 from pp4 import interrupt
 from pp4.files import sha256_and_size
-from pp4.reuse import actionkey, events, inputsets
+from pp4.reuse import actionkey, events, inputsets, relocate
 from pp4.reuse.actionkey import CompileArgs
 from pp4.reuse.basis import Basis
 from pp4.reuse.launch import apply, command_for
+from pp4.reuse.relocate import Relocation
 from pp4.sources.extensions import may_be_shared
 from pp4.store.local import Store
 from pp4.store.manifests import Manifests
@@ -59,6 +60,7 @@ class ReuseConfig:
     limits: Limits
     folded: dict  # the toolchain variables configure folded into build.ninja, as it saw them
     remote: dict | None = None  # {"url" (no password), "mode", "ttl"}: the remote tier, if any
+    relocation: Relocation = Relocation()  # this machine's folders behind $TORCH, $TOOLCHAIN, ...
 
     @classmethod
     def load(cls, path: str | Path) -> "ReuseConfig":
@@ -67,7 +69,8 @@ class ReuseConfig:
         return cls(store=r["store"], roots=tuple(sorted(r["roots"], key=len, reverse=True)),
                    erasable=tuple(r["erasable"]), compilers=Compilers.from_dict(doc["compile"]["compilers"]),
                    state_dir=r["state_dir"], limits=Limits.from_dict(doc["limits"]),
-                   folded=doc["compile"].get("folded", {}), remote=r.get("remote"))
+                   folded=doc["compile"].get("folded", {}), remote=r.get("remote"),
+                   relocation=Relocation.from_dict(r.get("relocation")))
 
     def tmpdir(self) -> Path:
         return Path(self.limits.tmpdir) if self.limits.tmpdir else Path(os.environ.get("TMPDIR", "/tmp"))
@@ -89,7 +92,7 @@ class Reuser:
 
     def __init__(self, cfg: ReuseConfig):
         self.cfg = cfg
-        self.basis = Basis(cfg.compilers, cfg.state_dir, cfg.tmpdir())
+        self.basis = Basis(cfg.compilers, cfg.state_dir, cfg.tmpdir(), cfg.relocation)
         self.hasher = self.basis.hasher
         self.sets = self.basis.sets
         self.state_sets = inputsets.directory(cfg.state_dir)
@@ -122,9 +125,15 @@ class Reuser:
             root = self.cfg.root_for(args.source)
             normalized, erased = actionkey.normalize(args, root, self.cfg.erasable)
             cwd = os.getcwd() if actionkey.embeds_cwd(args) else None
+            normalized = relocate.without_repeated_maps([self.portable(args, a) for a in normalized])
             mkey = actionkey.manifest_key(normalized, self.identity(args, env).hashes, env, cwd)
             cached = self._keys[key] = (mkey, root, normalized, erased)
         return cached
+
+    def portable(self, args: CompileArgs, text: str) -> str:
+        """text as keys and records name it: this machine's torch, toolchain and Python folders by
+        their placeholders, unless the object records absolute paths (debug information)."""
+        return text if actionkey.embeds_cwd(args) else self.cfg.relocation.portable(text)
 
     # -- lookup -----------------------------------------------------------------------------
 
@@ -249,7 +258,8 @@ class Reuser:
         mkey, root, normalized, erased = self.keys(args, env)
         deps = [os.path.abspath(p) for p in actionkey.parse_depfile(Path(args.depfile).read_text())]
         hashes = [self.hasher.sha256(p) for p in deps]
-        own, shared = inputsets.split([[actionkey.to_src(p, root), sha] for p, sha in zip(deps, hashes)])
+        own, shared = inputsets.split([[self.portable(args, actionkey.to_src(p, root)), sha]
+                                       for p, sha in zip(deps, hashes)])
         sid, set_bytes = inputsets.encode(shared)
         inputsets.write_canonical(self.state_sets, sid, set_bytes)
         sets = [sid]
