@@ -256,3 +256,31 @@ def test_clones_with_other_folders_venvs_and_caches_share_objects_a_real_compile
             assert folder.encode() not in data, (o["output"], folder)
         if o["output"].endswith("answer.cpp.o"):
             assert b"torch/include/pybind11/" in data  # pybind11's __FILE__, mapped
+
+
+def test_cache_cli_reports_verifies_and_expires_the_remote(server):
+    good = b"object bytes"
+    good_key = "pp4:obj/" + hashlib.sha256(good).hexdigest()
+    bad_key = "pp4:obj/" + hashlib.sha256(b"what it should be").hexdigest()
+    server.client.set(good_key, good)
+    server.client.set(bad_key, b"something else")
+    server.client.set("pp4:man/" + "ab" * 32, b"not json")
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "pp4.cache", "remote", server.url(), *args],
+                              capture_output=True, text=True)
+
+    stats = cli("stats")
+    assert stats.returncode == 0 and "objects:        2 (26 B)" in stats.stdout and "manifests:      1" in stats.stdout
+    check = cli("verify", "--no-repair")
+    assert check.returncode == 1, check.stdout
+    assert f"DAMAGE {bad_key[4:]}: its bytes do not hash to its name [left in place]" in check.stdout
+    assert "not a manifest" in check.stdout and server.client.exists(bad_key)
+    assert cli("verify").returncode == 1 and not server.client.exists(bad_key) and server.client.exists(good_key)
+    assert cli("verify").returncode == 0
+    expire = cli("expire", "--days", "2")
+    assert expire.returncode == 0 and "1 values" in expire.stdout
+    assert 0 < server.client.ttl(good_key) <= 2 * 86400
+    down = subprocess.run([sys.executable, "-m", "pp4.cache", "remote", "redis://127.0.0.1:1/0", "stats"],
+                          capture_output=True, text=True)
+    assert down.returncode == 2 and "Connection refused" in down.stderr
