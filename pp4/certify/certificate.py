@@ -27,6 +27,7 @@ from pp4 import interrupt
 from pp4.certify import pin
 from pp4.files import canonical_json, sha256_and_size, write_whole
 from pp4.reuse import actionkey, events, inputsets
+from pp4.reuse.relocate import Relocation
 
 
 class CertificateError(Exception):
@@ -54,9 +55,11 @@ def read(certificate: Path) -> tuple[dict, str]:
 
 
 def object_inputs(doc: dict, obj: dict) -> list[tuple[str, str | None]]:
-    """Every input of one object, as (absolute path, sha256): its own and those of its sets."""
+    """Every input of one object, as (absolute path on the machine that certified it, sha256): its
+    own and those of its sets (whose $TORCH, $TOOLCHAIN, ... the certificate's relocation names)."""
+    local = Relocation.from_dict(doc.get("relocation")).local
     own = [(actionkey.from_src(p, obj.get("root")), h) for p, h in obj["inputs"]]
-    return own + [(p, h) for sid in obj.get("input_sets", []) for p, h in doc["input_sets"][sid]]
+    return own + [(local(p), h) for sid in obj.get("input_sets", []) for p, h in doc["input_sets"][sid]]
 
 
 def document(config_path: Path, actions_path: Path, builddir: Path, targets: set[str] | None = None) -> dict:
