@@ -122,6 +122,16 @@ def test_poisoned_truncated_or_mismatched_remote_values_are_refused_and_never_us
     server.client.set(man_key, json.dumps(doc))
     poisoned_build("d", "an entry whose action key does not follow from its inputs")
 
+    # A consistent entry (its action key computed from its own fields, as anyone can) that names an
+    # input set outside the key space: refused, never a path or a crash.
+    from pp4.reuse.actionkey import action_key
+    doc = json.loads(server.client.get(man_key))
+    entry = dict(doc["entries"][0], input_sets=["../../../etc/passwd"])
+    entry["action_key"] = action_key(man_key.split("/")[1], entry["inputs"], entry["input_sets"], entry.get("erased"),
+                                     entry["probes"])
+    server.client.set(man_key, json.dumps({"entries": [entry]}))
+    poisoned_build("e", "not a sha256")
+
 
 @pytest.mark.slow
 def test_a_dead_slow_full_or_locked_server_costs_one_warning_and_the_build_goes_on(tmp_path, toolchain):

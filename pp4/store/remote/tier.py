@@ -24,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -34,6 +35,7 @@ from pp4.store.records import ActionRecord, _InvalidRecord, decode_record, encod
 from pp4.store.remote import REDACTED, RemoteStorage, RemoteUnavailable, open_remote, redact
 
 MODES = ("read", "readwrite")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 RETRY_S = 60.0
 MANIFEST_ENTRIES = 16
 
@@ -86,6 +88,9 @@ class RemoteTier:
             return []
 
     def input_set(self, sid: str) -> bytes | None:
+        if not (isinstance(sid, str) and _SHA256.fullmatch(sid)):
+            self.refuse("man/", f"an entry names an input set {str(sid)[:40]!r}, not a sha256")
+            return None
         data = self._get(f"set/{sid}")
         if data is not None and hashlib.sha256(data).hexdigest() != sid:
             self.refuse(f"set/{sid}", "its bytes do not hash to its name")
