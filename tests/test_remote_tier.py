@@ -132,6 +132,15 @@ def test_poisoned_truncated_or_mismatched_remote_values_are_refused_and_never_us
     server.client.set(man_key, json.dumps({"entries": [entry]}))
     poisoned_build("e", "not a sha256")
 
+    # One that names /dev/zero as an input: hashed as "not a file", so a miss, not a hung build.
+    entry = dict(doc["entries"][0])
+    entry["inputs"] = [["/dev/zero", "0" * 64]] + entry["inputs"]
+    entry["action_key"] = action_key(man_key.split("/")[1], entry["inputs"], entry["input_sets"], entry.get("erased"),
+                                     entry["probes"])
+    server.client.set(man_key, json.dumps({"entries": [entry]}))
+    obj, out = build(tmp_path / "f", "--remote-store", server.url(), timeout=120)
+    assert obj["status"] == "compiled" and object_bytes(tmp_path / "f", obj) == good_bytes
+
 
 @pytest.mark.slow
 def test_a_dead_slow_full_or_locked_server_costs_one_warning_and_the_build_goes_on(tmp_path, toolchain):

@@ -23,6 +23,7 @@ import functools
 import hashlib
 import os
 import re
+import stat
 
 import attrs
 
@@ -227,12 +228,16 @@ class FileHasher:
         h = self._hashes.get(path, ...)
         if h is ...:
             try:
-                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+                # Non-blocking, and regular files only: an input named by a stored or remote entry
+                # could be a FIFO or /dev/zero, which would hang the build; no compile reads one.
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
                 try:
                     st = os.fstat(fd)
                     ident = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
                     h = self._by_file.get(ident)
-                    if h is None:
+                    if not stat.S_ISREG(st.st_mode):
+                        h = None
+                    elif h is None:
                         h = self._by_file[ident] = sha256_fd(fd, st.st_size)
                 finally:
                     os.close(fd)
