@@ -125,7 +125,9 @@ def module_plan(ext: Extension, torch: TorchBuildFlags, toolchain: Toolchain, ar
     cuda += [*_env_dirs(folded), *folded.append_flags]
     maps = prefix_map_flags(places or {}, ext.root)
     cxx += maps
-    cuda += [a for m in maps for a in ("-Xcompiler", m)]
+    # nvcc hands -Xcompiler's value to gcc through a shell, unquoted: a folder with a space or a
+    # shell character stays unmapped there (its CUDA objects embed that folder; nothing else changes).
+    cuda += [a for m in maps if not _SHELL_SPECIAL.search(m) for a in ("-Xcompiler", m)]
     with_cuda = ext.kind == "cuda"
     libraries = [lib for lib in torch.libraries if with_cuda or lib not in CUDA_LIBRARIES]
     link = [f"-L{torch.lib_dir}", *(f"-l{lib}" for lib in libraries)]
@@ -146,6 +148,7 @@ def module_plan(ext: Extension, torch: TorchBuildFlags, toolchain: Toolchain, ar
     return ModulePlan(ext, output, tuple(cuda), tuple(cxx), tuple(link), tuple(steps))
 
 
+_SHELL_SPECIAL = re.compile(r"""[\s'"\\$`;&|<>()*?\[\]#~!{}]""")
 # What each folder becomes in the paths an object embeds.
 EMBEDDED_NAMES = {"$SRC": "src", "$PREFIX": "env", "$PYINC": "python", "$TOOLCHAIN": "cuda", "$TORCH": "torch"}
 
