@@ -19,7 +19,14 @@ def interrupt_when(proc: subprocess.Popen, ready, timeout: float = 120) -> tuple
         assert time.time() < deadline, "the command never got going"
         time.sleep(0.05)
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
+    try:
+        # The signal is handled between Python bytecodes: a long native torch call (building the
+        # weights on a busy 2-core machine) delays it.
+        _, err = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:  # never left running: it would take the CPUs of every test after it
+            proc.kill()
+            proc.communicate()
     return proc.returncode, err
 
 
