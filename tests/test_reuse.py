@@ -141,7 +141,9 @@ def test_other_module_name_reuses_units_that_never_mention_it(tree):
 
 
 def test_different_nvcc(tree, toolchain):
-    """An nvcc whose files differ (here nvcc.profile, by one comment line) shares nothing."""
+    """An nvcc whose files differ (here nvcc.profile, by one comment line) shares no CUDA unit. The
+    C++ unit runs no nvcc: it reads the toolkit's headers, the same bytes at another path ($TOOLCHAIN,
+    pp4/reuse/relocate.py), so it is shared, and is the object a compile there gives."""
     other = tree.base / "other-cuda"
     shutil.copytree(toolchain.prefix, other, symlinks=True, copy_function=os.link)
     profile = other / "bin" / "nvcc.profile"
@@ -150,7 +152,11 @@ def test_different_nvcc(tree, toolchain):
     profile.write_text(text + "# a different toolkit\n")
     try:
         assert tree.build("--cuda-home", str(other)) == {
-            "ops.cpp.o": "compiled", "scale.cu.o": "compiled", "shift.cu.o": "compiled"}
+            "ops.cpp.o": "reused", "scale.cu.o": "compiled", "shift.cu.o": "compiled"}
+        ops = Path("build") / "pp4_fixture" / "obj" / "src" / "ops.cpp.o"
+        reused = (tree.work / ops).read_bytes()
+        assert tree.build("--cuda-home", str(other), "--no-reuse")["ops.cpp.o"] == "compiled"
+        assert (tree.work / ops).read_bytes() == reused
     finally:
         shutil.rmtree(other)
 
