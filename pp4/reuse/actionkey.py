@@ -19,7 +19,6 @@ when an input mentions the identifier, which each entry records (see docs/reuse.
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import os
 import re
@@ -168,7 +167,6 @@ _NVCC_DEBUG = {"-g", "--debug", "-G", "--device-debug", "-lineinfo", "--generate
 _NVCC_HOST_OPTIONS = {"-Xcompiler", "--compiler-options"}
 
 
-@functools.lru_cache(maxsize=64)  # asked once per input path when a compile is stored
 def embeds_cwd(args: CompileArgs) -> bool:
     """Whether the object records the folder it was compiled in: debug information names it
     (DWARF's DW_AT_comp_dir), so two folders compile the same command to different bytes. Such a

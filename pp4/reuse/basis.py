@@ -20,7 +20,6 @@ from pp4.toolchain.compilers import Compilers, Identifier, Identity
 class Basis:
     def __init__(self, compilers: Compilers, state_dir: str | Path, tmpdir: Path, relocation: Relocation = NONE):
         self.compilers = compilers
-        self.relocation = relocation
         self.hasher = FileHasher()
         self.sets = inputsets.SetChecker(self.hasher, relocation)
         self.prober = probes.Prober(self.hasher, Path(state_dir) / "probe-names.json")

@@ -8,10 +8,10 @@ their placeholders, so that the same compile has the same key in both; wherever 
 placeholder is put back with this machine's folder. Soundness does not rest on the mapping: every
 input named through a placeholder is hashed here, at this machine's path, before anything is reused.
 
-What the objects themselves embed is another matter: an object compiled with debug information
-records absolute paths (DWARF), so such compiles are keyed with no placeholder at all
-(actionkey.embeds_cwd); an object without it can still hold a header's path in an assertion message
-(`__FILE__`), the same limit as for `$SRC` (docs/reuse.md).
+What the objects themselves embed is made to match too: every compile maps the same folders out of
+its `__FILE__` paths (prefix_map_flags, pp4/plan/modules.py). An object compiled with debug
+information records absolute paths (DWARF) all the same, so such compiles are keyed with no
+placeholder at all (actionkey.embeds_cwd).
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ import subprocess
 import sys
 import time
 from contextlib import contextmanager
+from typing import Callable
 from pathlib import Path
 
 import attrs
@@ -125,15 +126,17 @@ class Reuser:
             root = self.cfg.root_for(args.source)
             normalized, erased = actionkey.normalize(args, root, self.cfg.erasable)
             cwd = os.getcwd() if actionkey.embeds_cwd(args) else None
-            normalized = relocate.without_repeated_maps([self.portable(args, a) for a in normalized])
+            portable = self.portable_for(args)
+            normalized = relocate.without_repeated_maps([portable(a) for a in normalized])
             mkey = actionkey.manifest_key(normalized, self.identity(args, env).hashes, env, cwd)
             cached = self._keys[key] = (mkey, root, normalized, erased)
         return cached
 
-    def portable(self, args: CompileArgs, text: str) -> str:
-        """text as keys and records name it: this machine's torch, toolchain and Python folders by
-        their placeholders, unless the object records absolute paths (debug information)."""
-        return text if actionkey.embeds_cwd(args) else self.cfg.relocation.portable(text)
+    def portable_for(self, args: CompileArgs) -> Callable[[str], str]:
+        """How keys and records name this compile's paths: this machine's torch, toolchain and
+        Python folders by their placeholders, unless the object records absolute paths (debug
+        information)."""
+        return (lambda text: text) if actionkey.embeds_cwd(args) else self.cfg.relocation.portable
 
     # -- lookup -----------------------------------------------------------------------------
 
@@ -187,7 +190,7 @@ class Reuser:
                 remote.refuse(f"man/{mkey}", "an entry whose action key does not follow from its inputs")
                 continue
             for sid in entry["input_sets"]:
-                if inputsets.read(self.store_sets, sid) is None:
+                if self.sets.load(self.store_sets, sid) is None:
                     data = remote.input_set(sid)
                     if data is None:
                         break
@@ -258,8 +261,8 @@ class Reuser:
         mkey, root, normalized, erased = self.keys(args, env)
         deps = [os.path.abspath(p) for p in actionkey.parse_depfile(Path(args.depfile).read_text())]
         hashes = [self.hasher.sha256(p) for p in deps]
-        own, shared = inputsets.split([[self.portable(args, actionkey.to_src(p, root)), sha]
-                                       for p, sha in zip(deps, hashes)])
+        portable = self.portable_for(args)
+        own, shared = inputsets.split([[portable(actionkey.to_src(p, root)), sha] for p, sha in zip(deps, hashes)])
         sid, set_bytes = inputsets.encode(shared)
         inputsets.write_canonical(self.state_sets, sid, set_bytes)
         sets = [sid]

@@ -75,11 +75,8 @@ def remote_main(args) -> int:
     """Counts and bytes per kind; verify rehashes every set and object and checks every record and
     manifest entry (a damaged value is removed: the entries that need it become misses); expire
     gives every value a time to live."""
-    import hashlib
-    import json
-
-    from pp4.store.records import _InvalidRecord, decode_record
     from pp4.store.remote import RemoteUnavailable, open_remote, redact
+    from pp4.store.remote.tier import damage as damage_of
 
     try:
         remote = open_remote(args.url)
@@ -108,24 +105,11 @@ def remote_main(args) -> int:
             print(f"{n} values of {redact(args.url)} expire unless read within {args.days:g} days")
             return EXIT_OK
         damage = []
-        for key in list(remote.keys("set")) + list(remote.keys("obj")):
+        for key in [k for kind in ("set", "obj", "act", "man") for k in remote.keys(kind)]:
             data = remote.get(key)
-            if data is not None and hashlib.sha256(data).hexdigest() != key.split("/")[1]:
-                damage.append((key, "its bytes do not hash to its name"))
-        for key in list(remote.keys("act")):
-            data = remote.get(key)
-            try:
-                if data is not None:
-                    decode_record(data, expected_key=key.split("/")[1])
-            except _InvalidRecord as e:
-                damage.append((key, str(e)))
-        for key in list(remote.keys("man")):
-            data = remote.get(key)
-            try:
-                if data is not None and not isinstance(json.loads(data)["entries"], list):
-                    raise ValueError
-            except (ValueError, KeyError, TypeError):
-                damage.append((key, "not a manifest (JSON with an entries list)"))
+            why = None if data is None else damage_of(key, data)
+            if why:
+                damage.append((key, why))
         for key, why in damage:
             if args.repair:
                 remote.remove(key)

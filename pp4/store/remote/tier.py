@@ -77,23 +77,20 @@ class RemoteTier:
         data = self._get(f"man/{mkey}")
         if data is None:
             return []
-        try:
-            doc = json.loads(data)
-            entries = doc["entries"]
-            if not isinstance(entries, list):
-                raise TypeError
-            return entries
-        except (ValueError, KeyError, TypeError):
-            self.refuse(f"man/{mkey}", "not a manifest (JSON with an entries list)")
+        entries = manifest_entries(data)
+        if entries is None:
+            self.refuse(f"man/{mkey}", NOT_A_MANIFEST)
             return []
+        return entries
 
     def input_set(self, sid: str) -> bytes | None:
         if not (isinstance(sid, str) and _SHA256.fullmatch(sid)):
             self.refuse("man/", f"an entry names an input set {str(sid)[:40]!r}, not a sha256")
             return None
         data = self._get(f"set/{sid}")
-        if data is not None and hashlib.sha256(data).hexdigest() != sid:
-            self.refuse(f"set/{sid}", "its bytes do not hash to its name")
+        why = None if data is None else damage(f"set/{sid}", data)
+        if why:
+            self.refuse(f"set/{sid}", why)
             return None
         return data
 
@@ -217,6 +214,33 @@ def reachable(storage_url: str, state_dir: str | Path, ttl: int | None) -> str |
         return None
     except (ValueError, RemoteUnavailable) as e:
         return str(e)
+
+
+NOT_A_MANIFEST = "not a manifest (JSON with an entries list)"
+
+
+def manifest_entries(data: bytes) -> list | None:
+    """The entries a remote manifest's bytes hold; None when they are not a manifest."""
+    try:
+        entries = json.loads(data)["entries"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return entries if isinstance(entries, list) else None
+
+
+def damage(key: str, data: bytes) -> str | None:
+    """What is wrong with a remote value as its key alone can tell (None: nothing): a set or an
+    object must hash to its name, a record pass its checksum and name its key, a manifest parse."""
+    kind, name = key.split("/", 1)
+    if kind in ("set", "obj"):
+        return None if hashlib.sha256(data).hexdigest() == name else "its bytes do not hash to its name"
+    if kind == "act":
+        try:
+            decode_record(data, expected_key=name)
+        except _InvalidRecord as e:
+            return str(e)
+        return None
+    return None if manifest_entries(data) is not None else NOT_A_MANIFEST
 
 
 def refusals(state_dir: str | Path) -> list[str]:
