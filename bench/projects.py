@@ -63,22 +63,13 @@ if os.environ.get("PP4_BENCH_FLAGS_ONLY") or os.environ.get("PP4_BENCH_SETUP_NIN
         init(self, *args, **kwargs)
     ce.BuildExtension.__init__ = with_ninja
 if os.environ.get("PP4_BENCH_STRIP_GENCODE"):  # --archs-from-bench: torch's arch flags (TORCH_CUDA_ARCH_LIST) replace the project's
-    arch_options = ("-gencode", "--generate-code", "-arch", "--gpu-architecture")
-    def without_arch(flags):
-        out, skip = [], False
-        for f in flags:
-            if skip:
-                skip = False
-            elif f in arch_options:
-                skip = True
-            elif not f.startswith(tuple(o + "=" for o in arch_options)):
-                out.append(f)
-        return out
+    sys.path.insert(0, os.environ["PP4_BENCH_STRIP_GENCODE"])  # pp4's checkout: its one scan for them
+    from pp4.sources.extensions import without_architecture_flags
     cuda_extension = ce.CUDAExtension
     def CUDAExtension(*args, **kwargs):
         extra = kwargs.get("extra_compile_args")
         if isinstance(extra, dict) and "nvcc" in extra:
-            kwargs["extra_compile_args"] = dict(extra, nvcc=without_arch(extra["nvcc"]))
+            kwargs["extra_compile_args"] = dict(extra, nvcc=list(without_architecture_flags(extra["nvcc"])[0]))
         return cuda_extension(*args, **kwargs)
     ce.CUDAExtension = CUDAExtension
 sys.argv = ["setup.py"] + sys.argv[2:]
@@ -315,7 +306,7 @@ def run_project(name: str, sdist: Path, work: Path, jobs: int, cuda_home: Path |
         if setup_ninja:
             senv["PP4_BENCH_SETUP_NINJA"] = "1"
         if archs_from_bench:
-            senv["PP4_BENCH_STRIP_GENCODE"] = "1"
+            senv["PP4_BENCH_STRIP_GENCODE"] = str(REPO)
         result["archs_from"] = "--arch, for both (the project's list stripped)" if archs_from_bench else "the project"
         result["setup.py_mode"] = "use_ninja forced on" if setup_ninja else "as shipped"
         if cuda_home:
