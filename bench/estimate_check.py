@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from pp4.plan.estimate import estimate_seconds, features  # noqa: E402
+from pp4.plan.estimate import estimate_seconds, features, terms  # noqa: E402
 from pp4.plan.modules import read_duration_table, read_ninja_log  # noqa: E402
 
 
@@ -86,9 +86,7 @@ def fit(units: list[tuple[Path, list[Path], float]]) -> list[float]:
     import numpy as np
     rows, y = [], []
     for p, incs, t in units:
-        torch_api, heavy, cuda, expanded_kb, included_kb = features(p, tuple(incs))
-        rows.append([1.0, float(torch_api), float(heavy and not torch_api), float(cuda),
-                     np.log1p(expanded_kb), np.log1p(included_kb)])
+        rows.append(terms(*features(p, tuple(incs))))
         y.append(np.log(t))
     coef, *_ = np.linalg.lstsq(np.array(rows), np.array(y), rcond=None)
     return [round(float(c), 3) for c in coef]

@@ -39,7 +39,7 @@ _TORCH_API = ("torch/extension.h", "torch/script.h", "torch/torch.h", "torch/all
 _HEAVY = ("torch/", "ATen/", "c10/", "pybind11/", "Python.h")
 # log(s) = A + B*torch_api + C*(other heavy only) + D*cuda + F*log(1 + expanded kB) + G*log(1 + included kB),
 # fitted on the H200 (16 jobs, nvcc 13.0, sm_90).
-_A, _B, _C, _D, _F, _G = -1.927, 5.025, 3.053, 0.849, 0.147, 0.132
+COEFFICIENTS = (-1.927, 5.025, 3.053, 0.849, 0.147, 0.132)  # A, B, C, D, F, G
 _MAX_DEPTH = 8
 
 
@@ -47,9 +47,13 @@ _MAX_DEPTH = 8
 def estimate_seconds(source: Path, include_dirs: tuple[Path, ...]) -> float:
     """The estimated compile time of one unit on the H200 (other machines scale it). Kept per
     process: configure asks once to order the units and again for its cost line."""
-    torch_api, heavy, cuda, expanded_kb, included_kb = features(source, include_dirs)
-    return math.exp(_A + _B * torch_api + _C * (heavy and not torch_api) + _D * cuda
-                    + _F * math.log1p(expanded_kb) + _G * math.log1p(included_kb))
+    return math.exp(sum(c * t for c, t in zip(COEFFICIENTS, terms(*features(source, include_dirs)))))
+
+
+def terms(torch_api: bool, heavy: bool, cuda: bool, expanded_kb: float, included_kb: float) -> list[float]:
+    """The terms the coefficients multiply, in their order (bench/estimate_check.py --fit refits them)."""
+    return [1.0, float(torch_api), float(heavy and not torch_api), float(cuda), math.log1p(expanded_kb),
+            math.log1p(included_kb)]
 
 
 def features(source: Path, include_dirs: tuple[Path, ...]) -> tuple[bool, bool, bool, float, float]:
