@@ -1,4 +1,4 @@
-"""Sizes as people write them: "48G", "512M", "1.5GiB", "1048576". Powers of 1024."""
+"""Sizes as people write them: "48G", "512M", "1.5GiB", "1048576", read and written. Powers of 1024."""
 
 from __future__ import annotations
 
@@ -18,3 +18,12 @@ def parse_size(text: str, positive: bool = False) -> int:
     if positive and value <= 0:
         raise ValueError(f"not a size: {text!r} (it must be more than 0 bytes)")
     return value
+
+
+def human_bytes(n: int) -> str:
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")

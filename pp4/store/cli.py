@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from pp4 import interrupt
-from pp4.sizes import parse_size
+from pp4.sizes import human_bytes, parse_size
 from pp4.store import hashed
 from pp4.store.local import Store, default_store_dir
 from pp4.store.manifests import Manifests
@@ -20,15 +20,6 @@ from pp4.store.records import GcResult, StoreError, StoreStats, VerifyReport
 EXIT_OK = 0
 EXIT_DAMAGE = 1
 EXIT_ERROR = 2
-
-
-def human_bytes(n: int) -> str:
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
 
 
 def _size_argument(text: str) -> int:
