@@ -68,6 +68,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                     help="GPU compute capability to build for, e.g. 9.0 (repeatable; a/f suffix and +PTX allowed). "
                          "Default: the visible GPUs' (nvidia-smi); with none visible you must give it.")
     ap.add_argument("--builddir", default="build", help="where objects and modules go (default: build)")
+    ap.add_argument("--dist-dir", default="dist", help="where `ninja wheel` puts the modules' wheels (default: dist)")
     ap.add_argument("--ext", action="append", default=[], choices=BUILTIN_EXTENSIONS,
                     help=f"a built-in extension to build (repeatable; default: {', '.join(DEFAULT_EXTENSIONS)}, "
                          "unless --ext-spec is given)")
@@ -431,7 +432,7 @@ def main(argv: list[str]) -> int:
         python=python_command(), configure=str(ROOT / "configure.py"), configure_args=tuple(argv),
         ninja=ninja_binary(), nvcc=str(tc.nvcc), cxx=chosen.cxx,  # as in compile_actions
         compile_env={lang: tuple(compilerenv.env_args(e)) for lang, e in envs.items()}, tool_files=tool_files,
-        config=str(config_file), actions=str(actions_file), jobs=jobs, builddir=builddir_text,
+        config=str(config_file), actions=str(actions_file), jobs=jobs, builddir=builddir_text, dist_dir=args.dist_dir,
         toolchain_manifest=str(tc.prefix / toolchain.MANIFEST) if tc.pinned else None,
         toolchain_args=tuple(toolchain_args), toolchain_inputs=tuple(toolchain_inputs),
         generator_inputs=tuple(dict.fromkeys(generator_inputs)),

@@ -15,6 +15,10 @@ from ninja import ninja_syntax
 
 from pp4.plan.modules import CompileStep, ModulePlan
 
+# The loader each wheel installs: a new one makes new wheels. (Its path, not an import: plan
+# knows nothing of the wheel's code.)
+RUNTIME_LOADER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "wheel", "runtime.py")
+
 
 @attrs.frozen
 class BuildSettings:
@@ -30,6 +34,7 @@ class BuildSettings:
     actions: str  # build/actions.json: every compile command, for the prepass and the certificate
     jobs: int
     builddir: str
+    dist_dir: str  # where `ninja wheel` writes the wheels
     toolchain_manifest: str | None  # None with --cuda-home: nothing to provision
     toolchain_args: tuple[str, ...]
     toolchain_inputs: tuple[str, ...]  # the lock file
@@ -82,6 +87,12 @@ def plan_json_path(builddir: str, plan: ModulePlan) -> str:
     return os.path.join(builddir, plan.extension.target, "plan.json")
 
 
+def wheel_stamp_path(builddir: str, plan: ModulePlan) -> str:
+    """What `ninja wheel-TARGET` tracks: the wheel's own name holds the source key, known only
+    once the module is built."""
+    return os.path.join(builddir, plan.extension.target, "wheel.json")
+
+
 def render(settings: BuildSettings, rules: str, plans: list[ModulePlan],
            ordered: list[tuple[ModulePlan, CompileStep]]) -> str:
     out = io.StringIO()
@@ -101,6 +112,7 @@ def render(settings: BuildSettings, rules: str, plans: list[ModulePlan],
     w.variable("config", _shell([settings.config]))
     w.variable("actions", _shell([settings.actions]))
     w.variable("toolchain_args", _shell(settings.toolchain_args))
+    w.variable("dist_dir", _shell([settings.dist_dir]))
     w.newline()
     w.pool("compile_pool", settings.jobs)
     w.newline()
@@ -141,6 +153,10 @@ def render(settings: BuildSettings, rules: str, plans: list[ModulePlan],
         _build(w, pin_path(plan), "pin", out_mod,
                variables={"plan": _shell([plan_json_path(settings.builddir, plan)])})
         _build(w, plan.extension.target, "phony", [out_mod, pin_path(plan)])
+        _build(w, wheel_stamp_path(settings.builddir, plan), "wheel", pin_path(plan),
+               implicit=[settings.actions, RUNTIME_LOADER, *(str(s.object) for s in plan.steps)],
+               variables={"target": _shell([plan.extension.target])})
+        _build(w, f"wheel-{plan.extension.target}", "phony", wheel_stamp_path(settings.builddir, plan))
         w.newline()
 
     cert = certificate_path(settings.builddir)
@@ -153,6 +169,7 @@ def render(settings: BuildSettings, rules: str, plans: list[ModulePlan],
     _build(w, "compdb", "phony", "compile_commands.json")
     _build(w, ["build.ninja", *settings.generator_outputs], "configure", implicit=list(settings.generator_inputs))
     w.newline()
+    _build(w, "wheel", "phony", [f"wheel-{p.extension.target}" for p in plans])
     _build(w, "all", "phony", [p.extension.target for p in plans] + [cert])
     w.default("all")
     return out.getvalue()

@@ -44,13 +44,23 @@ def torch_version() -> str:
     return importlib.metadata.version("torch")
 
 
+def torch_version_fields() -> dict[str, str | None]:
+    """torch.__version__, torch.version.cuda and torch.version.git_version, read from torch/version.py
+    without importing torch: what a running process reports about the torch it loaded."""
+    path = torch_package_dir() / "version.py"
+    text = path.read_text()
+    out: dict[str, str | None] = {}
+    for key, name in (("version", "__version__"), ("cuda", "cuda"), ("git_version", "git_version")):
+        m = re.search(rf"^{name}\s*(?::\s*[^=]+)?=\s*(?:'([^']*)'|\"([^\"]*)\"|None)", text, re.M)
+        if not m:
+            raise TorchError(f"cannot find {name} in {path}")
+        out[key] = m.group(1) or m.group(2) or None
+    return out
+
+
 def torch_cuda_version() -> str | None:
     """torch.version.cuda, read from torch/version.py without importing torch."""
-    text = (torch_package_dir() / "version.py").read_text()
-    m = re.search(r"^cuda\s*(?::\s*[^=]+)?=\s*(?:'([^']*)'|\"([^\"]*)\"|None)", text, re.M)
-    if not m:
-        raise TorchError(f"cannot find the CUDA version in {torch_package_dir() / 'version.py'}")
-    return m.group(1) or m.group(2) or None
+    return torch_version_fields()["cuda"]
 
 
 def _record_sha256(hash_field) -> str | None:

@@ -1,0 +1,120 @@
+"""What goes into one module's wheel, from the build's own records.
+
+A module `exllamav3_ext` built for target `exl3` becomes the distribution `exllamav3-ext`:
+
+    exllamav3_ext/__init__.py              imports the module through the loader, as its own names
+    exllamav3_ext/_pp4_loader.py           pp4/wheel/runtime.py, which checks the module and loads it
+    exllamav3_ext/exllamav3_ext.cpython-311-x86_64-linux-gnu.so
+    exllamav3_ext/pp4-certificate.json.gz  the certificate of this module's objects alone
+    exllamav3_ext/pp4-build-record.json    its build record, plus the wheel's facts (torch pins)
+    exllamav3_ext-1.6.5+pp4.<key>.dist-info/{METADATA,WHEEL,RECORD}
+
+The version is the sources' release (exllamav3's, or a spec's `version`) where one is known, else 0,
+with the module's source key as its local part: two builds from other sources, flags or toolchain
+never share a version. The metadata pins torch's distribution version, and the loader checks the
+running torch's version, CUDA version and git revision. The certificate carries no creation time,
+so that one build packed twice gives the same bytes.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import re
+import sys
+import sysconfig
+from pathlib import Path
+
+import attrs
+
+from pp4.certify import certificate
+from pp4.toolchain import torchenv
+from pp4.wheel.archive import Entry, wheel_bytes
+from pp4.wheel.runtime import CERTIFICATE, INIT, LOADER, RECORD
+
+RUNTIME = Path(__file__).with_name("runtime.py")
+RELEASE = re.compile(r"\d+(\.\d+)*")
+
+
+class WheelError(Exception):
+    pass
+
+
+@attrs.frozen
+class Wheel:
+    target: str
+    distribution: str  # as pip names it: exllamav3-ext
+    version: str
+    filename: str  # exllamav3_ext-1.6.5+pp4.0123456789ab-cp311-cp311-linux_x86_64.whl
+    data: bytes
+
+
+def tags() -> str:
+    """This interpreter's wheel tag: modules are built for the Python that runs the build."""
+    impl = f"cp{sys.version_info.major}{sys.version_info.minor}"
+    platform = sysconfig.get_platform().replace("-", "_").replace(".", "_")
+    return f"{impl}-{impl}{sys.abiflags}-{platform}"
+
+
+def release(provenance: dict) -> str:
+    """The sources' release as a PEP 440 public version, or 0 when none is known."""
+    for key in ("exllamav3", "version"):
+        value = provenance.get(key)
+        if isinstance(value, str) and RELEASE.fullmatch(value):
+            return value
+    return "0"
+
+
+def build(config_path: Path, actions_path: Path, builddir: Path, target: str) -> Wheel:
+    plan_file = builddir / target / "plan.json"
+    try:
+        plan = json.loads(plan_file.read_text())
+    except (OSError, ValueError) as e:
+        raise WheelError(f"{target} is not configured in {builddir} ({e}): run configure.py") from None
+    module = Path(plan["output_abs"])
+    suffix = sysconfig.get_config_var("EXT_SUFFIX")
+    if not module.name.endswith(suffix):
+        raise WheelError(f"{module.name} is not a module for this Python (suffix {suffix}): run configure.py and "
+                         "ninja with the Python the wheel is for")
+    doc = certificate.document(config_path, actions_path, builddir, {target})
+    doc.pop("created")
+    raw = certificate.canonical(doc)
+    digest = hashlib.sha256(raw).hexdigest()
+    config = json.loads(config_path.read_text())
+    record = certificate.build_record(config, doc["modules"], builddir / CERTIFICATE, digest)
+    record["certificate"]["file"] = CERTIFICATE
+    (entry,) = doc["modules"]
+    package = plan["module"]
+    distribution = package.replace("_", "-").lower()
+    version = f"{release(plan.get('provenance') or {})}+pp4.{entry['source_key'][:12]}"
+    torch_requirement = f"torch=={torchenv.torch_version()}"
+    record["wheel"] = {"target": target, "module": package, "file": module.name, "distribution": distribution,
+                       "version": version, "torch": torchenv.torch_version_fields(),
+                       "torch_requirement": torch_requirement}
+    so = module.read_bytes()
+    if hashlib.sha256(so).hexdigest() != entry["sha256"]:
+        raise WheelError(f"{module} changed while its wheel was made: run ninja again")
+    stem = f"{distribution.replace('-', '_')}-{version}"
+    dist_info = f"{stem}.dist-info"
+    py = f"{sys.version_info.major}.{sys.version_info.minor}"
+    metadata = "\n".join([
+        "Metadata-Version: 2.1", f"Name: {distribution}", f"Version: {version}",
+        f"Summary: {package} (pp4 target {target}), built by pp4 and checked against its certificate at import",
+        f"Requires-Python: =={py}.*", f"Requires-Dist: {torch_requirement}", "",
+    ])
+    tag = tags()
+    wheel_file = "\n".join(["Wheel-Version: 1.0", "Generator: pp4", "Root-Is-Purelib: false", f"Tag: {tag}", ""])
+    entries = [
+        Entry(f"{package}/__init__.py", INIT.encode()),
+        Entry(f"{package}/{LOADER}", RUNTIME.read_bytes()),
+        Entry(f"{package}/{module.name}", so, executable=True),
+        Entry(f"{package}/{CERTIFICATE}", gzip.compress(raw, mtime=0)),
+        Entry(f"{package}/{RECORD}", (json.dumps(record, indent=1, sort_keys=True) + "\n").encode()),
+        Entry(f"{dist_info}/METADATA", metadata.encode()),
+        Entry(f"{dist_info}/WHEEL", wheel_file.encode()),
+        Entry(f"{dist_info}/top_level.txt", f"{package}\n".encode()),
+    ]
+    return Wheel(target=target, distribution=distribution, version=version, filename=f"{stem}-{tag}.whl",
+                 data=wheel_bytes(entries, dist_info))
+
