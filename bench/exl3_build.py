@@ -308,6 +308,7 @@ class Bench:
             self.configure += ["--cuda-home", str(args.cuda_home)]
         if args.wheel_dir:
             self.configure += ["--wheel-dir", str(args.wheel_dir.absolute())]
+        self.configure += args.configure_arg
         self._ccache: Path | None = None
         self.units = None if args.units is None else [u for u in args.units.split(",") if u]
 
@@ -527,7 +528,8 @@ class Bench:
                 continue
             parts = Path(doc.get("output", "")).parts
             target = parts[parts.index("build") + 1] if "build" in parts[:-1] else "?"
-            key = doc.get("status", "?") + (f" ({doc['via']})" if doc.get("via") else "")
+            key = doc.get("status", "?") + (f" ({doc['via']})" if doc.get("via") else "") + (
+                f" [{doc['tier']}]" if doc.get("tier") not in (None, "local") else "")
             out.setdefault(target, {}).setdefault(key, 0)
             out[target][key] += 1
         return out
@@ -760,6 +762,8 @@ def main() -> int:
     ap.add_argument("-j", "--jobs", type=int, default=os.cpu_count())
     ap.add_argument("--phases", default="pp4-cold,pp4-noop,pp4-facc,pp4-audit,pp4-restore",
                     help=f"comma-separated, or 'all': {','.join(PHASE_ORDER[:12])}")
+    ap.add_argument("--configure-arg", action="append", default=[], metavar="ARG",
+                    help="one more configure.py argument for the pp4 phases, e.g. --configure-arg=--remote-store=redis://HOST")
     ap.add_argument("--json", type=Path, help="also write the results here (they always go to WORK/results.json)")
     ap.add_argument("--deadline", type=float, help="seconds this call may take: a phase starts only if its expected "
                     "duration is left, and a command still running at the deadline is killed")

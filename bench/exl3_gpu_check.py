@@ -6,7 +6,10 @@ and one real kernel of each variant runs on the same input.
 - hgemm_f16acc: the fp16-accumulator GEMM the patch makes accumulate in fp32; both are compared
   with an fp64 reference: stock's error should be larger, facc's near fp32 rounding.
 
-    python bench/exl3_gpu_check.py BUILD_DIR
+    python bench/exl3_gpu_check.py BUILD_DIR      the modules in a build folder, through pp4's loader
+    python bench/exl3_gpu_check.py --installed    the modules as `ninja wheel` installs them
+                                                  (exllamav3_ext, exllamav3_ext_facc, pp4_p2p); pp4 is
+                                                  not imported, and need not be installed
 """
 
 from __future__ import annotations
@@ -16,18 +19,26 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+
+
+def modules(where: str):
+    if where == "--installed":
+        import exllamav3_ext
+        import exllamav3_ext_facc
+        import pp4_p2p
+
+        assert "pp4" not in sys.modules
+        return exllamav3_ext, exllamav3_ext_facc, pp4_p2p
+    sys.path.insert(0, str(REPO))
+    from pp4.certify.loader import load_target
+
+    return load_target("exl3", where), load_target("exl3-facc", where), load_target("p2p", where)
 
 
 def main() -> int:
-    builddir = Path(sys.argv[1])
     import torch
 
-    from pp4.certify.loader import load_target
-
-    stock = load_target("exl3", builddir)
-    facc = load_target("exl3-facc", builddir)
-    p2p = load_target("p2p", builddir)
+    stock, facc, p2p = modules(sys.argv[1])
     ctx_before = torch.cuda.is_initialized()
     print(f"imported together: {stock.__name__}, {facc.__name__}, {p2p.__name__}; CUDA initialised by imports: {ctx_before}")
     out = {"imported": [stock.__name__, facc.__name__, p2p.__name__], "cuda_initialised_by_import": ctx_before}
