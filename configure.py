@@ -164,7 +164,10 @@ def python_command() -> list[str]:
                            cwd="/", env=env, capture_output=True, text=True)
     if probe.returncode == 0 and Path(probe.stdout).resolve().parent == ROOT / "pp4":
         return [sys.executable]
-    return ["env", f"PYTHONPATH={ROOT}", sys.executable]
+    # pp4's folder first, then the folders of PYTHONPATH as configure saw them: optional clients
+    # (redis-py for --remote-store) may live only there, and the reuse rule imports them.
+    entries = [str(ROOT), *(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)]
+    return ["env", "PYTHONPATH=" + os.pathsep.join(dict.fromkeys(entries)), sys.executable]
 
 
 def ninja_binary() -> str:
