@@ -30,13 +30,14 @@ import time
 from pathlib import Path
 from urllib.parse import quote, unquote, urlsplit
 
+from pp4 import backoff
 from pp4.files import canonical_json
 from pp4.store.records import ActionRecord, _InvalidRecord, decode_record, encode_record
 from pp4.store.remote import REDACTED, RemoteStorage, RemoteUnavailable, open_remote, redact
 
 MODES = ("read", "readwrite")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
-RETRY_S = 60.0
+RETRY_S = backoff.RETRY_S
 MANIFEST_ENTRIES = 16
 
 
@@ -252,23 +253,11 @@ def refusals(state_dir: str | Path) -> list[str]:
 
 
 def _recently_down(folder: Path) -> bool:
-    try:
-        return time.time() - (folder / "down").stat().st_mtime < RETRY_S
-    except OSError:
-        return False
+    return backoff.recently_down(folder, RETRY_S)
 
 
 def _mark_down(folder: Path, reason: str) -> None:
     """Record that the remote failed; the first process to record it says so."""
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        marker = folder / "down"
-        fresh = not _recently_down(folder)
-        tmp = folder / f".down.{os.getpid()}"
-        tmp.write_text(reason + "\n")
-        os.replace(tmp, marker)
-    except OSError:
-        fresh = True
-    if fresh:
+    if backoff.mark_down(folder, reason, RETRY_S):
         print(f"pp4.reuse: warning: {reason}; going on with the local store alone (the remote store is tried "
               f"again after {RETRY_S:.0f} s)", file=sys.stderr)
