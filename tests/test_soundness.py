@@ -408,3 +408,56 @@ def test_damaged_stored_object_is_recompiled_with_a_warning(lab):
     got, _ = lab.compare()
     assert got.status == {CU: "compiled", CPP: "reused"}
     assert re.search(r"pp4\.reuse: warning: .*(damaged|corrupt).*compiling \S*tagged\.cu\.o instead", got.out, re.I), got.out
+
+
+ANON_CU = """\
+namespace {
+__global__ void scale_kernel(float* x, float s) { x[threadIdx.x] *= s; }
+}
+void scale(float* x, float s) { scale_kernel<<<1, 32>>>(x, s); }
+"""
+PLAIN_CU = """\
+__global__ void shift_kernel(float* x, float s) { x[threadIdx.x] += s; }
+void shift(float* x, float s) { shift_kernel<<<1, 32>>>(x, s); }
+"""
+
+
+def test_a_cuda_unit_whose_object_names_its_folder_is_reused_only_from_that_folder(tmp_path, toolchain):
+    """nvcc names an anonymous namespace after the real path of the source file, so the same unit
+    compiled in another folder is another object. Moved to a new folder, such a unit is compiled
+    again (and equals a compile there), while a unit without one is still restored."""
+    def tree(folder: Path) -> Path:
+        (folder / "src").mkdir(parents=True)
+        (folder / "src" / "anon.cu").write_text(ANON_CU)
+        (folder / "src" / "plain.cu").write_text(PLAIN_CU)
+        (folder / "ext.toml").write_text('name = "pp4_anon"\nsources = ["src/anon.cu", "src/plain.cu"]\n')
+        return folder / "ext.toml"
+
+    def build(spec: Path, work: Path, *extra: str) -> dict[str, tuple[str, bytes]]:
+        work.mkdir()
+        run([sys.executable, str(REPO / "configure.py"), "--arch", "9.0", "--ext-spec", str(spec),
+             "--store", str(tmp_path / "store"), *extra], work)
+        run([ninja_bin(), "build/pp4_anon/obj/src/anon.cu.o", "build/pp4_anon/obj/src/plain.cu.o"], work)
+        from pp4.reuse.events import Events
+
+        known = Events(str(work / "build" / ".pp4"))
+        out = {}
+        for name in ("anon.cu.o", "plain.cu.o"):
+            rel = f"build/pp4_anon/obj/src/{name}"
+            out[name] = (known.get(rel)["status"], (work / rel).read_bytes())
+        return out
+
+    first = build(tree(tmp_path / "a"), tmp_path / "work-a")
+    moved = tree(tmp_path / "b")
+    second = build(moved, tmp_path / "work-b")
+    real = build(moved, tmp_path / "work-b-real", "--no-reuse")
+    assert first["anon.cu.o"][0] == "compiled" and second["anon.cu.o"][0] == "compiled"
+    assert second["plain.cu.o"][0] == "reused"
+    # The oracle: compiling in the other folder really gives another object, and what the build
+    # used is what compiling there gives.
+    assert masked(first["anon.cu.o"][1]) != masked(real["anon.cu.o"][1])
+    assert masked(second["anon.cu.o"][1]) == masked(real["anon.cu.o"][1])
+    assert masked(second["plain.cu.o"][1]) == masked(real["plain.cu.o"][1])
+    # Back in the first folder the first object is found again.
+    again = build(tmp_path / "a" / "ext.toml", tmp_path / "work-a2")
+    assert again["anon.cu.o"][0] == "reused" and masked(again["anon.cu.o"][1]) == masked(first["anon.cu.o"][1])

@@ -141,6 +141,10 @@ class Audit:
                     problems.append(f"input {path} has sha256 {got}, certificate says {want}")
             for sid in obj.get("input_sets", []):
                 problems += set_problems.get(sid, [f"input set {sid[:16]} is not in the certificate"])
+            bound = obj.get("source_realpath")
+            if bound and os.path.realpath(obj["source"]) != bound:
+                problems.append(f"the object names its source's folder {os.path.dirname(bound)} (an anonymous "
+                                f"namespace), but the source is now {os.path.realpath(obj['source'])}")
             if not problems:  # same bytes in: do the compilers and the include search still match?
                 problems += self.check_basis(obj)
             if problems:

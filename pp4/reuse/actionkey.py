@@ -198,14 +198,33 @@ def embeds_cwd(args: CompileArgs) -> bool:
     return debug
 
 
+NOT_CHECKED = object()  # an entry from before the source-path check: no "source_realpath" field
+
+
 def action_key(mkey: str, inputs: list[list[str]], input_sets: list[str], erased: dict[str, str] | None,
-               probes: str) -> str:
+               probes: str, source_realpath=NOT_CHECKED) -> str:
     """inputs: the unit's own inputs with their sha256; input_sets: the names (content hashes) of
     the sets holding the others; probes: the digest of what its include search could find
     (pp4.probes). erased is None when no input mentions an erasable identifier: then its value
-    cannot matter."""
+    cannot matter. source_realpath (CUDA units): where the source file really is when the object
+    names it (names_its_source_path), None when it was checked not to; part of the key either way,
+    so that no entry can claim the check without its key saying so."""
     doc = {"manifest": mkey, "inputs": inputs, "input_sets": input_sets, "erased": erased, "probes": probes}
+    if source_realpath is not NOT_CHECKED:
+        doc["source_realpath"] = source_realpath
     return hashlib.sha256(canonical_json(doc)).hexdigest()
+
+
+# nvcc's front end (cudafe++) names an anonymous namespace _GLOBAL__N__<8 hex>_<file>_<8 hex>, where
+# the first hash is of the source file's real path (measured: the same unit in two folders gives
+# two names; through a symbolic link, the name of the real folder). Such an object is what a
+# compile gives only at that path, so its key names the path. Static kernels and static device
+# variables (no such name) were measured not to depend on the folder.
+_PATH_HASHED_NAME = re.compile(rb"_GLOBAL__N__[0-9a-f]{8}_")
+
+
+def names_its_source_path(object_bytes: bytes) -> bool:
+    return _PATH_HASHED_NAME.search(object_bytes) is not None
 
 
 class FileHasher:

@@ -170,6 +170,11 @@ class Reuser:
         """Whether a sound entry's inputs are this compile's: the same bytes, sets and probes."""
         if entry.get("uses_erasable") and entry.get("erased") != erased:
             return False  # an input mentions the module name or internals id: values must match
+        if args.language == "cuda":  # the object may name where its source was (actionkey.names_its_source_path)
+            if "source_realpath" not in entry:
+                return False  # stored before pp4 checked: whether it names another folder is unknown
+            if entry["source_realpath"] is not None and entry["source_realpath"] != os.path.realpath(args.source):
+                return False
         own = [(actionkey.from_src(p, root), p, sha) for p, sha in entry["inputs"]]
         if any(self.hasher.sha256(p) != sha for p, _, sha in own):
             return False
@@ -269,8 +274,11 @@ class Reuser:
         digest = self.basis.probe_digest(args, env, [(actionkey.from_src(p, root), p) for p, _ in own], sets, self.state_sets)
         sha, _ = sha256_and_size(args.output)
         toolchain = self.identity(args, env).hashes
+        bound = source_path_bound(args) if args.language == "cuda" else actionkey.NOT_CHECKED
         result = {"action_key": None, "inputs": own, "input_sets": sets, "probes": digest, "object_sha256": sha,
                   "not_stored": None, "env": env, "toolchain": toolchain}
+        if bound is not actionkey.NOT_CHECKED:
+            result["source_realpath"] = bound
         if self.store is None:
             return dict(result, not_stored=self.store_problem or "reuse is off")
         for p, h in zip(deps, hashes):
@@ -286,13 +294,16 @@ class Reuser:
             return dict(result, not_stored=f"{unkeyed[0][0]} uses {unkeyed[0][1]} (a file's modification time, "
                                            "which no key covers): this unit is compiled every time")
         uses = any(self.hasher.mentions(p, name.encode()) for p in deps for name in self.cfg.erasable)
-        akey = actionkey.action_key(mkey, own, sets, erased if uses else None, digest)
+        akey = actionkey.action_key(mkey, own, sets, erased if uses else None, digest, bound)
         payload = {"manifest_key": mkey, "command": normalized, "inputs": own, "input_sets": sets, "erased": erased,
+                   "source_realpath": None if bound is actionkey.NOT_CHECKED else bound,
                    "uses_erasable": uses, "probes": digest, "toolchain": toolchain, "env": env,
                    "compiled_for": {"output": os.path.abspath(args.output), "root": root, "cwd": os.getcwd()},
                    "duration_s": round(duration, 3)}
         entry = {"action_key": akey, "inputs": own, "input_sets": sets, "probes": digest, "uses_erasable": uses,
                  "erased": erased if uses else None}
+        if bound is not actionkey.NOT_CHECKED:
+            entry["source_realpath"] = bound
         existing = self.store.lookup(akey)
         if existing is not None:
             # Its twin (the same unit of another variant) stored this action first. Both objects
@@ -371,10 +382,22 @@ class Reuser:
                               input_sets=hit.entry["input_sets"], probes=hit.entry["probes"],
                               reused_from=payload.get("compiled_for"), compile_duration_s=payload.get("duration_s"),
                               restore_duration_s=round(seconds, 4), toolchain=self.identity(args, env).hashes,
-                              env=env)
+                              env=env, **({"source_realpath": hit.entry["source_realpath"]}
+                                          if "source_realpath" in hit.entry else {}))
 
     def hit_event(self, args: CompileArgs, env: dict[str, str], hit: Hit, seconds: float, via: str) -> None:
         events.write(self.cfg.state_dir, args.output, self.hit_doc(args, env, hit, seconds, via))
+
+
+def source_path_bound(args: CompileArgs) -> str | None:
+    """The real path of a CUDA unit's source when its object names it (an anonymous namespace:
+    actionkey.names_its_source_path), else None. (g++ names an anonymous namespace _GLOBAL__N_1,
+    whatever the folder: C++ units are never bound.)"""
+    try:
+        data = Path(args.output).read_bytes()
+    except OSError:
+        return None
+    return os.path.realpath(args.source) if actionkey.names_its_source_path(data) else None
 
 
 def sound_entry(mkey: str, entry) -> bool:
@@ -385,7 +408,8 @@ def sound_entry(mkey: str, entry) -> bool:
                 and all(isinstance(s, str) for s in entry["input_sets"])
                 and isinstance(entry["probes"], str)
                 and actionkey.action_key(mkey, entry["inputs"], entry["input_sets"], entry.get("erased"),
-                                         entry["probes"]) == entry["action_key"])
+                                         entry["probes"], entry.get("source_realpath", actionkey.NOT_CHECKED))
+                == entry["action_key"])
     except (TypeError, ValueError, KeyError, AttributeError):
         return False
 
