@@ -89,7 +89,8 @@ def document(config_path: Path, actions_path: Path, builddir: Path, targets: set
             "object_sha256": sha, "object_size": size, "argv": action["argv"], "env": action.get("env", {}),
             "toolchain": ev.get("toolchain"), "compile_duration_s": ev.get("compile_duration_s"),
             "tier": ev.get("tier") or ("local" if ev["status"] == "reused" else None),
-            "fetched_from": ev.get("fetched_from"),
+            "fetched_from": ev.get("fetched_from"), "executed_on": ev.get("executed_on"),
+            "source_realpath": ev.get("source_realpath"),
         })
         for sid in ev.get("input_sets", []):
             if sid not in sets:
