@@ -34,6 +34,7 @@ from pp4.plan import ninjafile  # noqa: E402
 from pp4.plan.torchflags import setuptools_flags, torch_build_flags  # noqa: E402
 from pp4.sizes import parse_size  # noqa: E402
 from pp4.reuse import relocate  # noqa: E402
+from pp4.reuse.cluster import executor  # noqa: E402
 from pp4.sources import exl3  # noqa: E402
 from pp4.sources import extensions  # noqa: E402
 from pp4.sources import setuppy  # noqa: E402
@@ -105,6 +106,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     reuse.add_argument("--remote-expire-days", type=float, metavar="DAYS",
                        help="a remote value nobody read for this long expires (Redis; default: the server's "
                             "maxmemory-policy decides)")
+    cluster = ap.add_argument_group("compiling on a cluster (see docs/cluster.md)")
+    cluster.add_argument("--executor", metavar="ray://HOST:PORT",
+                         help="run compiles that miss the store on this Ray cluster (`ray` alone: $RAY_ADDRESS); "
+                              "-j defaults to the cluster's CPUs")
+    cluster.add_argument("--executor-timeout", type=float, metavar="SECONDS",
+                         help=f"a compile not back from the cluster after this long is run here (default: "
+                              f"{executor.DEFAULT_TIMEOUT_S:.0f})")
     env = ap.add_argument_group("the compile environment (see docs/reuse.md): compilers get only what pp4 chose")
     env.add_argument("--compile-env", action="append", default=[], metavar="NAME=VALUE",
                      help="also pass this variable to every compiler and linker (repeatable; part of the key)")
@@ -305,6 +313,29 @@ def remote_settings(args, builddir: Path) -> dict | None:
     return settings
 
 
+def executor_settings(args, tc: toolchain.Toolchain) -> tuple[dict | None, int | None]:
+    """What build/pp4.json records for --executor, and the cluster's CPUs (None: not reachable now)."""
+    if not args.executor:
+        if args.executor_timeout is not None:
+            raise ConfigureError("--executor-timeout needs --executor")
+        return None, None
+    try:
+        address = executor.parse_address(args.executor)
+    except executor.ClusterError as e:
+        raise ConfigureError(str(e)) from None
+    if args.executor_timeout is not None and args.executor_timeout <= 0:
+        raise ConfigureError(f"--executor-timeout {args.executor_timeout}: a compile needs more than 0 seconds")
+    settings = {"address": address, "timeout_s": args.executor_timeout or executor.DEFAULT_TIMEOUT_S,
+                "toolchain": {"cuda_release": torch_cuda_version() if tc.pinned else None, "path": str(tc.prefix)}}
+    try:
+        cpus = executor.cluster_cpus(address)
+    except Exception as e:  # noqa: BLE001 - any failure to reach it: the build compiles here until it answers
+        print(f"configure: warning: {e}; compiles run here until the cluster answers")
+        return settings, None
+    print(f"configure: cluster {address}: {cpus} CPUs; compiles that miss the store run there")
+    return settings, cpus
+
+
 def _default_store(args) -> Path:
     from pp4.store.local import default_store_dir
 
@@ -400,7 +431,8 @@ def main(argv: list[str]) -> int:
     identifier.save()
 
     cpus = parse_cpu_list(args.cpus) if args.cpus else tuple(sorted(os.sched_getaffinity(0)))
-    jobs = default_jobs(cpus) if args.jobs is None else args.jobs
+    executor_doc, cluster_cpus = executor_settings(args, tc)
+    jobs = args.jobs if args.jobs is not None else cluster_cpus if cluster_cpus else default_jobs(cpus)
     limits = Limits(cpus=cpus, nice=args.nice,
                     address_space=parse_size(args.max_memory, positive=True) if args.max_memory else None,
                     nvcc_threads=args.compiler_threads, tmpdir=str(compile_tmpdir(builddir)))
@@ -408,7 +440,7 @@ def main(argv: list[str]) -> int:
     config = {
         "limits": json.loads(limits.to_json()),
         "reuse": {"store": store_dir, "remote": remote, "roots": sorted({str(e.root) for e in exts}),
-                  "relocation": places,
+                  "relocation": places, "executor": executor_doc,
                   "erasable": sorted({d for e in exts for d in e.erasable_defines}),
                   "toolchain": toolchain.identity(tc), "state_dir": str(builddir / ".pp4")},
         "compile": compile_section,

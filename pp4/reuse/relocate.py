@@ -36,9 +36,11 @@ class Relocation:
     spellings: tuple[tuple[str, str], ...] = ()
 
     @classmethod
-    def from_dict(cls, doc: dict | None) -> "Relocation":
+    def from_dict(cls, doc: dict | None, names: tuple[str, ...] = PLACEHOLDERS) -> "Relocation":
+        """names: the placeholders taken from doc (a compile sent to a cluster node also names its
+        source tree and working folder, pp4/reuse/cluster/)."""
         places = [(name, os.path.normpath(folder)) for name, folder in (doc or {}).items()
-                  if name in PLACEHOLDERS and os.path.isabs(folder) and os.path.normpath(folder) not in TOO_GENERAL]
+                  if name in names and os.path.isabs(folder) and os.path.normpath(folder) not in TOO_GENERAL]
         spellings = {(name, f) for name, folder in places for f in (folder, os.path.realpath(folder))
                      if f not in TOO_GENERAL}
         return cls(tuple(places), tuple(sorted(spellings, key=lambda nf: (len(nf[1]), nf), reverse=True)))

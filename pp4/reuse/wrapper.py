@@ -33,6 +33,7 @@ from pp4.files import sha256_and_size
 from pp4.reuse import actionkey, events, inputsets, relocate
 from pp4.reuse.actionkey import CompileArgs
 from pp4.reuse.basis import Basis
+from pp4.reuse.cluster.executor import ClusterExecutor
 from pp4.reuse.launch import apply, command_for
 from pp4.reuse.relocate import Relocation
 from pp4.sources.extensions import may_be_shared
@@ -62,6 +63,7 @@ class ReuseConfig:
     folded: dict  # the toolchain variables configure folded into build.ninja, as it saw them
     remote: dict | None = None  # {"url" (no password), "mode", "ttl"}: the remote tier, if any
     relocation: Relocation = Relocation()  # this machine's folders behind $TORCH, $TOOLCHAIN, ...
+    executor: dict | None = None  # {"address", "timeout_s", "toolchain"}: misses compile on a Ray cluster
 
     @classmethod
     def load(cls, path: str | Path) -> "ReuseConfig":
@@ -71,7 +73,7 @@ class ReuseConfig:
                    erasable=tuple(r["erasable"]), compilers=Compilers.from_dict(doc["compile"]["compilers"]),
                    state_dir=r["state_dir"], limits=Limits.from_dict(doc["limits"]),
                    folded=doc["compile"].get("folded", {}), remote=r.get("remote"),
-                   relocation=Relocation.from_dict(r.get("relocation")))
+                   relocation=Relocation.from_dict(r.get("relocation")), executor=r.get("executor"))
 
     def tmpdir(self) -> Path:
         return Path(self.limits.tmpdir) if self.limits.tmpdir else Path(os.environ.get("TMPDIR", "/tmp"))
@@ -489,6 +491,15 @@ def _compile(cfg: ReuseConfig, reuser: Reuser, args: CompileArgs, env: dict[str,
     tmpdir = cfg.tmpdir()
     tmpdir.mkdir(parents=True, exist_ok=True)
     started = time.time()
+    cluster = ClusterExecutor.from_config(cfg.executor, cfg.relocation, cfg.state_dir)
+    if cluster is not None:
+        done = cluster.run(args, env, list(argv), cfg.root_for(args.source), reuser.identity(args, env).hashes,
+                           cfg.compilers.to_dict(), cfg.limits, reuser.hasher.sha256)
+        if done is not None:
+            stored = reuser.store_compile(args, env, started, done.duration_s)
+            reuser.event(args, status="compiled", compile_duration_s=done.duration_s, executed_on=done.node, **stored)
+            reuser.basis.save()
+            return 0
     t1 = time.monotonic()
     proc = subprocess.run(command_for(cfg.limits, list(argv)), env=compilerenv.process_env(env, tmpdir),
                           preexec_fn=lambda: apply(cfg.limits))

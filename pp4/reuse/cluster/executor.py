@@ -1,0 +1,221 @@
+"""A compile that missed the store, run on a Ray cluster instead of here (`--executor ray://HOST:PORT`).
+
+The reuse wrapper hands a miss to ClusterExecutor.run. It connects to the cluster as a Ray driver
+(HOST:PORT is the address `ray start --head` prints), sends the compile as a task (pp4/reuse/cluster/
+node.py: the command and environment with every folder named by a placeholder, the identity of the
+compilers, and the extension's source tree as content-addressed blobs put into Ray's object store,
+which a node fetches only where it lacks them), and waits a bounded time. Before anything is
+written, every input the node's dependency file names is mapped back to this machine and must
+have here the sha256 the node read: a node that compiled against other bytes (another torch,
+another header, another compiler) is caught and its object never used. Then the object and a
+dependency file naming this machine's paths are written, and the wrapper stores the compile as
+it stores a local one: the same key, record and event, plus the node it ran on.
+
+Whenever the cluster cannot give a checked object (pp4's Ray extra missing, the cluster unreachable
+or lost, a node refusing, dying or slower than the timeout, a compile error there), run() says why
+once and returns None, and the wrapper compiles here. A cluster found unreachable is left alone by
+every process of the build for backoff.RETRY_S.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import sys
+from pathlib import Path
+
+import attrs
+
+from pp4 import backoff
+from pp4.files import write_whole
+from pp4.paths import LOCK_DIR
+from pp4.reuse import actionkey
+from pp4.reuse.actionkey import CompileArgs
+from pp4.reuse.cluster.node import NODE_NAMES, mapped_strings
+from pp4.reuse.relocate import Relocation
+from pp4.sources.extensions import SOURCE_SUFFIXES
+
+DEFAULT_TIMEOUT_S = 3600.0  # a node gets this long for one compile (EXL3's longest: 266 s on the H200)
+CONNECT_TIMEOUT_S = 5.0
+TASK_RETRIES = 2  # a task whose worker or node dies is run again elsewhere, this many times
+PP4_PACKAGE = Path(__file__).resolve().parent.parent.parent
+
+
+class ClusterError(Exception):
+    pass
+
+
+@attrs.frozen
+class Done:
+    node: str
+    duration_s: float
+
+
+def parse_address(text: str) -> str:
+    """HOST:PORT of `--executor ray://HOST:PORT`; `ray` alone: $RAY_ADDRESS. ClusterError otherwise."""
+    if text == "ray":
+        address = os.environ.get("RAY_ADDRESS", "")
+        if not address:
+            raise ClusterError("--executor ray: no cluster address: pass --executor ray://HOST:PORT (the address "
+                               "`ray start --head` prints) or set RAY_ADDRESS")
+    elif text.startswith("ray://"):
+        address = text[len("ray://"):]
+    else:
+        raise ClusterError(f"--executor {text}: not a Ray cluster; use ray://HOST:PORT (the address `ray start "
+                           "--head` prints)")
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ClusterError(f"--executor {text}: {address!r} is not HOST:PORT")
+    return address
+
+
+def reachable(address: str) -> str | None:
+    """None when something answers at the cluster's address, else why not. (ray.init itself waits
+    minutes for a dead address.)"""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_S):
+            return None
+    except OSError as e:
+        return f"cluster {address} does not answer ({e.strerror or e})"
+
+
+def connect(address: str) -> None:
+    """This process as a driver of the cluster, with pp4's own code shipped to its workers."""
+    try:
+        import ray
+    except ImportError:
+        raise ClusterError("the Ray client is not installed (pip install 'pp4[ray]')") from None
+    problem = reachable(address)
+    if problem:
+        raise ClusterError(problem)
+    if not ray.is_initialized():
+        ray.init(address=address, namespace="pp4", logging_level="ERROR", log_to_driver=False,
+                 configure_logging=False, runtime_env={"py_modules": [str(PP4_PACKAGE)]})
+
+
+def cluster_cpus(address: str) -> int:
+    """The cluster's CPUs, for configure's compile pool."""
+    connect(address)
+    import ray
+
+    return int(ray.cluster_resources().get("CPU", 0))
+
+
+def _remote_compile():
+    import ray
+
+    from pp4.reuse.cluster.node import compile_task
+
+    @ray.remote(num_cpus=1, max_retries=TASK_RETRIES)
+    def compile_remote(task: dict, blobs: dict):
+        return compile_task(task, lambda sha: ray.get(blobs[sha]))
+
+    return compile_remote
+
+
+class ClusterExecutor:
+    def __init__(self, settings: dict, relocation: Relocation, state_dir: str):
+        self.address = settings["address"]
+        self.timeout_s = float(settings.get("timeout_s") or DEFAULT_TIMEOUT_S)
+        self.toolchain = settings["toolchain"]  # {"cuda_release": "13.0" | None, "path": prefix}
+        self.relocation = relocation
+        self.folder = Path(state_dir) / "cluster"
+
+    @classmethod
+    def from_config(cls, settings: dict | None, relocation: Relocation, state_dir: str) -> "ClusterExecutor | None":
+        if not settings or backoff.recently_down(Path(state_dir) / "cluster"):
+            return None
+        return cls(settings, relocation, state_dir)
+
+    def warn(self, message: str) -> None:
+        print(f"pp4.reuse: warning: {message}; compiling here", file=sys.stderr)
+
+    def down(self, reason: str) -> None:
+        if backoff.mark_down(self.folder, reason):
+            print(f"pp4.reuse: warning: {reason}; compiling here (the cluster is tried again after "
+                  f"{backoff.RETRY_S:.0f} s)", file=sys.stderr)
+
+    def run(self, args: CompileArgs, env: dict[str, str], argv: list[str], root: str | None, identity: dict,
+            compilers: dict, limits, sha256) -> Done | None:
+        """Compile on the cluster and write the checked object and its dependency file; None: not
+        done there (said why), compile here. sha256(path): this machine's hash of a file."""
+        if root is None:
+            return None  # a source outside every extension tree: nothing to send it with
+        try:
+            connect(self.address)
+        except ClusterError as e:
+            self.down(str(e))
+            return None
+        except Exception as e:  # noqa: BLE001 - Ray's own errors: the cluster cannot be used now
+            self.down(f"cluster {self.address}: {type(e).__name__}: {e}")
+            return None
+        import ray
+
+        cwd = os.getcwd()
+        mapping = Relocation.from_dict({**self.relocation.to_dict(), "$ROOT": root, "$CWD": cwd}, NODE_NAMES)
+        tree = self._tree(root, args.source, sha256)
+        task = {
+            "argv": [mapping.portable(a) for a in argv], "env": {k: mapping.portable(v) for k, v in env.items()},
+            "language": args.language, "identity": identity, "compilers": mapped_strings(compilers, mapping.portable),
+            "tree": tree, "tree_id": hashlib.sha256(json.dumps(tree).encode()).hexdigest(), "root": root,
+            "cuda_release": self.toolchain["cuda_release"], "toolchain_path": self.toolchain["path"],
+            "lock_text": self._lock_text(),
+            "nice": limits.nice, "address_space": limits.address_space, "nvcc_threads": limits.nvcc_threads,
+        }
+        try:
+            blobs = {sha: ray.put(Path(root, rel).read_bytes()) for rel, sha in tree}
+            ref = _remote_compile().remote(task, blobs)
+        except Exception as e:  # noqa: BLE001
+            self.down(f"cluster {self.address}: cannot send the compile: {type(e).__name__}: {e}")
+            return None
+        try:
+            result = ray.get(ref, timeout=self.timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            ray.cancel(ref, force=True)
+            self.warn(f"no cluster node finished {args.output} within {self.timeout_s:.0f} s")
+            return None
+        except (ray.exceptions.RayError, ConnectionError) as e:
+            self.warn(f"the cluster lost the compile of {args.output} ({type(e).__name__}: {str(e).splitlines()[0][:200]})")
+            return None
+        if result.get("refused"):
+            self.warn(f"cluster node {result['node']} refused {args.output}: {result['refused']}")
+            return None
+        if result["returncode"] != 0:
+            self.warn(f"the compile of {args.output} failed on cluster node {result['node']}")
+            return None
+        if actionkey.names_its_source_path(result["object"]) and result["source_realpath"] != os.path.realpath(args.source):
+            self.warn(f"the object cluster node {result['node']} made of {args.output} names its source's folder "
+                      f"there ({os.path.dirname(result['source_realpath'])}), as nvcc does for an anonymous namespace; "
+                      "it is not the object a compile here gives")
+            return None
+        deps = []
+        for portable, node_sha in result["inputs"]:
+            here = mapping.local(portable)
+            if sha256(here) != node_sha:  # None: missing here
+                self.warn(f"cluster node {result['node']} compiled {args.output} against other bytes of {here} "
+                          "than this machine has; its object is not used")
+                return None
+            deps.append(here)
+        if result["output"]:
+            sys.stderr.write(result["output"])
+        write_whole(Path(args.output), result["object"])
+        Path(args.depfile).write_text(actionkey.format_depfile(args.output, deps))
+        return Done(node=result["node"], duration_s=result["duration_s"])
+
+    def _lock_text(self) -> str | None:
+        release = self.toolchain["cuda_release"]
+        return None if release is None else (LOCK_DIR / f"cuda-{release}.toml").read_text()
+
+    def _tree(self, root: str, source: str, sha256) -> list[list[str]]:
+        """The extension's sources and headers as (path below root, sha256), sorted."""
+        files = {p for p in Path(root).rglob("*") if p.suffix in SOURCE_SUFFIXES and p.is_file()}
+        files.add(Path(source).absolute())
+        out = []
+        for p in sorted(files):
+            rel = os.path.relpath(p, root)
+            if not rel.startswith(".."):
+                out.append([rel, sha256(str(p))])
+        return out
