@@ -48,6 +48,7 @@ o1, m1 = digests(Path("/tmp/w1/pp4"))
 o2, m2 = digests(Path("/tmp/w2/pp4"))
 same = sum(o1[k] == o2.get(k) for k in o1)
 print(f"objects identical to checkout 1's compile: {same} of {len(o1)}; module identical: {m1 == m2}")
+print("differing:", sorted(k for k in o1 if o1[k] != o2.get(k)))
 from pp4.reuse.events import Events
 known = Events("/tmp/w2/pp4/build/.pp4")
 tiers = {}
@@ -60,3 +61,7 @@ print("checkout 2 objects by status/tier:", tiers)
 print("checkout 2 refused.log:", (Path("/tmp/w2/pp4/build/.pp4/remote/refused.log").read_text()
       if Path("/tmp/w2/pp4/build/.pp4/remote/refused.log").exists() else "none"))
 EOF
+# Restored objects against real compiles in checkout 2: the audit compiles some again from their
+# stored commands and compares them byte for byte (up to nvcc's pid digits).
+cd /tmp/w2/pp4 && $(python3 -c 'import ninja,os;print(os.path.join(ninja.BIN_DIR,"ninja"))') build/certificate.json.gz >/dev/null 2>&1
+timeout 150 python3 -m pp4.audit build/certificate.json.gz --recompile 4 --objects 2>&1 | tail -8 | tee "$OUT/audit.txt"

@@ -237,7 +237,9 @@ class Audit:
             if record is None:
                 self.fail(f"{obj['output']}: action {obj['action_key'][:16]} is gone from the store")
                 continue
-            root = (obj.get("reused_from") or {}).get("root") or obj.get("root")
+            # This build's sources: the question is whether compiling here gives the object used
+            # here (a CUDA object may name its source's folder, pp4/reuse/actionkey.py).
+            root = obj.get("root") or (obj.get("reused_from") or {}).get("root")
             out, dep = scratch / "recompiled.o", scratch / "recompiled.o.d"
             argv = [{"$OUT": str(out), "$DEP": str(dep)}.get(a, self.relocation.local(actionkey.from_src(a, root)))
                     for a in record.payload["command"]]
