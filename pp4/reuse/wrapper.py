@@ -33,7 +33,6 @@ from pp4.files import sha256_and_size
 from pp4.reuse import actionkey, events, inputsets, relocate
 from pp4.reuse.actionkey import CompileArgs
 from pp4.reuse.basis import Basis
-from pp4.reuse.cluster.executor import ClusterExecutor
 from pp4.reuse.launch import apply, command_for
 from pp4.reuse.relocate import Relocation
 from pp4.sources.extensions import may_be_shared
@@ -491,7 +490,11 @@ def _compile(cfg: ReuseConfig, reuser: Reuser, args: CompileArgs, env: dict[str,
     tmpdir = cfg.tmpdir()
     tmpdir.mkdir(parents=True, exist_ok=True)
     started = time.time()
-    cluster = ClusterExecutor.from_config(cfg.executor, cfg.relocation, cfg.state_dir)
+    cluster = None
+    if cfg.executor:  # imported only then: every compile's wrapper starts without it
+        from pp4.reuse.cluster.executor import ClusterExecutor
+
+        cluster = ClusterExecutor.from_config(cfg.executor, cfg.relocation, cfg.state_dir)
     if cluster is not None:
         done = cluster.run(args, env, list(argv), cfg.root_for(args.source), reuser.identity(args, env).hashes,
                            cfg.compilers.to_dict(), cfg.limits, reuser.hasher.sha256)
