@@ -44,23 +44,28 @@ def torch_version() -> str:
     return importlib.metadata.version("torch")
 
 
+def _version_py_field(text: str, name: str) -> tuple[bool, str | None]:
+    """(found, value) of one `name = '...'` (or None) line of torch/version.py."""
+    m = re.search(rf"^{name}\s*(?::\s*[^=]+)?=\s*(?:'([^']*)'|\"([^\"]*)\"|None)", text, re.M)
+    return (False, None) if not m else (True, m.group(1) or m.group(2) or None)
+
+
 def torch_version_fields() -> dict[str, str | None]:
     """torch.__version__, torch.version.cuda and torch.version.git_version, read from torch/version.py
-    without importing torch: what a running process reports about the torch it loaded."""
-    path = torch_package_dir() / "version.py"
-    text = path.read_text()
-    out: dict[str, str | None] = {}
-    for key, name in (("version", "__version__"), ("cuda", "cuda"), ("git_version", "git_version")):
-        m = re.search(rf"^{name}\s*(?::\s*[^=]+)?=\s*(?:'([^']*)'|\"([^\"]*)\"|None)", text, re.M)
-        if not m:
-            raise TorchError(f"cannot find {name} in {path}")
-        out[key] = m.group(1) or m.group(2) or None
-    return out
+    without importing torch (None where the file has none): what a running process reports about the
+    torch it loaded."""
+    text = (torch_package_dir() / "version.py").read_text()
+    return {key: _version_py_field(text, name)[1]
+            for key, name in (("version", "__version__"), ("cuda", "cuda"), ("git_version", "git_version"))}
 
 
 def torch_cuda_version() -> str | None:
     """torch.version.cuda, read from torch/version.py without importing torch."""
-    return torch_version_fields()["cuda"]
+    path = torch_package_dir() / "version.py"
+    found, value = _version_py_field(path.read_text(), "cuda")
+    if not found:
+        raise TorchError(f"cannot find the CUDA version in {path}")
+    return value
 
 
 def _record_sha256(hash_field) -> str | None:
