@@ -36,7 +36,7 @@ def makespan(durations: list[float], cores: int, overhead: float) -> float:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cores", default="16,64,256")
-    ap.add_argument("--overhead-s", type=float, default=1.5)
+    ap.add_argument("--overhead-s", type=float, default=1.8)
     ap.add_argument("--table", type=Path, default=REPO / "pp4" / "plan" / "durations" / "exl3-1.6.5.tsv")
     args = ap.parse_args()
     rows = [line.split("\t") for line in args.table.read_text().splitlines() if line and not line.startswith("#")]
