@@ -174,7 +174,10 @@ class ClusterExecutor:
         try:
             result = ray.get(ref, timeout=self.timeout_s)
         except ray.exceptions.GetTimeoutError:
-            ray.cancel(ref, force=True)
+            try:
+                ray.cancel(ref, force=True)
+            except Exception:  # noqa: BLE001 - the cluster went away meanwhile: nothing left to cancel
+                pass
             self.warn(f"no cluster node finished {args.output} within {self.timeout_s:.0f} s")
             return None
         except (ray.exceptions.RayError, ConnectionError) as e:
