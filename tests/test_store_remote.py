@@ -124,3 +124,45 @@ def test_a_folder_that_cannot_take_the_value_is_unavailable_not_a_crash(tmp_path
         remote.put(KEY, b"x")
     with pytest.raises(RemoteUnavailable, match="cannot read"):
         remote.get(KEY)
+
+
+def test_rediss_talks_tls_to_a_server_whose_certificate_is_trusted_and_refuses_one_that_is_not(tmp_path, monkeypatch):
+    """A real redis-server listening on TLS only, with a self-signed certificate made by openssl:
+    trusted through SSL_CERT_FILE (how a team points OpenSSL at its CA), rediss:// stores and reads;
+    untrusted, every call is RemoteUnavailable saying why; plain redis:// against it is refused too."""
+    pytest.importorskip("redis", reason="the Redis client (pip install 'pp4[redis]')")
+    if shutil.which("redis-server") is None or shutil.which("openssl") is None:
+        pytest.skip("redis-server or openssl is not installed")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+                    "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True)
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen([shutil.which("redis-server"), "--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1",
+                               "--tls-cert-file", str(cert), "--tls-key-file", str(key), "--tls-ca-cert-file", str(cert),
+                               "--tls-auth-clients", "no", "--save", "", "--appendonly", "no", "--dir", str(tmp_path)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                time.sleep(0.05)
+        monkeypatch.setenv("PP4_REMOTE_TIMEOUT", "2")
+        with pytest.raises(RemoteUnavailable, match="certificate verify failed"):
+            open_remote(f"rediss://127.0.0.1:{port}/0").get(KEY)
+        with pytest.raises(RemoteUnavailable):
+            open_remote(f"redis://127.0.0.1:{port}/0").get(KEY)
+        monkeypatch.setenv("SSL_CERT_FILE", str(cert))
+        trusted = open_remote(f"rediss://127.0.0.1:{port}/0")
+        trusted.put(KEY, b"over TLS")
+        assert trusted.get(KEY) == b"over TLS"
+    finally:
+        server.kill()
+        server.wait()
