@@ -9,7 +9,7 @@ A module `exllamav3_ext` built for target `exl3` becomes the distribution `exlla
     exllamav3_ext/pp4-build-record.json    its build record, plus the wheel's facts (torch pins)
     exllamav3_ext-1.6.5+pp4.<key>.dist-info/{METADATA,WHEEL,RECORD}
 
-The version is the sources' release (exllamav3's, or a spec's `version`) where one is known, else 0,
+The version is the sources' release where pp4 knows one (exllamav3's, for EXL3), else 0,
 with the module's source key as its local part: two builds from other sources, flags or toolchain
 never share a version. The metadata pins torch's distribution version, and the loader checks the
 running torch's version, CUDA version and git revision. The certificate carries no creation time,
