@@ -12,6 +12,14 @@ from pathlib import Path
 from conftest import REPO
 
 
+def as_from_a_terminal() -> None:
+    """Ctrl-C's conditions in the child: SIGINT at its default and not blocked, whatever this test
+    process inherited or was left with by libraries loaded before (in one full CI run both commands
+    below ignored SIGINT; every run of this file alone, or after the cluster tests, passed)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 def interrupt_when(proc: subprocess.Popen, ready, timeout: float = 120) -> tuple[int, str]:
     deadline = time.time() + timeout
     while not ready():
@@ -35,7 +43,7 @@ def test_the_worker_stops_with_one_line_and_removes_its_private_caches(tmp_path)
     with open(out, "w") as f:
         # The default geometry on a CPU: building its weights takes a minute, so SIGINT lands mid-build.
         proc = subprocess.Popen([sys.executable, "-m", "pp4.worker", "--device", "cpu"], stdout=f,
-                                stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+                                stderr=subprocess.PIPE, text=True, cwd=tmp_path, preexec_fn=as_from_a_terminal)
         rc, err = interrupt_when(proc, lambda: "private caches:" in out.read_text())
     assert rc == 130 and err.strip().splitlines()[-1] == "pp4.worker: interrupted" and "Traceback" not in err, err
     cache = out.read_text().split("private caches: ")[1].split()[0]
@@ -47,7 +55,8 @@ def test_configure_stops_with_one_line(tmp_path):
     env = dict(os.environ, PP4_SLOW_SETUP_STARTED=str(started))
     proc = subprocess.Popen([sys.executable, str(REPO / "configure.py"), "--arch", "9.0", "--setup-py",
                              str(REPO / "tests" / "fixtures" / "setuppy" / "slow")], cwd=tmp_path, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=as_from_a_terminal)
     rc, err = interrupt_when(proc, started.exists)
     assert rc == 130 and err.strip() == "configure.py: interrupted", err
     assert not (tmp_path / "build.ninja").exists()
