@@ -23,6 +23,7 @@ import hashlib
 import os
 import re
 import stat
+from pathlib import Path
 
 import attrs
 
@@ -225,6 +226,16 @@ _PATH_HASHED_NAME = re.compile(rb"_GLOBAL__N__[0-9a-f]{8}_")
 
 def names_its_source_path(object_bytes: bytes) -> bool:
     return _PATH_HASHED_NAME.search(object_bytes) is not None
+
+
+def source_path_bound(args: CompileArgs) -> str | None:
+    """The real path of a CUDA unit's source when its object names it, else None. (g++ names an
+    anonymous namespace _GLOBAL__N_1, whatever the folder: C++ units are never bound.)"""
+    try:
+        data = Path(args.output).read_bytes()
+    except OSError:
+        return None
+    return os.path.realpath(args.source) if names_its_source_path(data) else None
 
 
 class FileHasher:

@@ -275,7 +275,7 @@ class Reuser:
         digest = self.basis.probe_digest(args, env, [(actionkey.from_src(p, root), p) for p, _ in own], sets, self.state_sets)
         sha, _ = sha256_and_size(args.output)
         toolchain = self.identity(args, env).hashes
-        bound = source_path_bound(args) if args.language == "cuda" else actionkey.NOT_CHECKED
+        bound = actionkey.source_path_bound(args) if args.language == "cuda" else actionkey.NOT_CHECKED
         result = {"action_key": None, "inputs": own, "input_sets": sets, "probes": digest, "object_sha256": sha,
                   "not_stored": None, "env": env, "toolchain": toolchain}
         if bound is not actionkey.NOT_CHECKED:
@@ -388,17 +388,6 @@ class Reuser:
 
     def hit_event(self, args: CompileArgs, env: dict[str, str], hit: Hit, seconds: float, via: str) -> None:
         events.write(self.cfg.state_dir, args.output, self.hit_doc(args, env, hit, seconds, via))
-
-
-def source_path_bound(args: CompileArgs) -> str | None:
-    """The real path of a CUDA unit's source when its object names it (an anonymous namespace:
-    actionkey.names_its_source_path), else None. (g++ names an anonymous namespace _GLOBAL__N_1,
-    whatever the folder: C++ units are never bound.)"""
-    try:
-        data = Path(args.output).read_bytes()
-    except OSError:
-        return None
-    return os.path.realpath(args.source) if actionkey.names_its_source_path(data) else None
 
 
 def sound_entry(mkey: str, entry) -> bool:
