@@ -18,9 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
-import subprocess
 import sys
 import tempfile
 import threading
@@ -31,27 +29,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from pp4.reuse.events import Events  # noqa: E402
-
-EXL3_UNITS = ["quant/comp_units/quantize_tiles_frac_inst.cu", "quant/comp_units/exl3_gemv_int8_inst_coop_h2.cu",
-              "hadamard.cpp", "quant/comp_units/exl3_gemv_int8_inst_coop_k2.cu"]
-
-
-def ninja() -> str:
-    from ninja import BIN_DIR
-    return str(Path(BIN_DIR) / "ninja")
-
-
-def timed(cmd, cwd) -> dict:
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    t0 = time.monotonic()
-    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
-    wall = time.monotonic() - t0
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if proc.returncode != 0:
-        raise SystemExit(f"{cmd} failed in {cwd}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    return {"wall_s": round(wall, 2), "cpu_s": round(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime, 2),
-            "output": proc.stdout + proc.stderr}
-
+from remote_restore import EXL3_UNITS, ninja, timed  # noqa: E402  (bench/, this script's folder)
 
 def wrapper_rss_sampler(stop: threading.Event, peak: dict) -> None:
     """The largest resident size of one reuse wrapper (python -m pp4.reuse) seen, every 0.2 s."""

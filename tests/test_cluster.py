@@ -195,6 +195,19 @@ def _descendants(pid: int) -> list[int]:
     return kids + [d for k in kids for d in _descendants(k)]
 
 
+def a_compile_running_on_a_worker(timeout: float = 60) -> tuple[int, list[int]] | None:
+    """(pid of the Ray worker running a compile task, its compiler processes), once the compiler
+    runs under it; None when none does within timeout seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for pid in _processes_named("ray::compile_remote"):
+            kids = _descendants(pid)
+            if kids:
+                return pid, kids
+        time.sleep(0.1)
+    return None
+
+
 def test_a_stopped_node_is_waited_for_a_bounded_time_then_the_compile_runs_here(cluster, local_build, tmp_path):
     """The worker running the compile is stopped (SIGSTOP, compiler and all): after
     --executor-timeout the task is cancelled and the unit compiles here."""
@@ -205,19 +218,13 @@ def test_a_stopped_node_is_waited_for_a_bounded_time_then_the_compile_runs_here(
     stopped: list[int] = []
 
     def stop_the_first_compile():
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not stopped:
-            for pid in _processes_named("ray::compile_remote"):
-                kids = _descendants(pid)
-                if kids:  # the compiler is running under it
-                    for p in [pid, *kids]:
-                        try:
-                            os.kill(p, signal.SIGSTOP)
-                            stopped.append(p)
-                        except ProcessLookupError:
-                            pass
-                    return
-            time.sleep(0.1)
+        running = a_compile_running_on_a_worker()
+        for p in [running[0], *running[1]] if running else []:
+            try:
+                os.kill(p, signal.SIGSTOP)
+                stopped.append(p)
+            except ProcessLookupError:
+                pass
 
     t = threading.Thread(target=stop_the_first_compile)
     t.start()
@@ -246,16 +253,12 @@ def test_a_node_killed_mid_compile_is_replaced_and_nothing_wrong_is_stored(clust
     killed: list = []
 
     def kill_the_node_that_compiles():
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            for pid in _processes_named("ray::compile_remote"):
-                if _descendants(pid):
-                    for node in nodes:
-                        if node in c.worker_nodes and pid in _descendants(node.all_processes["raylet"][0].process.pid):
-                            c.remove_node(node, allow_graceful=False)
-                            killed.append(node)
-                            return
-            time.sleep(0.1)
+        running = a_compile_running_on_a_worker()
+        for node in nodes if running else []:
+            if node in c.worker_nodes and running[0] in _descendants(node.all_processes["raylet"][0].process.pid):
+                c.remove_node(node, allow_graceful=False)
+                killed.append(node)
+                return
 
     t = threading.Thread(target=kill_the_node_that_compiles)
     t.start()
