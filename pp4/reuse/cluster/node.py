@@ -78,7 +78,8 @@ def tree_here(task: dict, fetch) -> str:
     namespace after the source's real path (pp4/reuse/actionkey.py); else a copy rebuilt from blobs
     kept per node; fetch(sha) gives a blob's bytes."""
     shared = task["root"]
-    if os.path.isdir(shared) and all(_sha256_or_none(os.path.join(shared, rel)) == sha for rel, sha in task["tree"]):
+    hasher = actionkey.FileHasher()  # None for a file that is missing here
+    if os.path.isdir(shared) and all(hasher.sha256(os.path.join(shared, rel)) == sha for rel, sha in task["tree"]):
         return shared
     base = scratch()
     blobs = base / "blobs"
@@ -99,13 +100,6 @@ def tree_here(task: dict, fetch) -> str:
     except OSError:
         shutil.rmtree(staging, ignore_errors=True)
     return str(tree)
-
-
-def _sha256_or_none(path: str) -> str | None:
-    try:
-        return sha256_file(path)
-    except OSError:
-        return None
 
 
 def compile_task(task: dict, fetch) -> dict:
