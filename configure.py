@@ -49,7 +49,7 @@ from pp4.toolchain.locks import LockError, lock_for_cuda  # noqa: E402
 from pp4.toolchain.torchenv import TorchError, torch_cuda_version, torch_package_dir  # noqa: E402
 from pp4.toolchain.wheelcache import WheelError  # noqa: E402
 
-BUILTIN_EXTENSIONS = ["p2p", "exl3", "exl3-facc"]
+BUILTIN_EXTENSIONS = ["p2p", "exl3", "exl3-facc", "exl3-decode"]
 DEFAULT_EXTENSIONS = BUILTIN_EXTENSIONS
 DURATION_TABLES = ROOT / "pp4" / "plan" / "durations"
 COMPILE_MEMORY_GUESS = 5 << 30  # the heaviest known unit (EXL3 bindings.cpp) peaks at 4.5 GB
@@ -207,6 +207,9 @@ def select_extensions(args, builddir: Path, tc: toolchain.Toolchain, archs: list
     for name in names:
         if name == "p2p":
             exts.append(extensions.p2p())
+            continue
+        if name == "exl3-decode":
+            exts.append(extensions.exl3_decode())
             continue
         if exl3_root is None:
             # The pinned release is unpacked into the build tree; a checkout is used where it is.

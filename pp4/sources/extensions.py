@@ -110,6 +110,20 @@ def p2p() -> Extension:
     )
 
 
+def exl3_decode() -> Extension:
+    """pp4's EXL3 decode GEMM for the worker's few rows (pp4/worker/model/exl3_checkpoint.py's weights)."""
+    root = PACKAGE_DIR / "ext" / "exl3_decode"
+    return Extension(
+        target="exl3-decode",
+        module="pp4_exl3_decode",
+        root=root,
+        sources=("gemm_mul1.cu", "gemm_3inst.cu", "gemm_mcg.cu", "ops.cu", "bindings.cpp"),
+        cxx_flags=("-O2",),
+        cuda_flags=("-O3", "--use_fast_math"),
+        spec_files=(Path(__file__).resolve(),),
+    )
+
+
 def from_spec(path: Path) -> list[Extension]:
     """The extensions a TOML file describes (see this module's docstring)."""
     path = Path(os.path.abspath(path.expanduser()))  # normalized: a root spelled with .. must still match its sources

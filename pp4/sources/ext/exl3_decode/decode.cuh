@@ -1,0 +1,113 @@
+// EXL3's trellis decode, written from its format (exllamav3 1.6.5): which bits of a tile's stream
+// form a weight's 16-bit state, and which function of the state gives the weight.
+//
+// A 16x16 tile is a circular bitstream of 256*bits bits, stored as 16*bits int16 words whose 32-bit
+// pairs hold the stream's bits most significant first (word 2i+1's bits precede word 2i's). Weight
+// p of the tile (p = 0..255) is the 16 bits ending at stream bit (p+1)*bits, wrapping to the end.
+// Lane t of a warp decodes weights 8t..8t+7, which are the tensor-core B-fragment layout of the
+// tile: rows (the K axis) 2(t%4), +1, +8, +9 of column (the N axis) t/4 for weights 8t..8t+3 and of
+// column t/4 + 8 for 8t+4..8t+7.
+#pragma once
+
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+namespace pp4_exl3 {
+
+// The functions below also compile for the host, where the intrinsics become plain C++ of the same
+// result: tests/test_exl3_decode_host.py runs the decode's index arithmetic on the CPU that way.
+#define PP4_EXL3_HD __host__ __device__ __forceinline__
+
+// The 32 bits of hi:lo (a 64-bit value) starting `shift` bits up.
+PP4_EXL3_HD uint32_t funnel_right(uint32_t lo, uint32_t hi, int shift) {
+#if defined(__CUDA_ARCH__)
+  return __funnelshift_r(lo, hi, shift);
+#else
+  return static_cast<uint32_t>(((static_cast<uint64_t>(hi) << 32) | lo) >> (shift & 31));
+#endif
+}
+
+// c + the sum of x's four bytes.
+PP4_EXL3_HD uint32_t byte_sum_plus(uint32_t x, uint32_t c) {
+#if defined(__CUDA_ARCH__)
+  return __dp4a(x, 0x01010101u, c);
+#else
+  return c + (x & 0xff) + ((x >> 8) & 0xff) + ((x >> 16) & 0xff) + (x >> 24);
+#endif
+}
+
+// The states of weights p and p+1 (p even) from the tile's 32-bit words, as (state p, state p+1).
+template <int BITS>
+PP4_EXL3_HD void pair_states(const uint32_t* words, int p, uint32_t& s0, uint32_t& s1) {
+  constexpr int kWords = 8 * BITS;  // 32-bit words per tile
+  const int end = (p + 2) * BITS + 256 * BITS;  // one past weight p+1's last bit, kept positive
+  const int first = (end - 16 - BITS) >> 5;     // word holding weight p's first bit
+  const int last = (end - 1) >> 5;              // word holding weight p+1's last bit
+  const int shift = (last + 1) * 32 - end;
+  const uint32_t hi = words[first % kWords];
+  const uint32_t lo = words[last % kWords];
+  const uint32_t bits32 = funnel_right(lo, hi, shift);  // the 32 stream bits ending at `end`
+  s1 = bits32 & 0xffffu;
+  s0 = (bits32 >> BITS) & 0xffffu;
+}
+
+// Two weights from two states: codebook CB as exllamav3's decode_3inst / mcg / mul1 compute it,
+// with the same fp16 roundings (one per weight: a half add or a half fma of exact operands).
+template <int CB>
+PP4_EXL3_HD half2 decode_pair(uint32_t x0, uint32_t x1) {
+  if constexpr (CB == 2) {  // mul1: byte sum of the product, as an fp16 1024..2047, then an fma
+    x0 *= 0x83DCD12Du;
+    x1 *= 0x83DCD12Du;
+    const uint32_t sum0 = byte_sum_plus(x0, 0x6400u);
+    const uint32_t sum1 = byte_sum_plus(x1, 0x6400u);
+    const half2 h = __halves2half2(__ushort_as_half(static_cast<unsigned short>(sum0)),
+                                   __ushort_as_half(static_cast<unsigned short>(sum1)));
+#if defined(__CUDA_ARCH__)
+    return __hfma2(h, __half2half2(__ushort_as_half(0x1eee)), __half2half2(__ushort_as_half(0xc931)));
+#else
+    // h * k_inv (11 x 11 significant bits) and the sum (below 16, on a 2^-18 grid) are exact in
+    // float, so the one rounding to half is the fma's.
+    const float k_inv = __half2float(__ushort_as_half(0x1eee)), k_bias = __half2float(__ushort_as_half(0xc931));
+    return __floats2half2_rn(__low2float(h) * k_inv + k_bias, __high2float(h) * k_inv + k_bias);
+#endif
+  } else {
+    if constexpr (CB == 1) {  // mcg
+      x0 *= 0xCBAC1FEDu;
+      x1 *= 0xCBAC1FEDu;
+    } else {  // 3inst
+      x0 = x0 * 89226354u + 64248484u;
+      x1 = x1 * 89226354u + 64248484u;
+    }
+    x0 = (x0 & 0x8fff8fffu) ^ 0x3b603b60u;  // two fp16 bit patterns per word
+    x1 = (x1 & 0x8fff8fffu) ^ 0x3b603b60u;
+#if defined(__CUDA_ARCH__)
+    const half2 h0 = *reinterpret_cast<const half2*>(&x0);
+    const half2 h1 = *reinterpret_cast<const half2*>(&x1);
+    return __hadd2(__lows2half2(h0, h1), __highs2half2(h0, h1));  // (lo0 + hi0, lo1 + hi1)
+#else
+    auto half_of = [](uint32_t bits) { return __half2float(__ushort_as_half(static_cast<unsigned short>(bits))); };
+    return __floats2half2_rn(half_of(x0) + half_of(x0 >> 16), half_of(x1) + half_of(x1 >> 16));  // exact sums
+#endif
+  }
+}
+
+// Lane `lane`'s eight weights of one tile as two B fragments (columns t/4 and t/4 + 8), each two
+// half2 registers of (row 2(t%4), +1) and (row 2(t%4)+8, +9).
+template <int BITS, int CB>
+PP4_EXL3_HD void decode_lane(const uint32_t* words, int lane, uint32_t (&b0)[2], uint32_t (&b1)[2]) {
+  uint32_t r[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    uint32_t s0, s1;
+    pair_states<BITS>(words, lane * 8 + 2 * j, s0, s1);
+    const half2 d = decode_pair<CB>(s0, s1);
+    r[j] = *reinterpret_cast<const uint32_t*>(&d);
+  }
+  b0[0] = r[0];
+  b0[1] = r[1];
+  b1[0] = r[2];
+  b1[1] = r[3];
+}
+
+}  // namespace pp4_exl3

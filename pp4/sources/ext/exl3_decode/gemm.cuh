@@ -1,0 +1,180 @@
+// The decode GEMM kernel: partial sums of xh @ decode(trellis) for a few rows.
+//
+// A block of 8 warps owns 8 output tiles (128 columns) and one slice of K. The trellis words of its
+// 8 tiles in each 16-row K tile are contiguous (1 KiB at 4 bits), so they stream into shared
+// memory with cp.async, kStages stages of kTilesPerStage K tiles ahead of the decode. Each warp
+// decodes its own column tile straight into tensor-core B fragments (decode.cuh) and multiplies
+// with m16n8k16 MMAs, fp16 operands and fp32 accumulation; rows past M are zeros. Partial sums go to
+// their own [split] slice: no atomics, so every run adds in the same order.
+#pragma once
+
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "decode.cuh"
+#include "exl3_decode.h"
+
+namespace pp4_exl3 {
+
+constexpr int kWarps = 8;
+constexpr int kTilesPerStage = 2;
+constexpr int kStages = 4;
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* global) {
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(global));
+}
+
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+__device__ __forceinline__ uint32_t load_pair(const half* row, int col, bool valid) {
+  return valid ? __ldg(reinterpret_cast<const unsigned int*>(row + col)) : 0u;
+}
+
+// MB: 16-row MMA blocks (1: M <= 16, 2: M <= 32).
+template <int BITS, int CB, int MB>
+__global__ __launch_bounds__(kWarps * 32) void decode_gemm_kernel(const half* __restrict__ xh,
+                                                                 const uint32_t* __restrict__ trellis,
+                                                                 float* __restrict__ partials, int rows, int k,
+                                                                 int n, int k_tiles_per_split, Parts parts) {
+  constexpr int kTileWords = 8 * BITS;                 // 32-bit words per 16x16 tile
+  constexpr int kRowWords = kWarps * kTileWords;       // a block's 8 tiles in one K tile
+  constexpr int kStageWords = kTilesPerStage * kRowWords;
+  constexpr int kStageChunks = kStageWords / 4;        // 16-byte copies per stage
+  __shared__ __align__(16) uint32_t stage_words[kStages][kStageWords];
+
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int group = lane / 4;  // MMA fragment row (A, C) or column (B)
+  const int pair = lane % 4;   // MMA fragment column pair (A, C) or row pair (B)
+  const int n_tiles = n / 16;
+  const int first_tile = blockIdx.x * kWarps;
+  const int k_tiles = k / 16;
+  const int kt_begin = blockIdx.y * k_tiles_per_split;
+  const int kt_end = min(kt_begin + k_tiles_per_split, k_tiles);
+  const int steps = (kt_end - kt_begin) / kTilesPerStage;
+
+  int part = 0;
+  while (part + 1 < parts.count && first_tile >= parts.tile_end[part]) ++part;
+  const half* a_rows = xh + static_cast<size_t>(part) * rows * k;
+
+  auto load_stage = [&](int slot, int step) {
+    const int kt = kt_begin + step * kTilesPerStage;
+    for (int c = threadIdx.x; c < kStageChunks; c += kWarps * 32) {
+      const int r = c / (kRowWords / 4);
+      const int q = c % (kRowWords / 4);
+      const uint32_t* src = trellis + (static_cast<size_t>(kt + r) * n_tiles + first_tile) * kTileWords + q * 4;
+      cp_async16(&stage_words[slot][r * kRowWords + q * 4], src);
+    }
+  };
+
+  float acc[MB][2][4];
+#pragma unroll
+  for (int mb = 0; mb < MB; ++mb)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[mb][h][i] = 0.0f;
+
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < steps) load_stage(s, s);
+    cp_async_commit();
+  }
+
+  for (int step = 0; step < steps; ++step) {
+    cp_async_wait<kStages - 2>();
+    __syncthreads();
+    const int next = step + kStages - 1;
+    if (next < steps) load_stage(next % kStages, next);
+    cp_async_commit();
+
+    const uint32_t* stage = stage_words[step % kStages];
+#pragma unroll
+    for (int kk = 0; kk < kTilesPerStage; ++kk) {
+      const int col = (kt_begin + step * kTilesPerStage + kk) * 16 + 2 * pair;
+      uint32_t a[MB][4];
+#pragma unroll
+      for (int mb = 0; mb < MB; ++mb) {
+        const int r0 = mb * 16 + group;
+        const int r1 = r0 + 8;
+        const half* row0 = a_rows + static_cast<size_t>(r0) * k;
+        const half* row1 = a_rows + static_cast<size_t>(r1) * k;
+        a[mb][0] = load_pair(row0, col, r0 < rows);
+        a[mb][1] = load_pair(row1, col, r1 < rows);
+        a[mb][2] = load_pair(row0, col + 8, r0 < rows);
+        a[mb][3] = load_pair(row1, col + 8, r1 < rows);
+      }
+      uint32_t b0[2], b1[2];
+      decode_lane<BITS, CB>(stage + kk * kRowWords + warp * kTileWords, lane, b0, b1);
+#pragma unroll
+      for (int mb = 0; mb < MB; ++mb) {
+        mma_16816(acc[mb][0], a[mb], b0);
+        mma_16816(acc[mb][1], a[mb], b1);
+      }
+    }
+  }
+  cp_async_wait<0>();
+
+  float* out = partials + static_cast<size_t>(blockIdx.y) * rows * n;
+  const int tile_col = (first_tile + warp) * 16 + 2 * pair;
+#pragma unroll
+  for (int mb = 0; mb < MB; ++mb) {
+    const int r0 = mb * 16 + group;
+    const int r1 = r0 + 8;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int c = tile_col + h * 8;
+      if (r0 < rows) *reinterpret_cast<float2*>(out + static_cast<size_t>(r0) * n + c) = make_float2(acc[mb][h][0], acc[mb][h][1]);
+      if (r1 < rows) *reinterpret_cast<float2*>(out + static_cast<size_t>(r1) * n + c) = make_float2(acc[mb][h][2], acc[mb][h][3]);
+    }
+  }
+}
+
+template <int BITS, int CB>
+void launch_decode_gemm(const void* xh, const void* trellis, float* partials, int rows, int k, int n,
+                        const Parts& parts, int splits, int k_tiles_per_split, cudaStream_t stream) {
+  const dim3 grid(n / (16 * kWarps), splits);
+  const dim3 block(kWarps * 32);
+  const half* x = static_cast<const half*>(xh);
+  const uint32_t* t = static_cast<const uint32_t*>(trellis);
+  if (rows <= 16)
+    decode_gemm_kernel<BITS, CB, 1><<<grid, block, 0, stream>>>(x, t, partials, rows, k, n, k_tiles_per_split, parts);
+  else
+    decode_gemm_kernel<BITS, CB, 2><<<grid, block, 0, stream>>>(x, t, partials, rows, k, n, k_tiles_per_split, parts);
+}
+
+// One codebook's kernels for 2..8 bits; false where there is none.
+template <int CB>
+bool dispatch_decode_gemm(int bits, const void* xh, const void* trellis, float* partials, int rows, int k, int n,
+                          const Parts& parts, int splits, int k_tiles_per_split, cudaStream_t stream) {
+  switch (bits) {
+#define PP4_EXL3_CASE(B) \
+  case B: launch_decode_gemm<B, CB>(xh, trellis, partials, rows, k, n, parts, splits, k_tiles_per_split, stream); return true;
+    PP4_EXL3_CASE(2)
+    PP4_EXL3_CASE(3)
+    PP4_EXL3_CASE(4)
+    PP4_EXL3_CASE(5)
+    PP4_EXL3_CASE(6)
+    PP4_EXL3_CASE(7)
+    PP4_EXL3_CASE(8)
+#undef PP4_EXL3_CASE
+    default: return false;
+  }
+}
+
+}  // namespace pp4_exl3

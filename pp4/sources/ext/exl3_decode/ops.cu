@@ -1,0 +1,204 @@
+// The steps around the decode GEMM: the two Hadamard transforms, the decode alone (for tests), and
+// the choice of kernel by bits and codebook. Nothing runs at import: a CUDA context is created only
+// when a function is called.
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "decode.cuh"
+#include "exl3_decode.h"
+
+namespace pp4_exl3 {
+
+bool decode_gemm_3inst(int, const void*, const void*, float*, int, int, int, const Parts&, int, int, cudaStream_t);
+bool decode_gemm_mcg(int, const void*, const void*, float*, int, int, int, const Parts&, int, int, cudaStream_t);
+bool decode_gemm_mul1(int, const void*, const void*, float*, int, int, int, const Parts&, int, int, cudaStream_t);
+
+namespace {
+
+constexpr float kHadScale = 0.088388347648f;  // 1/sqrt(128)
+
+// The 128-point Sylvester-Hadamard transform of the 4 values each lane holds (elements 4t..4t+3),
+// in the order of additions exllamav3's had_r_128 uses: a 4-point transform in the lane, then the
+// butterflies across lanes 1, 2, 4, 8, 16 apart.
+__device__ __forceinline__ void hadamard128(float& h0, float& h1, float& h2, float& h3, int lane) {
+  const float s0 = h0 + h1, d0 = h0 - h1, s1 = h2 + h3, d1 = h2 - h3;
+  h0 = s0 + s1;
+  h1 = d0 + d1;
+  h2 = s0 - s1;
+  h3 = d0 - d1;
+#pragma unroll
+  for (int i = 1; i < 32; i <<= 1) {
+    const float p0 = __shfl_xor_sync(0xffffffffu, h0, i);
+    const float p1 = __shfl_xor_sync(0xffffffffu, h1, i);
+    const float p2 = __shfl_xor_sync(0xffffffffu, h2, i);
+    const float p3 = __shfl_xor_sync(0xffffffffu, h3, i);
+    if (lane & i) {  // the upper half of the butterfly: partner - own
+      h0 = -h0 + p0;
+      h1 = -h1 + p1;
+      h2 = -h2 + p2;
+      h3 = -h3 + p3;
+    } else {
+      h0 = h0 + p0;
+      h1 = h1 + p1;
+      h2 = h2 + p2;
+      h3 = h3 + p3;
+    }
+  }
+}
+
+// grid (K/128, M, parts), one warp: xh[p, m, block] = had128(x[m, block] * suh[p, block]) / sqrt(128).
+__global__ __launch_bounds__(32) void input_transform_kernel(const half* __restrict__ x, const half* __restrict__ suh,
+                                                             half* __restrict__ xh, int rows, int k) {
+  const int lane = threadIdx.x;
+  const int col = blockIdx.x * 128 + 4 * lane;
+  const int row = blockIdx.y;
+  const int part = blockIdx.z;
+  const half2* in = reinterpret_cast<const half2*>(x + static_cast<size_t>(row) * k + col);
+  const half2* sign = reinterpret_cast<const half2*>(suh + static_cast<size_t>(part) * k + col);
+  const half2 v01 = __hmul2(in[0], sign[0]);
+  const half2 v23 = __hmul2(in[1], sign[1]);
+  float h0 = __low2float(v01), h1 = __high2float(v01), h2 = __low2float(v23), h3 = __high2float(v23);
+  hadamard128(h0, h1, h2, h3, lane);
+  half2* out = reinterpret_cast<half2*>(xh + (static_cast<size_t>(part) * rows + row) * k + col);
+  out[0] = __floats2half2_rn(h0 * kHadScale, h1 * kHadScale);
+  out[1] = __floats2half2_rn(h2 * kHadScale, h3 * kHadScale);
+}
+
+// grid (N/128, M), one warp: out[m, block] = had128(sum_s partials[s, m, block]) / sqrt(128) * svh[block].
+template <typename Out>
+__global__ __launch_bounds__(32) void output_transform_kernel(const float* __restrict__ partials,
+                                                              const half* __restrict__ svh, Out* __restrict__ out,
+                                                              int splits, int rows, int n) {
+  const int lane = threadIdx.x;
+  const int col = blockIdx.x * 128 + 4 * lane;
+  const int row = blockIdx.y;
+  float4 sum = *reinterpret_cast<const float4*>(partials + static_cast<size_t>(row) * n + col);
+  for (int s = 1; s < splits; ++s) {
+    const float4 p = *reinterpret_cast<const float4*>(partials + (static_cast<size_t>(s) * rows + row) * n + col);
+    sum.x += p.x;
+    sum.y += p.y;
+    sum.z += p.z;
+    sum.w += p.w;
+  }
+  hadamard128(sum.x, sum.y, sum.z, sum.w, lane);
+  const float v[4] = {sum.x, sum.y, sum.z, sum.w};
+  Out* dst = out + static_cast<size_t>(row) * n + col;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float y = v[i] * kHadScale * __half2float(svh[col + i]);
+    if constexpr (sizeof(Out) == 4)
+      dst[i] = y;
+    else
+      dst[i] = __float2half_rn(y);
+  }
+}
+
+// grid (N/16, K/16), one warp: tile (kt, nt) of W [K, N], row-major, from its bitstream.
+template <int BITS, int CB>
+__global__ __launch_bounds__(32) void reconstruct_kernel(const uint32_t* __restrict__ trellis, half* __restrict__ w,
+                                                         int n) {
+  constexpr int kTileWords = 8 * BITS;
+  const int lane = threadIdx.x;
+  const int nt = blockIdx.x, kt = blockIdx.y;
+  __shared__ uint32_t words[kTileWords];
+  const uint32_t* src = trellis + (static_cast<size_t>(kt) * gridDim.x + nt) * kTileWords;
+  for (int i = lane; i < kTileWords; i += 32) words[i] = src[i];
+  __syncwarp();
+  uint32_t b0[2], b1[2];
+  decode_lane<BITS, CB>(words, lane, b0, b1);
+  const int row = kt * 16 + 2 * (lane % 4);
+  const int col = nt * 16 + lane / 4;
+  const uint32_t frags[4] = {b0[0], b0[1], b1[0], b1[1]};
+#pragma unroll
+  for (int f = 0; f < 4; ++f) {
+    const half2 d = *reinterpret_cast<const half2*>(&frags[f]);
+    const int r = row + (f % 2) * 8;  // (rows 2(t%4), +1) then (+8, +9)
+    const int c = col + (f / 2) * 8;  // column t/4, then t/4 + 8
+    w[static_cast<size_t>(r) * n + c] = __low2half(d);
+    w[static_cast<size_t>(r + 1) * n + c] = __high2half(d);
+  }
+}
+
+template <int CB>
+bool launch_reconstruct(int bits, const void* trellis, void* w, int k, int n, cudaStream_t stream) {
+  const dim3 grid(n / 16, k / 16);
+  const uint32_t* t = static_cast<const uint32_t*>(trellis);
+  half* out = static_cast<half*>(w);
+  switch (bits) {
+#define PP4_EXL3_CASE(B) \
+  case B: reconstruct_kernel<B, CB><<<grid, 32, 0, stream>>>(t, out, n); return true;
+    PP4_EXL3_CASE(2)
+    PP4_EXL3_CASE(3)
+    PP4_EXL3_CASE(4)
+    PP4_EXL3_CASE(5)
+    PP4_EXL3_CASE(6)
+    PP4_EXL3_CASE(7)
+    PP4_EXL3_CASE(8)
+#undef PP4_EXL3_CASE
+    default: return false;
+  }
+}
+
+thread_local const char* g_last_error = nullptr;
+
+void note_launch() {
+  const cudaError_t err = cudaGetLastError();
+  g_last_error = err == cudaSuccess ? nullptr : cudaGetErrorString(err);
+}
+
+}  // namespace
+
+bool supported(int bits, int codebook) { return bits >= 2 && bits <= 8 && codebook >= 0 && codebook <= 2; }
+
+const char* last_error() { return g_last_error; }
+
+void input_transform(const void* x, const void* suh, void* xh, int parts, int rows, int k, void* stream) {
+  const dim3 grid(k / 128, rows, parts);
+  input_transform_kernel<<<grid, 32, 0, static_cast<cudaStream_t>(stream)>>>(
+      static_cast<const half*>(x), static_cast<const half*>(suh), static_cast<half*>(xh), rows, k);
+  note_launch();
+}
+
+void decode_gemm(const void* xh, const void* trellis, float* partials, int rows, int k, int n, int bits,
+                 int codebook, const Parts& parts, int splits, int k_tiles_per_split, void* stream) {
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  bool ok = false;
+  if (codebook == k3Inst) ok = decode_gemm_3inst(bits, xh, trellis, partials, rows, k, n, parts, splits, k_tiles_per_split, s);
+  if (codebook == kMcg) ok = decode_gemm_mcg(bits, xh, trellis, partials, rows, k, n, parts, splits, k_tiles_per_split, s);
+  if (codebook == kMul1) ok = decode_gemm_mul1(bits, xh, trellis, partials, rows, k, n, parts, splits, k_tiles_per_split, s);
+  if (!ok) {
+    g_last_error = "no decode GEMM kernel for these bits and codebook";
+    return;
+  }
+  note_launch();
+}
+
+void output_transform(const float* partials, const void* svh, void* out, bool out_fp32, int splits, int rows, int n,
+                      void* stream) {
+  const dim3 grid(n / 128, rows);
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  if (out_fp32)
+    output_transform_kernel<float><<<grid, 32, 0, s>>>(partials, static_cast<const half*>(svh),
+                                                       static_cast<float*>(out), splits, rows, n);
+  else
+    output_transform_kernel<half><<<grid, 32, 0, s>>>(partials, static_cast<const half*>(svh), static_cast<half*>(out),
+                                                      splits, rows, n);
+  note_launch();
+}
+
+void reconstruct(const void* trellis, void* w, int k, int n, int bits, int codebook, void* stream) {
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  bool ok = false;
+  if (codebook == k3Inst) ok = launch_reconstruct<0>(bits, trellis, w, k, n, s);
+  if (codebook == kMcg) ok = launch_reconstruct<1>(bits, trellis, w, k, n, s);
+  if (codebook == kMul1) ok = launch_reconstruct<2>(bits, trellis, w, k, n, s);
+  if (!ok) {
+    g_last_error = "no decode kernel for these bits and codebook";
+    return;
+  }
+  note_launch();
+}
+
+}  // namespace pp4_exl3
