@@ -16,7 +16,7 @@ from pp4.worker.harness import guards
 from pp4.worker.harness.run import EnvironmentProblem, Held, run
 from pp4.worker.model.config import (
     BACKENDS, BATCH_SIZES, DEFAULT_ATTENTION, DEFAULT_GEMM, DEFAULT_GEOMETRY, DEPTHS, DTYPES, EXL3_BITS,
-    TINY_GEOMETRY, Exl3Options, Geometry, ModelSettings
+    QUANTIZED_BACKENDS, TINY_GEOMETRY, Exl3Options, Geometry, ModelSettings
 )
 
 
@@ -66,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "in two H200 A/B runs)")
     a.add_argument("--no-overlap-noise", action="store_true",
                    help="compute the Gumbel noise on the main stream instead of beside pass 0")
-    e = p.add_argument_group("EXL3 kernels (--backend exl3)")
+    e = p.add_argument_group("EXL3 kernels (--backend exl3: upstream's; --backend exl3-decode: pp4's decode GEMM)")
     e.add_argument("--exl3-build", metavar="DIR", default="build",
                    help="pp4 build directory holding the EXL3 module (default: build)")
     e.add_argument("--exl3-module", choices=("stock", "facc"), default="stock",
@@ -75,6 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"bits per weight of every linear but the head (default {Exl3Options().bits})")
     e.add_argument("--exl3-head-bits", type=int, default=Exl3Options().head_bits,
                    help=f"bits per weight of the output head (default {Exl3Options().head_bits})")
+    e.add_argument("--exl3-codebook", choices=("3inst", "mcg", "mul1"), default=Exl3Options().codebook,
+                   help="the synthetic weights' codebook (default mul1, what exllamav3's conversion writes); a "
+                        "checkpoint given with --weights names its own")
     e.add_argument("--exl3-select", choices=("heuristic", "autotune"), default=Exl3Options().select,
                    help="how EXL3's cooperative GEMM picks its kernel: heuristic (by the sizes, the same in "
                         "every process: digests reproduce; default) or autotune (exllamav3's own: by timing "
@@ -88,7 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
         m.add_argument(f"--{name}", type=int, default=None, help=f"override the preset's {name}")
     m.add_argument("--context", type=int, default=1024, help="KV context length capacity (default 1024)")
     m.add_argument("--dtype", choices=DTYPES, default="float16")
-    m.add_argument("--weights", metavar="DIR", help="safetensors weights (names in docs/worker.md)")
+    m.add_argument("--weights", metavar="DIR",
+                   help="safetensors weights (names in docs/worker.md); with --backend exl3 or exl3-decode, a "
+                        "checkpoint as exllamav3 writes it, whose config.json gives the geometry")
     m.add_argument("--weight-seed", type=lambda s: int(s, 0), default=ModelSettings(DEFAULT_GEOMETRY).weight_seed)
     m.add_argument("--export-weights", metavar="DIR", help="write the synthetic weights as safetensors and exit")
     s = p.add_argument_group("cells and states")
@@ -168,20 +173,32 @@ def validate(args) -> tuple[Geometry, list[int], list[int], int, int]:
         raise UsageError("--pdl on needs --device cuda (programmatic dependent launch is a GPU launch attribute)")
     if args.attention == "fused" and args.backend == "torch":
         raise UsageError("--attention fused needs --backend triton or exl3 (--backend torch has gemm and sdpa)")
-    if args.backend == "exl3":
+    if args.backend in QUANTIZED_BACKENDS:
         if args.device != "cuda":
-            raise UsageError("--backend exl3 runs EXL3's CUDA kernels: it needs --device cuda")
+            raise UsageError(f"--backend {args.backend} runs EXL3's CUDA kernels: it needs --device cuda")
         if args.dtype != "float16":
-            raise UsageError(f"--backend exl3 needs --dtype float16 (EXL3's kernels take fp16), got {args.dtype}")
+            raise UsageError(f"--backend {args.backend} needs --dtype float16 (EXL3's kernels take fp16), "
+                             f"got {args.dtype}")
         for flag in ("exl3_bits", "exl3_head_bits"):
             if getattr(args, flag) not in EXL3_BITS:
                 raise UsageError(f"--{flag.replace('_', '-')} must be between {EXL3_BITS.start} and "
                                  f"{EXL3_BITS.stop - 1}, got {getattr(args, flag)}")
     else:
-        changed = [f for f in ("exl3_build", "exl3_module", "exl3_bits", "exl3_head_bits", "exl3_select")
-                   if getattr(args, f) != build_parser().get_default(f)]
+        changed = [f for f in ("exl3_build", "exl3_module", "exl3_bits", "exl3_head_bits", "exl3_select",
+                               "exl3_codebook") if getattr(args, f) != build_parser().get_default(f)]
         if changed:
-            raise UsageError(f"--{changed[0].replace('_', '-')} needs --backend exl3")
+            raise UsageError(f"--{changed[0].replace('_', '-')} needs --backend exl3 or exl3-decode")
+    if args.weights and args.backend in QUANTIZED_BACKENDS:
+        from pp4.worker.model import exl3_checkpoint
+
+        try:
+            geometry = exl3_checkpoint.read_geometry(args.weights)
+        except exl3_checkpoint.CheckpointError as exc:
+            raise UsageError(str(exc)) from None
+        problems = geometry.problems()
+        if problems:
+            raise UsageError(f"--weights {args.weights}: its geometry cannot be split for TP2: " + "; ".join(problems))
+        return geometry, batch_sizes, depths, max_rss, copy_bytes
     base = TINY_GEOMETRY if args.geometry == "tiny" else DEFAULT_GEOMETRY
     overrides = {"layers": args.layers}
     for name in ("hidden", "heads", "kv_heads", "head_dim", "mlp", "vocab"):

@@ -416,6 +416,7 @@ class Exl3Backend(TritonBackend):
         self.num_sms = torch.cuda.get_device_properties(device).multi_processor_count
         self.reads_start_positions = True
         self.inv_freq = None
+        self._parts = {}
 
     def prepare(self, g) -> None:
         half = g.head_dim // 2
@@ -432,18 +433,41 @@ class Exl3Backend(TritonBackend):
         if x.dtype != torch.float16:
             raise ValueError("EXL3 kernels take float16 activations (--dtype float16)")
         x = x if x.is_contiguous() else x.contiguous()
-        y = torch.empty(x.shape[0], w.out_features, dtype=out_dtype, device=x.device)
-        self.ext.exl3_gemm(x, w.trellis, y, w.suh, torch.empty_like(x), w.svh, -1, False, False,
-                           self._sms_for(x.shape[0], w))
-        return y
+        mcg, mul1 = w.codebook == 1, w.codebook == 2
+        sms = self._sms_for(x.shape[0], w)
+        if w.parts == 1:
+            y = torch.empty(x.shape[0], w.out_features, dtype=out_dtype, device=x.device)
+            self.ext.exl3_gemm(x, w.trellis, y, w.suh.view(-1), torch.empty_like(x), w.svh, -1, mcg, mul1, sms)
+            return y
+        # A fused linear whose parts have their own input signs: exl3_gemm takes one suh, so each
+        # part runs on its own (exllamav3's forward runs them through its multi-linear kernel).
+        outs = []
+        for trellis, suh, svh in self._part_views(w):
+            y = torch.empty(x.shape[0], svh.shape[0], dtype=out_dtype, device=x.device)
+            self.ext.exl3_gemm(x, trellis, y, suh, torch.empty_like(x), svh, -1, mcg, mul1, sms)
+            outs.append(y)
+        return torch.cat(outs, dim=1)
+
+    def _part_views(self, w):
+        """(trellis, suh, svh) of each part, contiguous; made once per linear."""
+        key = id(w)
+        if key not in self._parts:
+            views, start = [], 0
+            for i, cols in enumerate(w.part_columns):
+                end = start + cols
+                views.append((w.trellis[:, start // 16 : end // 16].contiguous(), w.suh[i].contiguous(),
+                              w.svh[start:end].contiguous()))
+                start = end
+            self._parts[key] = (w, views)  # w kept alive, so its id is not reused
+        return self._parts[key][1]
 
     def _sms_for(self, rows: int, w) -> int:
-        """exl3_gemm's force_num_sms: 0 where its GEMV kernel serves (up to 8 rows; 4 bits with
-        the default codebook), else every SM.  A nonzero count makes its cooperative GEMM pick
-        its kernel shape by heuristic instead of by timing candidates on first use, so the
+        """exl3_gemm's force_num_sms: 0 where its GEMV kernel serves (up to 8 rows at 2 to 4 bits,
+        4 only with the 3inst codebook), else every SM.  A nonzero count makes its cooperative GEMM
+        pick its kernel shape by heuristic instead of by timing candidates on first use, so the
         kernel, and with it every bit of the output, is the same in every process on this GPU
         model: a reference written by one process holds in the next."""
-        gemv = (rows <= self.GEMV_MAX_ROWS and w.bits == 4
+        gemv = (rows <= self.GEMV_MAX_ROWS and 2 <= w.bits <= 4 and (w.bits == 4 or w.codebook != 0)
                 and w.in_features % 128 == 0 and w.out_features % 128 == 0)
         return 0 if gemv or self.select == "autotune" else self.num_sms
 
@@ -476,6 +500,58 @@ class Exl3Backend(TritonBackend):
             qkv, pos, pos.stride(0), pos.stride(1), step.rope_table, cache, q,
             T, cache.shape[1], cache.shape[3], q_rot, k_rot, HQ=hq, HKV=hkv, D=d, APPLY_ROPE=False, **self.launch)
         return q
+
+
+class Exl3DecodeBackend(TritonBackend):
+    """EXL3-quantized linears through pp4's own decode GEMM (the ``exl3-decode`` module pp4 builds:
+    pp4/sources/ext/exl3_decode), every other step the triton backend's.
+
+    The GEMM decodes the trellis as EXL3 does, straight into tensor-core fragments, and
+    accumulates in fp32: one input transform per part, one pass over the weights, then the
+    output transform.  Weights are the exl3 backend's (synthetic, or a checkpoint's).
+    """
+
+    name = "exl3-decode"
+    quantized = True
+
+    def __init__(self, device: torch.device, attention: str, module, pdl: bool = False, splits: int = 0):
+        if device.type != "cuda":
+            raise BackendUnavailable("--backend exl3-decode runs CUDA kernels: it needs --device cuda")
+        super().__init__(device, attention, pdl=pdl)
+        self.ext, self.splits = module, splits
+
+    def kernels(self) -> dict[str, str]:
+        return {"linears": "pp4 exl3-decode gemm (trellis decoded into tensor-core fragments, fp32 accumulation)",
+                **{k: v for k, v in super().kernels().items() if k != "linears"}}
+
+    def _gemm(self, x, w, out_dtype):
+        if x.dtype != torch.float16:
+            raise ValueError("EXL3 kernels take float16 activations (--dtype float16)")
+        x = x if x.is_contiguous() else x.contiguous()
+        y = torch.empty(x.shape[0], w.out_features, dtype=out_dtype, device=x.device)
+        self.ext.gemm(x, w.trellis, w.suh.view(w.parts, w.in_features), w.svh, list(w.part_columns), y,
+                      w.codebook, self.splits)
+        return y
+
+    def linear(self, x, weight):
+        return self._gemm(x, weight, torch.float16)
+
+    def linear_fp32(self, x, weight, cpu_weight_fp32=None):
+        return self._gemm(x, weight, torch.float32)
+
+
+def load_decode_module(build_dir: str):
+    """pp4's EXL3 decode GEMM module, checked against its pin."""
+    from pp4.certify.loader import load_target
+    from pp4.certify.pin import PinError
+
+    try:
+        return load_target("exl3-decode", build_dir)
+    except (ImportError, OSError, PinError) as exc:
+        raise BackendUnavailable(
+            f"--backend exl3-decode needs the pp4-built exl3-decode module in {build_dir} ({exc}); build it with "
+            "`python configure.py --ext exl3-decode && ninja exl3-decode` and pass that build directory as "
+            "--exl3-build") from exc
 
 
 def load_exl3_module(build_dir: str, target: str):
@@ -513,4 +589,9 @@ def make_backend(name: str, device: torch.device, attention: str | None = None, 
             raise BackendUnavailable("--backend exl3 needs its options (build directory, module, bits)")
         module = load_exl3_module(exl3.build_dir, exl3.target)
         return Exl3Backend(device, attention, module, exl3.target, exl3.bits, exl3.head_bits, exl3.select, pdl)
-    raise BackendUnavailable(f"unknown backend {name!r} (choose torch, triton or exl3)")
+    if name == "exl3-decode":
+        if device.type != "cuda":
+            raise BackendUnavailable("--backend exl3-decode runs CUDA kernels: it needs --device cuda")
+        build_dir = exl3.build_dir if exl3 is not None else "build"
+        return Exl3DecodeBackend(device, attention, load_decode_module(build_dir), pdl)
+    raise BackendUnavailable(f"unknown backend {name!r} (choose torch, triton, exl3 or exl3-decode)")

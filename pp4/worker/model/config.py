@@ -9,11 +9,12 @@ import attrs
 QUERY_BLOCK = 5
 DEPTHS = (4, 5)
 MAX_BATCH = 4
-BACKENDS = ("torch", "triton", "exl3")  # kernel sets: pp4/worker/model/backends.py
+BACKENDS = ("torch", "triton", "exl3", "exl3-decode")
+QUANTIZED_BACKENDS = ("exl3", "exl3-decode")  # EXL3-quantized linears: upstream's kernels, pp4's decode GEMM  # kernel sets: pp4/worker/model/backends.py
 # Each backend's attention and GEMM when none is named.  The command line, ModelSettings and
 # make_backend all read these, so a worker built from code runs what the command line runs.
-DEFAULT_ATTENTION = {"torch": "gemm", "triton": "fused", "exl3": "fused"}
-DEFAULT_GEMM = {"torch": "cublas", "triton": "triton", "exl3": "cublas"}
+DEFAULT_ATTENTION = {"torch": "gemm", "triton": "fused", "exl3": "fused", "exl3-decode": "fused"}
+DEFAULT_GEMM = {"torch": "cublas", "triton": "triton", "exl3": "cublas", "exl3-decode": "cublas"}
 BATCH_SIZES = (1, 2, 3, 4)
 TP_RANKS = 2
 
@@ -135,6 +136,8 @@ class Exl3Options:
     target: str = "exl3"  # or "exl3-facc"
     bits: int = 4  # every linear but the head: 4 bits takes EXL3's GEMV path for a few rows
     head_bits: int = 6  # exllamav3's own default for the output head
+    # The synthetic trellis's codebook: "mul1" is what exllamav3 1.6.5's conversion writes by default.
+    codebook: str = "mul1"
     # How exl3_gemm's cooperative GEMM picks its kernel shape: "heuristic" (by the sizes; the same
     # in every process) or "autotune" (exllamav3's default: by timing candidates on first use).
     select: str = "heuristic"

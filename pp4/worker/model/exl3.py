@@ -41,13 +41,20 @@ class Exl3Linear:
     """One quantized linear as exl3_gemm reads it (y = x @ W, W [in_features, out_features])."""
 
     trellis: torch.Tensor  # int16 [K/16, N/16, 16*bits]
-    suh: torch.Tensor  # fp16 [K]
+    suh: torch.Tensor  # fp16 [K], or [parts, K] where the parts of a fused linear have their own
     svh: torch.Tensor  # fp16 [N]
     bits: int
+    codebook: int = 0  # exllamav3's: 0 3inst (what synthetic weights use), 1 mcg, 2 mul1
+    # Output columns of each part with its own input signs (suh row); () for one part.
+    part_columns: tuple[int, ...] = ()
 
     @property
     def in_features(self) -> int:
-        return self.suh.shape[0]
+        return self.suh.shape[-1]
+
+    @property
+    def parts(self) -> int:
+        return max(1, len(self.part_columns))
 
     @property
     def out_features(self) -> int:
@@ -127,7 +134,7 @@ def _check_split(name: str, shape, rows: slice | None, cols: slice | None) -> No
                          f"(its Hadamard block); {bad} is not one -- use a geometry whose shards are")
 
 
-def quantize_rank(weights, g, seed: int, bits: int, head_bits: int, device):
+def quantize_rank(weights, g, seed: int, bits: int, head_bits: int, device, codebook: int = 0):
     """``weights`` (a RankWeights with fp16 linears) with every linear replaced by its synthetic
     EXL3 counterpart; norms, embedding and vocabulary tables stay as they are."""
     for b, flag in ((bits, "--exl3-bits"), (head_bits, "--exl3-head-bits")):
@@ -140,6 +147,10 @@ def quantize_rank(weights, g, seed: int, bits: int, head_bits: int, device):
         return slice(r * n, (r + 1) * n)
 
     inv = 1.0 / math.sqrt(H)
+
+    def coded(w: Exl3Linear) -> Exl3Linear:  # any bit pattern is a valid state in every codebook
+        return attrs.evolve(w, codebook=codebook)
+
     layers = []
     for i, lw in enumerate(weights.layers):
         p = f"layers.{i}."
@@ -154,6 +165,6 @@ def quantize_rank(weights, g, seed: int, bits: int, head_bits: int, device):
         o = row_parallel(p + "attn.o", (g.heads * d, H), rows(hq * d), 1.0 / math.sqrt(g.heads * d),
                          seed, bits, device)
         down = row_parallel(p + "mlp.down", (g.mlp, H), rows(m), 1.0 / math.sqrt(g.mlp), seed, bits, device)
-        layers.append(attrs.evolve(lw, qkv=qkv, o=o, gate_up=gate_up, down=down))
+        layers.append(attrs.evolve(lw, qkv=coded(qkv), o=coded(o), gate_up=coded(gate_up), down=coded(down)))
     head = column_parallel([("head", (H, g.vocab), rows(vs), g.head_gain * inv)], "head", seed, head_bits, device)
-    return attrs.evolve(weights, layers=layers, head=head, head_fp32_cpu=None)
+    return attrs.evolve(weights, layers=layers, head=coded(head), head_fp32_cpu=None)

@@ -25,7 +25,7 @@ import os
 import attrs
 import torch
 
-from pp4.worker.model import exl3, hashing, sampling
+from pp4.worker.model import exl3, exl3_checkpoint, hashing, sampling
 from pp4.worker.model.backends import TorchBackend, make_backend
 from pp4.worker.model.config import DEPTHS, MAX_BATCH, QUERY_BLOCK, TP_RANKS, Geometry, ModelSettings
 
@@ -192,6 +192,10 @@ class RankWeights:
     vocab_to_local: torch.Tensor  # [V] int64: global id -> row of ``embed``
     gumbel_premix: torch.Tensor  # [vs] int64: vocab half of the Gumbel hash for this rank's ids
     head_fp32_cpu: torch.Tensor | None = None  # CPU tests only: torch has no fp32-output fp16 mm there
+    # o's input columns: "folded", in the (group member, KV head) order attention writes (the weights
+    # are stored that way), or "heads", in query-head order (a checkpoint's, which cannot be permuted
+    # once quantized: attention's output is reordered instead).
+    o_input: str = "folded"
 
     def weight_bytes(self) -> int:
         """Bytes one pass must read (embedding rows aside, counted per call)."""
@@ -334,7 +338,10 @@ class RankShard:
         cache = self.kv[layer]
         # Query heads sharing a KV head are folded into the query length: plain MHA over hkv heads.
         q = be.rope_cache_fold(qkv, step, cache, hq, hkv, g.group)
-        return be.linear(be.attend(q, cache, step, self.scale, T, g.group), lw.o)
+        att = be.attend(q, cache, step, self.scale, T, g.group)
+        if self.w.o_input == "heads" and g.group > 1:
+            att = att.view(B * T, g.group, hkv, d).transpose(1, 2).reshape(B * T, hq * d)
+        return be.linear(att, lw.o)
 
     def mlp_partial(self, layer: int, n: torch.Tensor) -> torch.Tensor:
         """n: the residual stream after this layer's MLP norm."""
@@ -399,19 +406,18 @@ class TensorParallelDraft:
                                     settings.pdl)
         self.backend.prepare(g)
         self.cache_len = settings.cache_len
-        if settings.weights_dir:
-            if self.backend.quantized:
-                raise ValueError("--backend exl3 runs synthetic EXL3 weights; reading quantized weights from "
-                                 "--weights is not implemented (drop --weights, or use --backend torch/triton)")
-            source = SafetensorsSource(settings.weights_dir, g, self.dtype, device)
+        if settings.weights_dir and self.backend.quantized:
+            shards, self.weights_fingerprint = exl3_checkpoint.load(settings.weights_dir, g, self.dtype, device)
         else:
-            source = SyntheticSource(g, settings.weight_seed, self.dtype, device)
-        self.weights_fingerprint = source.fingerprint()
-        shards = [shard_weights(source, g, r, self.dtype, device) for r in range(TP_RANKS)]
-        if self.backend.quantized:
-            opts = settings.exl3
-            shards = [exl3.quantize_rank(w, g, settings.weight_seed, opts.bits, opts.head_bits, device) for w in shards]
-            self.weights_fingerprint += f"+exl3:bits={opts.bits},head_bits={opts.head_bits}"
+            source = (SafetensorsSource(settings.weights_dir, g, self.dtype, device) if settings.weights_dir
+                      else SyntheticSource(g, settings.weight_seed, self.dtype, device))
+            self.weights_fingerprint = source.fingerprint()
+            shards = [shard_weights(source, g, r, self.dtype, device) for r in range(TP_RANKS)]
+            if self.backend.quantized:
+                opts = settings.exl3
+                shards = [exl3.quantize_rank(w, g, settings.weight_seed, opts.bits, opts.head_bits, device,
+                                             exl3_checkpoint.CODEBOOKS[opts.codebook]) for w in shards]
+                self.weights_fingerprint += f"+exl3:bits={opts.bits},head_bits={opts.head_bits},cb={opts.codebook}"
         self.ranks = [RankShard(w, g, self.backend, self.cache_len, self.dtype, device, settings.head_chunks)
                       for w in shards]
         self.collective = ColocatedSum()
