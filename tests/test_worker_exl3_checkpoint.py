@@ -146,7 +146,7 @@ def quantized(name, k, n, bits, gen, codebook="mul1"):
     return t
 
 
-def write_checkpoint(path, g=G, bits=4, head_bits=6, config_extra=None, drop=None, codebook="mul1"):
+def write_checkpoint(path, g=G, bits=4, head_bits=6, config_extra=None, drop=None, codebook="mul1", kv_bits=None):
     gen = torch.Generator().manual_seed(7)
     H, D = g.hidden, g.head_dim
     t = {"model.embed_tokens.weight": torch.randn(g.vocab, H, generator=gen).to(torch.float16),
@@ -158,7 +158,7 @@ def write_checkpoint(path, g=G, bits=4, head_bits=6, config_extra=None, drop=Non
         for name, k, n in (("self_attn.q_proj", H, g.heads * D), ("self_attn.k_proj", H, g.kv_heads * D),
                            ("self_attn.v_proj", H, g.kv_heads * D), ("self_attn.o_proj", g.heads * D, H),
                            ("mlp.gate_proj", H, g.mlp), ("mlp.up_proj", H, g.mlp), ("mlp.down_proj", g.mlp, H)):
-            t.update(quantized(p + name, k, n, bits, gen, codebook))
+            t.update(quantized(p + name, k, n, kv_bits if kv_bits and name in ("self_attn.k_proj", "self_attn.v_proj") else bits, gen, codebook))
     t.update(quantized("lm_head", H, g.vocab, head_bits, gen, codebook))
     for key in drop or ():
         t.pop(key)
@@ -318,15 +318,18 @@ def llama_logits(ckpt, g, ids):
     return norm(h, "model.norm.weight") @ dense(ckpt, "lm_head")
 
 
-def test_the_worker_on_a_checkpoint_computes_the_llama_it_holds(tmp_path, monkeypatch):
+@pytest.mark.parametrize("kv_bits", [None, 5])
+def test_the_worker_on_a_checkpoint_computes_the_llama_it_holds(tmp_path, monkeypatch, kv_bits):
     """Both ranks' head shards, joined, after a prefill and single-token steps through the KV cache,
     against a plain Llama over the checkpoint's dense weights: any mistake in the rank split, the
-    fused parts' own transforms or o's head order shows as a wrong logit."""
+    fused parts' own transforms or o's head order shows as a wrong logit. kv_bits 5: k and v have
+    more bits than q (exllamav3 spreads its budget so), and the three run one after another."""
     from pp4.worker.model import model as model_module
     from pp4.worker.model.config import ModelSettings
+    from pp4.worker.model.exl3 import Exl3Group, Exl3Linear
 
     g = G_GROUPED
-    write_checkpoint(tmp_path, g=g)
+    write_checkpoint(tmp_path, g=g, kv_bits=kv_bits)
     monkeypatch.setattr(model_module, "make_backend", lambda *a, **k: DecodedExl3Backend.make(torch.device("cpu")))
     settings = ModelSettings(geometry=g, context=64, weights_dir=str(tmp_path), backend="exl3", attention="gemm")
     model = model_module.TensorParallelDraft(settings, torch.device("cpu"))
@@ -338,4 +341,5 @@ def test_the_worker_on_a_checkpoint_computes_the_llama_it_holds(tmp_path, monkey
         normed = model.forward(ids[None, a:z], model.call_positions(positions).step(0, z - a))
         got[a:z] = torch.cat([r.backend.linear_fp32(n, r.w.head) for r, n in zip(model.ranks, normed)], 1).double()
     assert (got - want).abs().max() < 0.02 * want.std()  # fp16 activations against fp64
+    assert isinstance(model.ranks[0].w.layers[0].qkv, Exl3Group if kv_bits else Exl3Linear)
     assert torch.equal(got.argmax(-1), want.argmax(-1))

@@ -15,6 +15,7 @@ from pp4.worker.kernels import skinny_gemm
 from pp4.worker.kernels.skinny_gemm import SkinnyGemm
 from pp4.worker.model import sampling
 from pp4.worker.model.config import DEFAULT_ATTENTION, DEFAULT_GEMM, GREEDY, SAMPLED, SWITCH
+from pp4.worker.model.exl3 import Exl3Group
 
 EXL3_NEEDS_CUDA = "--backend exl3 runs EXL3's CUDA kernels: it needs --device cuda"
 
@@ -433,6 +434,8 @@ class Exl3Backend(TritonBackend):
         if x.dtype != torch.float16:
             raise ValueError("EXL3 kernels take float16 activations (--dtype float16)")
         x = x if x.is_contiguous() else x.contiguous()
+        if isinstance(w, Exl3Group):
+            return torch.cat([self._gemm(x, p, out_dtype) for p in w.parts], dim=1)
         mcg, mul1 = w.codebook == 1, w.codebook == 2
         sms = self._sms_for(x.shape[0], w)
         if w.parts == 1:
@@ -528,6 +531,8 @@ class Exl3DecodeBackend(TritonBackend):
         if x.dtype != torch.float16:
             raise ValueError("EXL3 kernels take float16 activations (--dtype float16)")
         x = x if x.is_contiguous() else x.contiguous()
+        if isinstance(w, Exl3Group):
+            return torch.cat([self._gemm(x, p, out_dtype) for p in w.parts], dim=1)
         y = torch.empty(x.shape[0], w.out_features, dtype=out_dtype, device=x.device)
         self.ext.gemm(x, w.trellis, w.suh.view(w.parts, w.in_features), w.svh, list(w.part_columns), y,
                       w.codebook, self.splits)

@@ -65,6 +65,26 @@ class Exl3Linear:
         return sum(t.nbytes for t in (self.trellis, self.suh, self.svh))
 
 
+@attrs.frozen
+class Exl3Group:
+    """Linears that share an input but not a bit width or codebook (a checkpoint's q, k and v can
+    differ: exllamav3 spreads its bit budget over tensors), run one after another, outputs joined."""
+
+    parts: tuple[Exl3Linear, ...]
+
+    @property
+    def in_features(self) -> int:
+        return self.parts[0].in_features
+
+    @property
+    def out_features(self) -> int:
+        return sum(p.out_features for p in self.parts)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.parts)
+
+
 def _hash(name: str, seed: int, index: torch.Tensor) -> torch.Tensor:
     k1, k2 = hashing.stream_keys(seed, hashing.name_id(name), DOMAIN_EXL3)
     return hashing.hash_elements(index, k1, k2)

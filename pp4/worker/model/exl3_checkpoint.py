@@ -24,7 +24,7 @@ import torch
 
 from pp4.worker.model import sampling
 from pp4.worker.model.config import TP_RANKS, Geometry
-from pp4.worker.model.exl3 import HADAMARD, TILE, Exl3Linear
+from pp4.worker.model.exl3 import HADAMARD, TILE, Exl3Group, Exl3Linear
 
 CODEBOOKS = {"3inst": 0, "mcg": 1, "mul1": 2}
 
@@ -156,13 +156,12 @@ def _check_cut(key: str, cut: slice) -> None:
                               f"{HADAMARD} (EXL3's Hadamard block); use a model whose TP2 shards do")
 
 
-def fuse(parts: list[QuantizedTensor], device) -> Exl3Linear:
-    """Parts that share an input, concatenated on N; parts with equal input signs share one transform."""
+def fuse(parts: list[QuantizedTensor], device) -> Exl3Linear | Exl3Group:
+    """Parts that share an input, concatenated on N, where they share a bit width and codebook
+    (parts with equal input signs then share one transform); else run one after another."""
     first = parts[0]
-    for p in parts[1:]:
-        if (p.bits, p.codebook, p.in_features) != (first.bits, first.codebook, first.in_features):
-            raise CheckpointError(f"{p.key} ({p.bits} bits, codebook {p.codebook}) cannot be fused with {first.key} "
-                                  f"({first.bits} bits, codebook {first.codebook}): convert them at one bitrate")
+    if any((p.bits, p.codebook) != (first.bits, first.codebook) for p in parts[1:]):
+        return Exl3Group(tuple(fuse([p], device) for p in parts))
     trellis = torch.cat([p.trellis for p in parts], dim=1)
     svh = torch.cat([p.svh for p in parts])
     if all(torch.equal(p.suh, first.suh) for p in parts[1:]):

@@ -16,7 +16,7 @@ import functools
 
 import torch
 
-from pp4.worker.model.exl3 import HADAMARD, TILE
+from pp4.worker.model.exl3 import HADAMARD, TILE, Exl3Group
 
 MASK32 = 0xFFFFFFFF
 
@@ -103,7 +103,10 @@ def hadamard128(x: torch.Tensor) -> torch.Tensor:
 
 
 def linear(x: torch.Tensor, lin, dtype=torch.float64) -> torch.Tensor:
-    """x [M, K] @ the Exl3Linear ``lin`` in ``dtype`` arithmetic, its parts each with their own suh."""
+    """x [M, K] @ the Exl3Linear (or Exl3Group) ``lin`` in ``dtype`` arithmetic, its parts each with
+    their own suh."""
+    if isinstance(lin, Exl3Group):
+        return torch.cat([linear(x, p, dtype) for p in lin.parts], dim=1)
     w = decode(lin.trellis, lin.codebook).to(dtype)
     suh = lin.suh.view(lin.parts, lin.in_features).to(dtype)
     columns = lin.part_columns or (lin.out_features,)
