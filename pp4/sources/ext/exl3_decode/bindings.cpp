@@ -4,6 +4,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/extension.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -32,12 +33,15 @@ int bits_of(const torch::Tensor& trellis) {
   return static_cast<int>(trellis.size(2) / 16);
 }
 
-// How many pieces K is cut into: enough blocks for four per SM, each piece at least 8 K tiles.
-int choose_splits(int n_blocks, int k_tiles, int requested) {
+// How many pieces K is cut into: enough blocks for four per SM, each piece at least 8 K tiles, and
+// no more than keeps the partial sums' traffic (written once, read once, fp32) within the trellis's
+// own bytes. A guess at a balance, not yet timed: bench/exl3_decode_check.py times the shapes.
+int choose_splits(int n_blocks, int k_tiles, int rows, int n, int64_t trellis_bytes, int requested) {
   if (requested > 0) return std::min(requested, k_tiles / 2);
   const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   const int want = (4 * sms + n_blocks - 1) / n_blocks;
-  return std::max(1, std::min(want, k_tiles / 8));
+  const int64_t traffic_cap = trellis_bytes / (8LL * rows * n);
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>({want, traffic_cap, k_tiles / 8})));
 }
 
 // y = had128(had128(x * suh) @ W) * svh for EXL3-quantized W; see exl3_decode.h.
@@ -85,7 +89,7 @@ void gemm(const torch::Tensor& x, const torch::Tensor& trellis, const torch::Ten
   const at::cuda::OptionalCUDAGuard guard(x.device());
   void* stream = at::cuda::getCurrentCUDAStream().stream();
   const int k_tiles = k / 16;
-  int n_splits = choose_splits(n / 128, k_tiles, static_cast<int>(splits));
+  int n_splits = choose_splits(n / 128, k_tiles, rows, n, trellis.numel() * 2, static_cast<int>(splits));
   int per_split = (k_tiles + n_splits - 1) / n_splits;
   per_split += per_split % 2;  // whole pipeline stages of two K tiles
   n_splits = (k_tiles + per_split - 1) / per_split;

@@ -37,19 +37,51 @@ PP4_EXL3_HD uint32_t byte_sum_plus(uint32_t x, uint32_t c) {
 #endif
 }
 
-// The states of weights p and p+1 (p even) from the tile's 32-bit words, as (state p, state p+1).
+// The 32 most significant bits of hi:lo (a 64-bit value) shifted `shift` bits up.
+PP4_EXL3_HD uint32_t funnel_left(uint32_t lo, uint32_t hi, int shift) {
+#if defined(__CUDA_ARCH__)
+  return __funnelshift_l(lo, hi, shift);
+#else
+  return static_cast<uint32_t>((((static_cast<uint64_t>(hi) << 32) | lo) << (shift & 31)) >> 32);
+#endif
+}
+
+// The 16 bits starting P bits below the top of the 96-bit value hi:mid:lo (P known at compile time,
+// so each state is one or two shifts).
+template <int P>
+PP4_EXL3_HD uint32_t bits16_at(uint32_t hi, uint32_t mid, uint32_t lo) {
+  static_assert(P >= 0 && P + 16 <= 96, "a state lies in the lane's 96 bits");
+  if constexpr (P + 16 <= 32) return (hi >> (16 - P)) & 0xffffu;
+  else if constexpr (P < 32) return funnel_right(mid, hi, 48 - P) & 0xffffu;
+  else if constexpr (P + 16 <= 64) return (mid >> (48 - P)) & 0xffffu;
+  else if constexpr (P < 64) return funnel_right(lo, mid, 80 - P) & 0xffffu;
+  else return (lo >> (80 - P)) & 0xffffu;
+}
+
+// The states of lane `lane`'s weights 8*lane .. 8*lane+7. They lie in 16 + 7*BITS <= 72 stream bits
+// from the first state's first bit on: three 32-bit words read once, shifted so that those bits
+// start at the top, after which every state is at a fixed place.
 template <int BITS>
-PP4_EXL3_HD void pair_states(const uint32_t* words, int p, uint32_t& s0, uint32_t& s1) {
+PP4_EXL3_HD void lane_states(const uint32_t* words, int lane, uint32_t (&states)[8]) {
   constexpr int kWords = 8 * BITS;  // 32-bit words per tile
-  const int end = (p + 2) * BITS + 256 * BITS;  // one past weight p+1's last bit, kept positive
-  const int first = (end - 16 - BITS) >> 5;     // word holding weight p's first bit
-  const int last = (end - 1) >> 5;              // word holding weight p+1's last bit
-  const int shift = (last + 1) * 32 - end;
-  const uint32_t hi = words[first % kWords];
-  const uint32_t lo = words[last % kWords];
-  const uint32_t bits32 = funnel_right(lo, hi, shift);  // the 32 stream bits ending at `end`
-  s1 = bits32 & 0xffffu;
-  s0 = (bits32 >> BITS) & 0xffffu;
+  int first = lane * 8 * BITS + BITS - 16;  // weight 8*lane's first bit; lane 0's wraps to the end
+  if (first < 0) first += 256 * BITS;
+  const int w = first >> 5;
+  const int offset = first & 31;
+  const int w1 = w + 1 < kWords ? w + 1 : w + 1 - kWords;
+  const int w2 = w + 2 < kWords ? w + 2 : w + 2 - kWords;
+  const uint32_t a = words[w], b = words[w1], c = words[w2];
+  const uint32_t hi = funnel_left(b, a, offset);
+  const uint32_t mid = funnel_left(c, b, offset);
+  const uint32_t lo = c << offset;
+  states[0] = bits16_at<0 * BITS>(hi, mid, lo);
+  states[1] = bits16_at<1 * BITS>(hi, mid, lo);
+  states[2] = bits16_at<2 * BITS>(hi, mid, lo);
+  states[3] = bits16_at<3 * BITS>(hi, mid, lo);
+  states[4] = bits16_at<4 * BITS>(hi, mid, lo);
+  states[5] = bits16_at<5 * BITS>(hi, mid, lo);
+  states[6] = bits16_at<6 * BITS>(hi, mid, lo);
+  states[7] = bits16_at<7 * BITS>(hi, mid, lo);
 }
 
 // Two weights from two states: codebook CB as exllamav3's decode_3inst / mcg / mul1 compute it,
@@ -96,12 +128,11 @@ PP4_EXL3_HD half2 decode_pair(uint32_t x0, uint32_t x1) {
 // half2 registers of (row 2(t%4), +1) and (row 2(t%4)+8, +9).
 template <int BITS, int CB>
 PP4_EXL3_HD void decode_lane(const uint32_t* words, int lane, uint32_t (&b0)[2], uint32_t (&b1)[2]) {
-  uint32_t r[4];
+  uint32_t states[8], r[4];
+  lane_states<BITS>(words, lane, states);
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
-    uint32_t s0, s1;
-    pair_states<BITS>(words, lane * 8 + 2 * j, s0, s1);
-    const half2 d = decode_pair<CB>(s0, s1);
+    const half2 d = decode_pair<CB>(states[2 * j], states[2 * j + 1]);
     r[j] = *reinterpret_cast<const uint32_t*>(&d);
   }
   b0[0] = r[0];

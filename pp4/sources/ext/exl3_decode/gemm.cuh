@@ -41,10 +41,6 @@ __device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4],
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
-__device__ __forceinline__ uint32_t load_pair(const half* row, int col, bool valid) {
-  return valid ? __ldg(reinterpret_cast<const unsigned int*>(row + col)) : 0u;
-}
-
 // MB: 16-row MMA blocks (1: M <= 16, 2: M <= 32).
 template <int BITS, int CB, int MB>
 __global__ __launch_bounds__(kWarps * 32) void decode_gemm_kernel(const half* __restrict__ xh,
@@ -72,15 +68,32 @@ __global__ __launch_bounds__(kWarps * 32) void decode_gemm_kernel(const half* __
   while (part + 1 < parts.count && first_tile >= parts.tile_end[part]) ++part;
   const half* a_rows = xh + static_cast<size_t>(part) * rows * k;
 
+  // Each thread copies at most one 16-byte chunk of a stage, at the same place in every stage: its
+  // source moves on by whole steps, so the loop does one multiply-add per copy.
+  static_assert(kStageChunks <= kWarps * 32, "one chunk per thread and stage");
+  const bool copies = threadIdx.x < kStageChunks;
+  const int copy_row = threadIdx.x / (kRowWords / 4);
+  const int copy_word = copy_row * kRowWords + (threadIdx.x % (kRowWords / 4)) * 4;
+  const uint32_t* copy_src = trellis + (static_cast<size_t>(kt_begin + copy_row) * n_tiles + first_tile) * kTileWords +
+                             (threadIdx.x % (kRowWords / 4)) * 4;
+  const size_t step_words = static_cast<size_t>(kTilesPerStage) * n_tiles * kTileWords;
   auto load_stage = [&](int slot, int step) {
-    const int kt = kt_begin + step * kTilesPerStage;
-    for (int c = threadIdx.x; c < kStageChunks; c += kWarps * 32) {
-      const int r = c / (kRowWords / 4);
-      const int q = c % (kRowWords / 4);
-      const uint32_t* src = trellis + (static_cast<size_t>(kt + r) * n_tiles + first_tile) * kTileWords + q * 4;
-      cp_async16(&stage_words[slot][r * kRowWords + q * 4], src);
-    }
+    if (copies) cp_async16(&stage_words[slot][copy_word], copy_src + step * step_words);
   };
+
+  // The A fragments' rows (group, group + 8 of each 16-row block) as pointers to this lane's column
+  // pair at the split's first K tile; rows past M read as zeros.
+  const unsigned int* a_ptr[MB][2];
+  bool a_valid[MB][2];
+#pragma unroll
+  for (int mb = 0; mb < MB; ++mb)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = mb * 16 + group + 8 * h;
+      a_valid[mb][h] = r < rows;
+      a_ptr[mb][h] = reinterpret_cast<const unsigned int*>(
+          a_rows + static_cast<size_t>(a_valid[mb][h] ? r : 0) * k + kt_begin * 16 + 2 * pair);
+    }
 
   float acc[MB][2][4];
 #pragma unroll
@@ -106,18 +119,14 @@ __global__ __launch_bounds__(kWarps * 32) void decode_gemm_kernel(const half* __
     const uint32_t* stage = stage_words[step % kStages];
 #pragma unroll
     for (int kk = 0; kk < kTilesPerStage; ++kk) {
-      const int col = (kt_begin + step * kTilesPerStage + kk) * 16 + 2 * pair;
+      const int offset = (step * kTilesPerStage + kk) * 8;  // 16 halves per K tile, in pairs
       uint32_t a[MB][4];
 #pragma unroll
       for (int mb = 0; mb < MB; ++mb) {
-        const int r0 = mb * 16 + group;
-        const int r1 = r0 + 8;
-        const half* row0 = a_rows + static_cast<size_t>(r0) * k;
-        const half* row1 = a_rows + static_cast<size_t>(r1) * k;
-        a[mb][0] = load_pair(row0, col, r0 < rows);
-        a[mb][1] = load_pair(row1, col, r1 < rows);
-        a[mb][2] = load_pair(row0, col + 8, r0 < rows);
-        a[mb][3] = load_pair(row1, col + 8, r1 < rows);
+        a[mb][0] = a_valid[mb][0] ? __ldg(a_ptr[mb][0] + offset) : 0u;      // (group, k 2*pair)
+        a[mb][1] = a_valid[mb][1] ? __ldg(a_ptr[mb][1] + offset) : 0u;      // (group + 8, k 2*pair)
+        a[mb][2] = a_valid[mb][0] ? __ldg(a_ptr[mb][0] + offset + 4) : 0u;  // (group, k 2*pair + 8)
+        a[mb][3] = a_valid[mb][1] ? __ldg(a_ptr[mb][1] + offset + 4) : 0u;  // (group + 8, k 2*pair + 8)
       }
       uint32_t b0[2], b1[2];
       decode_lane<BITS, CB>(stage + kk * kRowWords + warp * kTileWords, lane, b0, b1);
