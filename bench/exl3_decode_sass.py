@@ -1,0 +1,47 @@
+"""Instructions per weight in the main loop of each exl3-decode GEMM kernel, read off its SASS.
+
+A static count, no GPU needed: for every decode_gemm_kernel<bits, codebook, row blocks> in an
+object file, the instructions from the loop's barrier to its backward branch, divided by the
+weights one lane decodes in them (8 per tile, one tile per pair of MMAs per row block). Issue rate
+bounds a kernel that is not memory-bound, so this says how far the decode is from the bandwidth
+floor before any timing: an H200 issues about 33e12 warp-lane instructions a second against 4.1 TB/s.
+
+    python bench/exl3_decode_sass.py build/exl3-decode/obj/gemm_mul1.cu.o [--cuobjdump PATH]
+
+cuobjdump: NVIDIA's wheel nvidia-cuda-cuobjdump (pip download --no-deps nvidia-cuda-cuobjdump==13.2.86,
+then unzip; the binary is nvidia/cu13/bin/cuobjdump), or a CUDA toolkit's.
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import subprocess
+import sys
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("objects", nargs="+")
+    ap.add_argument("--cuobjdump", default=shutil.which("cuobjdump") or "cuobjdump")
+    args = ap.parse_args()
+    for obj in args.objects:
+        sass = subprocess.run([args.cuobjdump, "-sass", obj], capture_output=True, text=True, check=True).stdout
+        lines = sass.splitlines()
+        starts = [i for i, line in enumerate(lines) if "Function :" in line and "decode_gemm_kernel" in line]
+        for n, i in enumerate(starts):
+            end = starts[n + 1] if n + 1 < len(starts) else len(lines)
+            body = [line for line in lines[i:end] if re.match(r"\s+/\*[0-9a-f]{4}\*/", line)]
+            barrier = next(j for j, line in enumerate(body) if "BAR.SYNC" in line)
+            mmas = [j for j, line in enumerate(body) if "HMMA" in line]
+            branch = next(j for j in range(mmas[-1], len(body)) if "BRA" in body[j])
+            loop = body[barrier : branch + 1]
+            bits, codebook, blocks = re.search(r"ILi(\d)ELi(\d)ELi(\d)", lines[i]).groups()
+            tiles = len([line for line in loop if "HMMA" in line]) // (2 * int(blocks))
+            print(f"{obj}: {bits} bits, codebook {codebook}, {16 * int(blocks)} rows: {len(loop)} instructions "
+                  f"per loop step ({tiles} tiles a lane) = {len(loop) / (8 * tiles):.1f} per weight")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
