@@ -27,5 +27,5 @@ for backend in exl3-decode exl3; do
     --context 256 --json "$OUT/gate-$backend.json" > "$OUT/gate-$backend.log" 2>&1
   echo "gate on the checkpoint, $backend: rc $?"; tail -4 "$OUT/gate-$backend.log"
 done
-VARIANTS="exl3-decode:--backend exl3-decode --exl3-build $BUILD|exl3:--backend exl3 --exl3-build $BUILD|triton:--backend triton" \
+VARIANTS="exl3-decode:--backend exl3-decode --exl3-build $BUILD --pdl on|exl3:--backend exl3 --exl3-build $BUILD|triton:--backend triton" \
   OUT=$OUT DEADLINE=$((LIMIT - 90 - (SECONDS - START))) bash "$REPO/bench/worker_ab.sh" "$@"
