@@ -271,12 +271,19 @@ class DecodedExl3Backend:
 
         class Backend(TorchBackend):
             name, quantized = "exl3-decoded-cpu", True
+            dense: dict = {}  # id of a linear -> (the linear, its dense fp64 matrix), decoded once
+
+            def matrix(self, weight):
+                if id(weight) not in self.dense:
+                    eye = torch.eye(weight.in_features, dtype=torch.float64)
+                    self.dense[id(weight)] = (weight, exl3_reference.linear(eye, weight))
+                return self.dense[id(weight)][1]
 
             def linear(self, x, weight):
-                return exl3_reference.linear(x, weight).to(x.dtype)
+                return (x.double() @ self.matrix(weight)).to(x.dtype)
 
             def linear_fp32(self, x, weight, cpu_weight_fp32=None):
-                return exl3_reference.linear(x, weight).float()
+                return (x.double() @ self.matrix(weight)).float()
 
         return Backend(device, "gemm")
 
@@ -343,3 +350,28 @@ def test_the_worker_on_a_checkpoint_computes_the_llama_it_holds(tmp_path, monkey
     assert (got - want).abs().max() < 0.02 * want.std()  # fp16 activations against fp64
     assert isinstance(model.ranks[0].w.layers[0].qkv, Exl3Group if kv_bits else Exl3Linear)
     assert torch.equal(got.argmax(-1), want.argmax(-1))
+
+
+def test_the_exactness_gate_runs_on_a_checkpoint(tmp_path, monkeypatch):
+    """States, every mode's cells, the gate's checks and reproducible digests, with a checkpoint's
+    weights (eager on the CPU; the GPU's graphs are checked against eager the same way there)."""
+    from pp4.worker.harness import gate
+    from pp4.worker.model import model as model_module
+    from pp4.worker.model import states as state_io
+    from pp4.worker.model.config import MODES, CellKey, ModelSettings
+    from pp4.worker.model.draft import DraftWorker
+    from pp4.worker.model.graphs import build_runners
+
+    write_checkpoint(tmp_path, g=G_GROUPED)
+    monkeypatch.setattr(model_module, "make_backend", lambda *a, **k: DecodedExl3Backend.make(torch.device("cpu")))
+    settings = ModelSettings(geometry=G_GROUPED, context=40, weights_dir=str(tmp_path), backend="exl3",
+                             attention="gemm")
+    worker = DraftWorker(model_module.TensorParallelDraft(settings, torch.device("cpu")))
+    states = state_io.synthetic_states(worker, 2) + state_io.capture_states(worker, 2)
+    cells = [CellKey(b, 4, m) for b in (1, 2) for m in MODES]
+    runners = build_runners(worker, cells, graphs=False)
+    first = gate.run_gate(worker, runners, None, states, [1, 2], [4], log=lambda *_: None)
+    assert first.ok, [f.describe() for f in first.failures]
+    again = gate.run_gate(worker, runners, None, states, [1, 2], [4], log=lambda *_: None)
+    assert again.digests == first.digests and len(set(first.digests.values())) == len(cells)
+    assert worker.model.weights_fingerprint.startswith("exl3-checkpoint:")
