@@ -114,9 +114,17 @@ def test_missing_module_says_how_to_build_it(tmp_path):
     assert "exl3-facc is not configured in" in msg and "ninja exl3-facc" in msg and "--exl3-build" in msg
 
 
-def test_backend_refuses_the_cpu():
+def test_missing_decode_module_says_how_to_build_it(tmp_path):
+    with pytest.raises(BackendUnavailable) as err:
+        make_backend("exl3-decode", torch.device("cuda"), "fused", "cublas", Exl3Options(build_dir=str(tmp_path)))
+    msg = str(err.value)
+    assert "exl3-decode is not configured in" in msg and "ninja exl3-decode" in msg and "--exl3-build" in msg
+
+
+@pytest.mark.parametrize("backend", ["exl3", "exl3-decode"])
+def test_backend_refuses_the_cpu(backend):
     with pytest.raises(BackendUnavailable, match="needs --device cuda"):
-        make_backend("exl3", CPU, "fused", "cublas", Exl3Options())
+        make_backend(backend, CPU, "fused", "cublas", Exl3Options())
 
 
 @pytest.mark.parametrize("rows,bits,select,expect", [

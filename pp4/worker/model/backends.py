@@ -384,7 +384,26 @@ class TritonBackend(TorchBackend):
             MODE=self.MODES[mode], BLOCK=self.k.next_power_of_2(2 * chunks), **self.launch)
 
 
-class Exl3Backend(TritonBackend):
+class QuantizedLinears:
+    """linear and linear_fp32 of the EXL3 backends: fp16 activations, an Exl3Group part by part;
+    ``_run(x, w, out_dtype)`` is each backend's kernel for one Exl3Linear."""
+
+    def _gemm(self, x, w, out_dtype):
+        if x.dtype != torch.float16:
+            raise ValueError("EXL3 kernels take float16 activations (--dtype float16)")
+        x = x if x.is_contiguous() else x.contiguous()
+        if isinstance(w, Exl3Group):
+            return torch.cat([self._run(x, p, out_dtype) for p in w.parts], dim=1)
+        return self._run(x, w, out_dtype)
+
+    def linear(self, x, weight):
+        return self._gemm(x, weight, torch.float16)
+
+    def linear_fp32(self, x, weight, cpu_weight_fp32=None):
+        return self._gemm(x, weight, torch.float32)
+
+
+class Exl3Backend(QuantizedLinears, TritonBackend):
     """EXL3's kernels from a pp4-built ``exllamav3_ext`` (stock or facc) where it has them:
 
     * every linear, the head included, is an EXL3-quantized matrix (pp4/worker/model/exl3.py) run by
@@ -430,12 +449,7 @@ class Exl3Backend(TritonBackend):
                 "rms norm": f"{self.target} rms_norm", "rope": f"{self.target} rope",
                 **{k: v for k, v in super().kernels().items() if k not in ("linears", "rms norm", "rope")}}
 
-    def _gemm(self, x, w, out_dtype):
-        if x.dtype != torch.float16:
-            raise ValueError("EXL3 kernels take float16 activations (--dtype float16)")
-        x = x if x.is_contiguous() else x.contiguous()
-        if isinstance(w, Exl3Group):
-            return torch.cat([self._gemm(x, p, out_dtype) for p in w.parts], dim=1)
+    def _run(self, x, w, out_dtype):
         mcg, mul1 = w.codebook == 1, w.codebook == 2
         sms = self._sms_for(x.shape[0], w)
         if w.parts == 1:
@@ -474,12 +488,6 @@ class Exl3Backend(TritonBackend):
                 and w.in_features % 128 == 0 and w.out_features % 128 == 0)
         return 0 if gemv or self.select == "autotune" else self.num_sms
 
-    def linear(self, x, weight):
-        return self._gemm(x, weight, torch.float16)
-
-    def linear_fp32(self, x, weight, cpu_weight_fp32=None):
-        return self._gemm(x, weight, torch.float32)
-
     def rms_norm(self, x, weight, eps: float):
         x2 = x.reshape(-1, x.shape[-1])
         x2 = x2 if x2.is_contiguous() else x2.contiguous()
@@ -505,7 +513,7 @@ class Exl3Backend(TritonBackend):
         return q
 
 
-class Exl3DecodeBackend(TritonBackend):
+class Exl3DecodeBackend(QuantizedLinears, TritonBackend):
     """EXL3-quantized linears through pp4's own decode GEMM (the ``exl3-decode`` module pp4 builds:
     pp4/sources/ext/exl3_decode), every other step the triton backend's.
 
@@ -517,32 +525,20 @@ class Exl3DecodeBackend(TritonBackend):
     name = "exl3-decode"
     quantized = True
 
-    def __init__(self, device: torch.device, attention: str, module, pdl: bool = False, splits: int = 0):
+    def __init__(self, device: torch.device, attention: str, module, pdl: bool = False):
         if device.type != "cuda":
             raise BackendUnavailable("--backend exl3-decode runs CUDA kernels: it needs --device cuda")
         super().__init__(device, attention, pdl=pdl)
-        self.ext, self.splits = module, splits
+        self.ext = module
 
     def kernels(self) -> dict[str, str]:
         return {"linears": "pp4 exl3-decode gemm (trellis decoded into tensor-core fragments, fp32 accumulation)",
                 **{k: v for k, v in super().kernels().items() if k != "linears"}}
 
-    def _gemm(self, x, w, out_dtype):
-        if x.dtype != torch.float16:
-            raise ValueError("EXL3 kernels take float16 activations (--dtype float16)")
-        x = x if x.is_contiguous() else x.contiguous()
-        if isinstance(w, Exl3Group):
-            return torch.cat([self._gemm(x, p, out_dtype) for p in w.parts], dim=1)
+    def _run(self, x, w, out_dtype):
         y = torch.empty(x.shape[0], w.out_features, dtype=out_dtype, device=x.device)
-        self.ext.gemm(x, w.trellis, w.suh.view(w.parts, w.in_features), w.svh, list(w.part_columns), y,
-                      w.codebook, self.splits)
+        self.ext.gemm(x, w.trellis, w.suh.view(w.parts, w.in_features), w.svh, list(w.part_columns), y, w.codebook)
         return y
-
-    def linear(self, x, weight):
-        return self._gemm(x, weight, torch.float16)
-
-    def linear_fp32(self, x, weight, cpu_weight_fp32=None):
-        return self._gemm(x, weight, torch.float32)
 
 
 def load_decode_module(build_dir: str):
@@ -595,7 +591,7 @@ def make_backend(name: str, device: torch.device, attention: str | None = None, 
         module = load_exl3_module(exl3.build_dir, exl3.target)
         return Exl3Backend(device, attention, module, exl3.target, exl3.bits, exl3.head_bits, exl3.select, pdl)
     if name == "exl3-decode":
-        if device.type != "cuda":
+        if device.type != "cuda":  # before the module's load, whose error would hide this one
             raise BackendUnavailable("--backend exl3-decode runs CUDA kernels: it needs --device cuda")
         build_dir = exl3.build_dir if exl3 is not None else "build"
         return Exl3DecodeBackend(device, attention, load_decode_module(build_dir), pdl)
