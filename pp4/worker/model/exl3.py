@@ -1,5 +1,6 @@
-"""Synthetic EXL3-quantized linears for ``--backend exl3``.
+"""EXL3-quantized linears as the EXL3 backends hold them, and their synthetic weights.
 
+Exl3Linear and Exl3Group hold a checkpoint's linears too (pp4/worker/model/exl3_checkpoint.py).
 An EXL3 linear of K inputs and N outputs is held as exllamav3 holds it:
 
 * ``trellis`` int16 [K/16, N/16, 16*bits]: one 16x16 tile per (k, n) tile pair, ``bits``
