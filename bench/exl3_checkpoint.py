@@ -252,7 +252,7 @@ def training_corpus() -> tuple[list[str], str]:
 # --------------------------------------------------------------------------------------------------
 # Conversion
 
-def load_ext(build_dir: str) -> None:
+def load_ext(build_dir: str):
     """pp4's compiled exllamav3_ext, registered in sys.modules before exllamav3 is imported."""
     sys.path.insert(0, str(Path(__file__).absolute().parents[1]))
     from pp4.certify.loader import load_target
@@ -262,6 +262,7 @@ def load_ext(build_dir: str) -> None:
     import exllamav3.ext
     assert exllamav3.ext.exllamav3_ext is mod, "exllamav3 did not take pp4's precompiled extension"
     print(f"exllamav3_ext: {mod.__file__}")
+    return mod
 
 
 def convert(a: argparse.Namespace, hf_dir: Path, work_dir: Path, exl3_dir: Path) -> None:

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -99,16 +98,10 @@ def parse_args() -> argparse.Namespace:
 
 
 def load_ext(build_dir: str):
-    """pp4's compiled exllamav3_ext, registered in sys.modules before exllamav3 is imported."""
-    sys.path.insert(0, str(Path(__file__).absolute().parents[1]))
-    from pp4.certify.loader import load_target
-    mod = load_target("exl3", build_dir)
-    assert sys.modules.get("exllamav3_ext") is mod, "load_target did not register exllamav3_ext"
-    assert "exllamav3" not in sys.modules, "exllamav3 was imported before its extension was registered"
-    import exllamav3.ext
-    assert exllamav3.ext.exllamav3_ext is mod, "exllamav3 did not take pp4's precompiled extension"
-    print(f"exllamav3_ext: {mod.__file__}")
-    return mod
+    """pp4's compiled exllamav3_ext, registered before exllamav3 is imported (bench/exl3_checkpoint.py)."""
+    from exl3_checkpoint import load_ext as register
+
+    return register(build_dir)
 
 
 # --------------------------------------------------------------------------------------------------

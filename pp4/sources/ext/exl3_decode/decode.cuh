@@ -12,6 +12,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 namespace pp4_exl3 {
 
@@ -139,6 +140,22 @@ PP4_EXL3_HD void decode_lane(const uint32_t* words, int lane, uint32_t (&b0)[2],
   b0[1] = r[1];
   b1[0] = r[2];
   b1[1] = r[3];
+}
+
+// Calls f(std::integral_constant<int, B>()) for the bit width B = bits (2..8): the kernels are
+// instantiated per width. False for a width without kernels.
+template <typename F>
+bool with_bits(int bits, F&& f) {
+  switch (bits) {
+    case 2: f(std::integral_constant<int, 2>()); return true;
+    case 3: f(std::integral_constant<int, 3>()); return true;
+    case 4: f(std::integral_constant<int, 4>()); return true;
+    case 5: f(std::integral_constant<int, 5>()); return true;
+    case 6: f(std::integral_constant<int, 6>()); return true;
+    case 7: f(std::integral_constant<int, 7>()); return true;
+    case 8: f(std::integral_constant<int, 8>()); return true;
+    default: return false;
+  }
 }
 
 }  // namespace pp4_exl3

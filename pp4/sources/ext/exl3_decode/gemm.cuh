@@ -171,19 +171,10 @@ void launch_decode_gemm(const void* xh, const void* trellis, float* partials, in
 template <int CB>
 bool dispatch_decode_gemm(int bits, const void* xh, const void* trellis, float* partials, int rows, int k, int n,
                           const Parts& parts, int splits, int k_tiles_per_split, cudaStream_t stream) {
-  switch (bits) {
-#define PP4_EXL3_CASE(B) \
-  case B: launch_decode_gemm<B, CB>(xh, trellis, partials, rows, k, n, parts, splits, k_tiles_per_split, stream); return true;
-    PP4_EXL3_CASE(2)
-    PP4_EXL3_CASE(3)
-    PP4_EXL3_CASE(4)
-    PP4_EXL3_CASE(5)
-    PP4_EXL3_CASE(6)
-    PP4_EXL3_CASE(7)
-    PP4_EXL3_CASE(8)
-#undef PP4_EXL3_CASE
-    default: return false;
-  }
+  return with_bits(bits, [&](auto b) {
+    launch_decode_gemm<decltype(b)::value, CB>(xh, trellis, partials, rows, k, n, parts, splits, k_tiles_per_split,
+                                               stream);
+  });
 }
 
 }  // namespace pp4_exl3

@@ -124,21 +124,10 @@ __global__ __launch_bounds__(32) void reconstruct_kernel(const uint32_t* __restr
 template <int CB>
 bool launch_reconstruct(int bits, const void* trellis, void* w, int k, int n, cudaStream_t stream) {
   const dim3 grid(n / 16, k / 16);
-  const uint32_t* t = static_cast<const uint32_t*>(trellis);
-  half* out = static_cast<half*>(w);
-  switch (bits) {
-#define PP4_EXL3_CASE(B) \
-  case B: reconstruct_kernel<B, CB><<<grid, 32, 0, stream>>>(t, out, n); return true;
-    PP4_EXL3_CASE(2)
-    PP4_EXL3_CASE(3)
-    PP4_EXL3_CASE(4)
-    PP4_EXL3_CASE(5)
-    PP4_EXL3_CASE(6)
-    PP4_EXL3_CASE(7)
-    PP4_EXL3_CASE(8)
-#undef PP4_EXL3_CASE
-    default: return false;
-  }
+  return with_bits(bits, [&](auto b) {
+    reconstruct_kernel<decltype(b)::value, CB>
+        <<<grid, 32, 0, stream>>>(static_cast<const uint32_t*>(trellis), static_cast<half*>(w), n);
+  });
 }
 
 thread_local const char* g_last_error = nullptr;
