@@ -16,13 +16,12 @@ input once per part; upstream's kernel runs each part on its own).
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 
 import torch
 
-from pp4.worker.model import sampling
+from pp4.worker.model import safetensors_dir
 from pp4.worker.model.config import TP_RANKS, Geometry
 from pp4.worker.model.exl3 import HADAMARD, TILE, Exl3Group, Exl3Linear
 
@@ -73,21 +72,11 @@ class Exl3Checkpoint:
     """The safetensors of one checkpoint, read lazily by tensor name."""
 
     def __init__(self, directory: str):
-        from safetensors import safe_open
-
-        files = sorted(f for f in os.listdir(directory) if f.endswith(".safetensors"))
+        files, self.where, digest = safetensors_dir.open_folder(directory)
         if not files:
             raise CheckpointError(f"--weights {directory}: no .safetensors files there")
-        self.directory, self.where, digest = directory, {}, hashlib.sha256()
-        for f in files:
-            path = os.path.join(directory, f)
-            handle = safe_open(path, framework="pt", device="cpu")
-            with open(path, "rb") as fh:  # header + size identify the file without reading it all
-                n = int.from_bytes(fh.read(8), "little")
-                digest.update(f.encode() + fh.read(n) + str(os.path.getsize(path)).encode())
-            for key in handle.keys():
-                self.where[key] = handle
-        self.fingerprint = "exl3-checkpoint:" + digest.hexdigest()
+        self.directory = directory
+        self.fingerprint = "exl3-checkpoint:" + digest
 
     def has(self, name: str) -> bool:
         return name in self.where
@@ -178,7 +167,7 @@ def single(t: QuantizedTensor, device) -> Exl3Linear:
 
 def shard_checkpoint(ckpt: Exl3Checkpoint, g: Geometry, rank: int, dtype, device):
     """Rank ``rank``'s RankWeights from the checkpoint (16-bit tensors in ``dtype``)."""
-    from pp4.worker.model.model import LayerShard, RankWeights
+    from pp4.worker.model.model import LayerShard, RankWeights, vocab_shard
 
     hq, hkv, d, m, vs, H = g.rank_heads, g.rank_kv_heads, g.head_dim, g.rank_mlp, g.rank_vocab, g.hidden
 
@@ -208,19 +197,12 @@ def shard_checkpoint(ckpt: Exl3Checkpoint, g: Geometry, rank: int, dtype, device
     if tuple(embed_all.shape) != (g.vocab, H):
         raise CheckpointError(f"model.embed_tokens.weight is {list(embed_all.shape)}, config.json says "
                               f"[{g.vocab}, {H}]")
-    embed = torch.zeros(vs + 1, H, dtype=dtype, device=device)
-    embed[:vs] = embed_all[rows(vs)].to(device=device, dtype=dtype)
-    ids = torch.arange(g.vocab, dtype=torch.int64, device=device)
-    local = ids - rank * vs
-    vocab_to_local = torch.where((local >= 0) & (local < vs), local, torch.full_like(local, vs))
     return RankWeights(
         rank=rank,
         layers=layers,
         final_norm=vector("model.norm.weight"),
         head=single(ckpt.linear("lm_head").columns(rows(vs)), device),
-        embed=embed,
-        vocab_to_local=vocab_to_local,
-        gumbel_premix=sampling.vocab_premix(ids[rank * vs : (rank + 1) * vs]),
+        **vocab_shard(g, rank, embed_all[rows(vs)], dtype, device),
         o_input="heads",
     )
 

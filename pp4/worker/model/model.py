@@ -25,7 +25,7 @@ import os
 import attrs
 import torch
 
-from pp4.worker.model import exl3, exl3_checkpoint, hashing, sampling
+from pp4.worker.model import exl3, exl3_checkpoint, hashing, safetensors_dir, sampling
 from pp4.worker.model.backends import TorchBackend, make_backend
 from pp4.worker.model.config import DEPTHS, MAX_BATCH, QUERY_BLOCK, TP_RANKS, Geometry, ModelSettings
 
@@ -111,29 +111,18 @@ class SafetensorsSource:
     """``--weights DIR``: every *.safetensors file in DIR, logical names as above."""
 
     def __init__(self, directory: str, g: Geometry, dtype: torch.dtype, device: torch.device):
+        self.g, self.dtype, self.device = g, dtype, device
+        self.specs = logical_tensor_specs(g)
         try:
-            from safetensors import safe_open
+            files, self.where, digest = safetensors_dir.open_folder(directory)
         except ImportError as exc:
             raise RuntimeError(
                 "--weights needs the safetensors package (pip install safetensors); "
                 "without it use the synthetic weights (--weight-seed)"
             ) from exc
-        self.g, self.dtype, self.device = g, dtype, device
-        self.specs = logical_tensor_specs(g)
-        files = sorted(f for f in os.listdir(directory) if f.endswith(".safetensors"))
         if not files:
             raise RuntimeError(f"--weights {directory}: no .safetensors files there")
-        self.handles, self.where, digest = [], {}, hashlib.sha256()
-        for f in files:
-            path = os.path.join(directory, f)
-            h = safe_open(path, framework="pt", device="cpu")
-            self.handles.append(h)
-            with open(path, "rb") as fh:  # header + size identify the file without reading GBs
-                n = int.from_bytes(fh.read(8), "little")
-                digest.update(f.encode() + fh.read(n) + str(os.path.getsize(path)).encode())
-            for key in h.keys():
-                self.where[key] = h
-        self._fingerprint = "safetensors:" + digest.hexdigest()
+        self._fingerprint = "safetensors:" + digest
         problems = []
         for name, (shape, _) in self.specs.items():
             if name not in self.where:
@@ -236,22 +225,29 @@ def shard_weights(source, g: Geometry, rank: int, dtype, device) -> RankWeights:
                 down=source.block(p + "mlp.down.weight", slice(0, H), rows(rank, m)).contiguous(),
             )
         )
-    embed = torch.zeros(vs + 1, H, dtype=dtype, device=device)
-    embed[:vs] = source.block("embed.weight", rows(rank, vs))
-    ids = torch.arange(g.vocab, dtype=torch.int64, device=device)
-    local = ids - rank * vs
-    vocab_to_local = torch.where((local >= 0) & (local < vs), local, torch.full_like(local, vs))
     head = source.block("head.weight", rows(rank, vs))
     return RankWeights(
         rank=rank,
         layers=layers,
         final_norm=source.block("final_norm.weight", slice(0, H)),
         head=head,
-        embed=embed,
-        vocab_to_local=vocab_to_local,
-        gumbel_premix=sampling.vocab_premix(ids[rank * vs : (rank + 1) * vs]),
+        **vocab_shard(g, rank, source.block("embed.weight", rows(rank, vs)), dtype, device),
         head_fp32_cpu=head.float() if device.type == "cpu" else None,
     )
+
+
+def vocab_shard(g: Geometry, rank: int, embed_rows: torch.Tensor, dtype, device) -> dict:
+    """A rank's vocabulary tables (RankWeights fields) from its embedding rows [vs, H]: the
+    embedding with one zero row after them, the global-id -> row map (ids of the other rank go to
+    the zero row), and the vocabulary half of the Gumbel hash for its ids."""
+    vs = g.rank_vocab
+    embed = torch.zeros(vs + 1, g.hidden, dtype=dtype, device=device)
+    embed[:vs] = embed_rows.to(device=device, dtype=dtype)
+    ids = torch.arange(g.vocab, dtype=torch.int64, device=device)
+    local = ids - rank * vs
+    vocab_to_local = torch.where((local >= 0) & (local < vs), local, torch.full_like(local, vs))
+    return {"embed": embed, "vocab_to_local": vocab_to_local,
+            "gumbel_premix": sampling.vocab_premix(ids[rank * vs : (rank + 1) * vs])}
 
 
 # ============================================================================ per-call geometry
