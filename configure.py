@@ -33,7 +33,7 @@ from pp4.plan import modules as plan  # noqa: E402
 from pp4.plan import ninjafile  # noqa: E402
 from pp4.plan.torchflags import setuptools_flags, torch_build_flags  # noqa: E402
 from pp4.sizes import parse_size  # noqa: E402
-from pp4.reuse import relocate  # noqa: E402
+from pp4.execution import root as fixed_root  # noqa: E402
 from pp4.reuse.cluster import executor  # noqa: E402
 from pp4.sources import exl3  # noqa: E402
 from pp4.sources import extensions  # noqa: E402
@@ -246,21 +246,6 @@ def durations_known(builddir: Path, root: Path) -> tuple[dict[str, int], dict[st
     return log, table
 
 
-def twin_of_an_earlier_module(plans: list[plan.ModulePlan]):
-    """A unit whose source path (relative to its root) an earlier module also compiles, and that may
-    be shareable: it is scheduled after the rest so that it finds its twin's object in the store."""
-    first_target: dict[str, str] = {}
-    for p in plans:
-        for step in p.steps:
-            first_target.setdefault(os.path.relpath(step.source, p.extension.root), p.extension.target)
-
-    def defer(p: plan.ModulePlan, step: plan.CompileStep) -> bool:
-        rel = os.path.relpath(step.source, p.extension.root)
-        return first_target[rel] != p.extension.target and extensions.may_be_shared(step.source)
-
-    return defer
-
-
 def compile_tmpdir(builddir: Path) -> Path:
     """Where compilers write their temporary files. nvcc expands $NAME in TMPDIR, so a build
     directory whose path holds a $ gets a folder of its own under the system's temporary directory."""
@@ -424,11 +409,12 @@ def main(argv: list[str]) -> int:
             if os.environ.get(name):
                 print(f"configure: folded {name}={os.environ[name]} into the setup.py extensions' C++ flags "
                       "(setuptools adds it to every compile)")
-    places = relocate.places_here(str(torch_package_dir()), str(tc.prefix), sysconfig.get_paths()["include"],
-                                  sys.prefix)
-    plans = [plan.module_plan(e, torch, tc, archs, builddir, root, log, supported, chosen, folded, setuptools, places)
+    # The folders every compile sees at fixed paths in its execution root (pp4/execution/root.py).
+    places = fixed_root.places_here(str(torch_package_dir()), str(tc.prefix), sysconfig.get_paths()["include"],
+                                    sys.prefix)
+    plans = [plan.module_plan(e, torch, tc, archs, builddir, root, log, supported, chosen, folded, setuptools)
              for e in exts]
-    ordered = plan.longest_first(plans, table, defer=twin_of_an_earlier_module(plans))
+    ordered = plan.longest_first(plans, table)
     identifier = compilers.Identifier(builddir / ".pp4" / "compilers.json", compile_tmpdir(builddir))
     tool_files = {lang: tuple(identifier.files(chosen, lang, envs[lang])) for lang in ("cuda", "cxx")}
     identifier.save()
@@ -444,7 +430,6 @@ def main(argv: list[str]) -> int:
         "limits": json.loads(limits.to_json()),
         "reuse": {"store": store_dir, "remote": remote, "roots": sorted({str(e.root) for e in exts}),
                   "relocation": places, "executor": executor_doc,
-                  "erasable": sorted({d for e in exts for d in e.erasable_defines}),
                   "toolchain": toolchain.identity(tc), "state_dir": str(builddir / ".pp4")},
         "compile": compile_section,
     }

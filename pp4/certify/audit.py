@@ -3,13 +3,12 @@
     python -m pp4.audit build/certificate.json.gz [--objects] [--recompile N] [--invalidate]
 
 Rechecks the certificate's hash against the build record, and for every object that compiling it
-now would still give it: its sha256, every input's sha256, the identity of the compilers it ran
-(pp4.compilers) and the probe digest of its include search (pp4.probes), all against the
-certificate; each object's action against the store; every module against its pin and the build
-record. --recompile N compiles N reused objects again in scratch from their stored command and
-compares them with the stored object byte for byte, except the only bytes two nvcc runs differ in:
-the process id nvcc writes into its temporary file names (tmpxft_<pid>_...), which end up in symbol
-names (docs/reuse.md). Exits non-zero on any mismatch.
+now would still give it: its sha256, and every observation its compile made (each path its
+processes opened, looked for, listed or ran, with the state found there: pp4/reuse/observed.py)
+against the machine now; each object's action against the store; every module against its pin and
+the build record. It compiles nothing. --recompile N compiles N reused objects again from their
+command, in the fixed execution root, and compares them with the stored object byte for byte, with
+nothing masked. Exits non-zero on any mismatch.
 
 --invalidate removes every object and module the audit found out of date, so that the next `ninja`
 rebuilds exactly those (and links what uses them): the repair when an input changed in a way
@@ -22,8 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,36 +28,20 @@ from pathlib import Path
 
 from pp4 import interrupt
 from pp4.certify import certificate, pin
-from pp4.reuse import actionkey, inputsets
-from pp4.reuse.basis import Basis
-from pp4.reuse.relocate import Relocation
+from pp4.execution.root import Root
+from pp4.execution.run import run
+from pp4.reuse import inputsets, observed
+from pp4.reuse.actionkey import FileHasher
 from pp4.store.local import Store
 from pp4.store.records import StoreError
-from pp4.toolchain.compilerenv import process_env
-from pp4.toolchain.compilers import CompilerError, Compilers
-
-# nvcc names its temporary files tmpxft_<8 hex digits of its pid>_<8 hex digits>-<n>_<name>.
-_TMPXFT = re.compile(rb"tmpxft_([0-9a-f]{8})_[0-9a-f]{8}-\d+_")
+from pp4.toolchain.limits import Limits
 
 
 def differing_bytes(a: bytes, b: bytes) -> list[int]:
-    """Offsets where two objects differ outside the pid digits of nvcc's temporary file names.
-
-    The masked spans must sit at the same offsets in both; anything else counts as a difference.
-    """
-    if len(a) != len(b):
-        return [min(len(a), len(b))]
-    spans_a = [m.span(1) for m in _TMPXFT.finditer(a)]
-    spans_b = [m.span(1) for m in _TMPXFT.finditer(b)]
-    if spans_a != spans_b:
-        return [spans_a[0][0] if spans_a else 0]
-    ma, mb = bytearray(a), bytearray(b)
-    for s, e in spans_a:
-        ma[s:e] = mb[s:e] = b"0" * (e - s)
-    if ma == mb:
+    """The first offsets where two objects differ (empty when they are the same bytes)."""
+    if a == b:
         return []
-    return [i for i in range(len(ma)) if ma[i] != mb[i]][:16]
-
+    return [i for i in range(min(len(a), len(b))) if a[i] != b[i]][:16] or [min(len(a), len(b))]
 
 class Audit:
     def __init__(self, cert_path: Path, store_dir: str | None, config: dict, doc: dict | None = None):
@@ -73,12 +54,9 @@ class Audit:
             self.store = Store(store_dir) if store_dir else None
         except StoreError as e:  # unusable store (read-only, no layout): objects that name an action fail below
             self.store, self.store_problem = None, str(e)
-        state_dir = config["reuse"]["state_dir"]
-        tmpdir = Path(config["limits"].get("tmpdir") or tempfile.gettempdir())
-        self.relocation = Relocation.from_dict(config["reuse"].get("relocation"))
-        self.basis = Basis(Compilers.from_dict(config["compile"]["compilers"]), state_dir, tmpdir, self.relocation)
-        self.hasher = self.basis.hasher
-        self.sets_dir = inputsets.directory(state_dir)
+        self.config = config
+        self.hasher = FileHasher()
+        self.states = observed.States(self.hasher)
         self.failures: list[str] = []
         self.per_object: list[tuple[str, str, str]] = []
         self.stale: list[str] = []  # outputs that compiling now would not give: --invalidate removes them
@@ -115,16 +93,10 @@ class Audit:
                 self.stale.append(str(module))
 
     def check_input_sets(self) -> dict[str, list[str]]:
-        """Each shared input set once: its name must be its content's hash, its files their bytes."""
-        problems = {}
-        for sid, entries in self.doc.get("input_sets", {}).items():
-            if entries is None or inputsets.set_id(entries) != sid:
-                problems[sid] = [f"the certificate's input set {sid[:16]} does not hash to its name"]
-                continue
-            local = self.relocation.local
-            problems[sid] = [f"input {local(p)} has sha256 {got}, certificate says {want}"
-                             for p, want in entries if (got := self.hasher.sha256(local(p))) != want]
-        return problems
+        """Each observation set once: its name must be its content's hash."""
+        return {sid: ([] if entries is not None and inputsets.set_id(entries) == sid
+                      else [f"the certificate's input set {sid[:16]} does not hash to its name"])
+                for sid, entries in self.doc.get("input_sets", {}).items()}
 
     def check_objects(self) -> None:
         set_problems = self.check_input_sets()
@@ -133,20 +105,19 @@ class Audit:
             sha = self.hasher.sha256(obj["output"])
             if sha != obj["object_sha256"]:
                 problems.append(f"object sha256 is {sha}, certificate says {obj['object_sha256']}")
-            root = obj.get("root")
-            for p, want in obj["inputs"]:
-                path = actionkey.from_src(p, root)
-                got = self.hasher.sha256(path)
-                if got != want:
-                    problems.append(f"input {path} has sha256 {got}, certificate says {want}")
+            if not obj.get("input_sets"):
+                problems.append("the certificate records no observation of its compile ("
+                                f"{obj.get('not_stored') or 'written by an older pp4'}): rebuild it")
             for sid in obj.get("input_sets", []):
                 problems += set_problems.get(sid, [f"input set {sid[:16]} is not in the certificate"])
-            bound = obj.get("source_realpath")
-            if bound and os.path.realpath(obj["source"]) != bound:
-                problems.append(f"the object names its source's folder {os.path.dirname(bound)} (an anonymous "
-                                f"namespace), but the source is now {os.path.realpath(obj['source'])}")
-            if not problems:  # same bytes in: do the compilers and the include search still match?
-                problems += self.check_basis(obj)
+            if not problems:  # what the compile saw, against the machine now
+                mapping = Root.from_mounts(obj["mounts"]) if obj.get("mounts") else None
+                to_real = mapping.real if mapping is not None else (lambda p: p)
+                for sid in obj["input_sets"]:
+                    changed = observed.differences(self.doc["input_sets"][sid], to_real, self.states)
+                    problems += [f"changed since it was built: {c}" for c in changed[:5]]
+                    if len(changed) > 5:
+                        problems.append(f"and {len(changed) - 5} more observations")
             if problems:
                 self.stale.append(obj["output"])
             if self.store is None and self.store_problem and obj.get("action_key"):
@@ -156,7 +127,7 @@ class Audit:
                 if record is None:
                     problems.append(f"action {obj['action_key'][:16]} is not in the store {self.store.root}"
                                     if obj["status"] == "reused" else None)
-                elif record.object_sha256 != obj["object_sha256"] and self._stored_for(record, obj):
+                elif record.object_sha256 != obj["object_sha256"]:
                     problems.append(f"the store's object for action {obj['action_key'][:16]} has sha256 "
                                     f"{record.object_sha256}, certificate says {obj['object_sha256']}")
             problems = [p for p in problems if p]
@@ -167,40 +138,6 @@ class Audit:
             self.per_object.append((status, obj["output"], detail))
             for p in problems:
                 self.fail(f"{obj['output']}: {p}")
-
-    def check_basis(self, obj: dict) -> list[str]:
-        """What compiling the object now would depend on besides its inputs' bytes: the compilers
-        it runs and what its include search finds."""
-        if obj.get("probes") is None or "argv" not in obj:
-            return ["the certificate does not record its compile's basis (written by an older pp4): rebuild"]
-        args = actionkey.parse_compile(obj["argv"])
-        env = obj.get("env", {})
-        try:
-            now = self.basis.identity(args, env).hashes
-        except (CompilerError, OSError) as e:
-            return [f"its compilers cannot be identified now ({e})"]
-        if obj.get("toolchain") is not None and now != obj["toolchain"]:
-            changed = sorted(k for k in set(now) | set(obj["toolchain"]) if now.get(k) != obj["toolchain"].get(k))
-            return [f"the compilers it ran changed since it was built ({', '.join(changed)})"]
-        root = obj.get("root")
-        own = [(actionkey.from_src(p, root), p) for p, _ in obj["inputs"]]
-        digest = self.basis.probe_digest(args, env, own, obj.get("input_sets", []), self.sets_dir)
-        if digest != obj["probes"]:
-            return ["a file appeared or vanished where its include search looks"
-                    + self._new_candidates(obj, args, env, own)]
-        return []
-
-    def _new_candidates(self, obj: dict, args, env, own) -> str:
-        """The files its include search could find now that are newer than the object: the likely cause."""
-        files = [p for p, _ in own] + [p for sid in obj.get("input_sets", [])
-                                       for p in self.basis.sets.paths(self.sets_dir, sid)]
-        try:
-            built = os.stat(obj["output"]).st_mtime
-        except OSError:
-            return ""
-        new = [p for p in self.basis.prober.present_paths(files, self.basis.search_path(args, env))
-               if os.stat(p).st_ctime > built]
-        return f" (new since it was built: {', '.join(new[:5])})" if new else ""
 
     def invalidate(self) -> list[str]:
         """Remove the stale outputs (and any restore marker beside them): the next ninja rebuilds them."""
@@ -215,16 +152,6 @@ class Audit:
                     pass
         return removed
 
-    @staticmethod
-    def _stored_for(record, obj: dict) -> bool:
-        """Whether the store's record for an action is this object's own. A compiled object's twin
-        (the same unit of another variant, compiled at the same time) may have stored it instead:
-        then the two objects differ only in the source paths they embed, and neither is wrong."""
-        if obj["status"] == "reused":
-            return True
-        stored_for = (record.payload.get("compiled_for") or {}).get("output", "")
-        return os.path.abspath(obj["output"]) == stored_for or obj["output"] == stored_for
-
     def recompile(self, n: int, scratch: Path) -> list[str]:
         """Recompile n reused objects from their stored commands; one line of result each."""
         lines = []
@@ -237,24 +164,24 @@ class Audit:
             if record is None:
                 self.fail(f"{obj['output']}: action {obj['action_key'][:16]} is gone from the store")
                 continue
-            # This build's sources: the question is whether compiling here gives the object used
-            # here (a CUDA object may name its source's folder, pp4/reuse/actionkey.py).
-            root = obj.get("root") or (obj.get("reused_from") or {}).get("root")
-            out, dep = scratch / "recompiled.o", scratch / "recompiled.o.d"
-            argv = [{"$OUT": str(out), "$DEP": str(dep)}.get(a, self.relocation.local(actionkey.from_src(a, root)))
-                    for a in record.payload["command"]]
-            argv[1:1] = [f"-D{k}={v}" for k, v in sorted(record.payload.get("erased", {}).items())]
+            # Compiled here, in this build's root: the question is whether compiling now gives the
+            # object used here. Only its outputs go elsewhere (an object does not name its own path).
+            argv = list(obj["argv"])
+            argv[argv.index("-o") + 1] = str(scratch / "recompiled.o")
+            argv[argv.index("-MF") + 1] = str(scratch / "recompiled.o.d")
+            reuse = self.config["reuse"]
+            root = Root.make(os.getcwd(), reuse.get("relocation") or {}, obj.get("root"),
+                             str(Path(reuse["state_dir"]).parent)) if obj.get("mounts") else None
             t0 = time.monotonic()
-            # In the folder it was compiled in: debug information records it (actionkey.embeds_cwd).
-            cwd = (record.payload.get("compiled_for") or {}).get("cwd")
-            proc = subprocess.run(argv, env=process_env(record.payload.get("env", {}), scratch),
-                                  cwd=cwd if cwd and os.path.isdir(cwd) else None, capture_output=True, text=True)
-            if proc.returncode != 0:
-                self.fail(f"{obj['output']}: recompiling failed:\n{proc.stderr[-2000:]}")
+            ran = run(argv, obj.get("env", {}), Limits.from_dict(self.config["limits"]), scratch / "runs", root,
+                      observed=False)
+            if ran.returncode != 0:
+                self.fail(f"{obj['output']}: recompiling failed:\n{ran.stderr.decode(errors='replace')[-2000:]}")
                 continue
+            out = scratch / "recompiled.o"
             stored = self.store.object_path(record.object_sha256).read_bytes()
             diff = differing_bytes(stored, out.read_bytes())
-            verdict = "identical except nvcc's temporary-file pid digits" if not diff else f"DIFFERS at bytes {diff}"
+            verdict = "identical, byte for byte" if not diff else f"DIFFERS at bytes {diff}"
             if diff:
                 self.fail(f"{obj['output']}: recompiled object differs from the stored one at bytes {diff}")
             lines.append(f"  recompiled {obj['output']} in {time.monotonic() - t0:.1f} s: {verdict}")
@@ -318,7 +245,6 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {status:8} {out}  {detail}")
     for line in lines:
         print(line)
-    audit.basis.save()
     if args.invalidate:
         removed = audit.invalidate()
         for out in removed:

@@ -2,14 +2,13 @@
 
     python -m pp4.certify.certificate write CONFIG ACTIONS OUT.json.gz     (run by ninja after the pins)
 
-The certificate is a gzip-compressed JSON manifest of every object: its command and environment,
-its action key, its inputs with their sha256, the probe digest of its include search, whether it was
-compiled or reused (and from which action, compiled for which output), its sha256, the identity of
-the compilers it ran and the compile duration. Inputs outside an extension's tree are listed
-once per distinct set, in "input_sets" (name -> [path, sha256] pairs; the name is the sha256 of the
-set's canonical text, pp4.inputsets), and each object names its sets: 194 EXL3 units share a few
-sets of 1,400 torch and CUDA headers instead of repeating them. Its hash is the sha256 of the
-uncompressed JSON.
+The certificate is a gzip-compressed JSON manifest of every object: its command as configure wrote
+it and as it ran in the fixed root, its environment, the root's mounts (which folder of this
+machine each fixed path was), its action key, whether it was compiled or reused (and from which
+action, compiled for which output), its sha256 and the compile duration. What each compile
+observed is listed once per distinct set, in "input_sets" (name -> [path, state] pairs; the name is
+the sha256 of the set's canonical text, pp4/reuse/inputsets.py), and each object names its set.
+Its hash is the sha256 of the uncompressed JSON.
 Beside it, build-record.json names every built module's sha256, the compiler wheels' hashes, each
 source tree's hash and the certificate's hash.
 """
@@ -26,8 +25,8 @@ from pathlib import Path
 from pp4 import interrupt
 from pp4.certify import pin
 from pp4.files import canonical_json, sha256_and_size, write_whole
-from pp4.reuse import actionkey, events, inputsets
-from pp4.reuse.relocate import Relocation
+from pp4.execution.root import Root
+from pp4.reuse import events, inputsets
 
 
 class CertificateError(Exception):
@@ -54,12 +53,16 @@ def read(certificate: Path) -> tuple[dict, str]:
                                f"(delete it first, so that ninja writes it again)") from None
 
 
-def object_inputs(doc: dict, obj: dict) -> list[tuple[str, str | None]]:
-    """Every input of one object, as (absolute path on the machine that certified it, sha256): its
-    own and those of its sets (whose $TORCH, $TOOLCHAIN, ... the certificate's relocation names)."""
-    local = Relocation.from_dict(doc.get("relocation")).local
-    own = [(actionkey.from_src(p, obj.get("root")), h) for p, h in obj["inputs"]]
-    return own + [(local(p), h) for sid in obj.get("input_sets", []) for p, h in doc["input_sets"][sid]]
+def object_observations(doc: dict, obj: dict) -> list[tuple[str, str]]:
+    """Every observation of one object, as (path on the machine that certified it, state)."""
+    mapping = Root.from_mounts(obj["mounts"]) if obj.get("mounts") else None
+    out = []
+    for sid in obj.get("input_sets", []):
+        for path, state in doc["input_sets"][sid]:
+            real = mapping.real(path) if mapping is not None else path
+            if real is not None:
+                out.append((real, state))
+    return out
 
 
 def document(config_path: Path, actions_path: Path, builddir: Path, targets: set[str] | None = None) -> dict:
@@ -85,12 +88,11 @@ def document(config_path: Path, actions_path: Path, builddir: Path, targets: set
             "output": action["output"], "target": action["target"], "source": action["source"],
             "status": ev["status"], "action_key": ev.get("action_key"), "not_stored": ev.get("not_stored"),
             "reused_from": ev.get("reused_from"), "root": ev.get("root"),
-            "inputs": ev["inputs"], "input_sets": ev.get("input_sets", []), "probes": ev.get("probes"),
+            "input_sets": ev.get("input_sets", []), "mounts": ev.get("mounts"), "command": ev.get("command"),
             "object_sha256": sha, "object_size": size, "argv": action["argv"], "env": action.get("env", {}),
-            "toolchain": ev.get("toolchain"), "compile_duration_s": ev.get("compile_duration_s"),
+            "compile_duration_s": ev.get("compile_duration_s"),
             "tier": ev.get("tier") or ("local" if ev["status"] == "reused" else None),
             "fetched_from": ev.get("fetched_from"), "executed_on": ev.get("executed_on"),
-            "source_realpath": ev.get("source_realpath"),
         })
         for sid in ev.get("input_sets", []):
             if sid not in sets:
@@ -100,10 +102,8 @@ def document(config_path: Path, actions_path: Path, builddir: Path, targets: set
                                     f"{sets_dir}: rebuild it (delete the object first)")
     if problems:
         raise CertificateError("cannot certify this build:\n  " + "\n  ".join(problems))
-    # The input sets name files portably ($TORCH/...): where each placeholder was on this machine.
-    return {"format": 3, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "objects": objects, "input_sets": sets, "relocation": config["reuse"].get("relocation") or {},
-            "modules": _modules(actions, builddir)}
+    return {"format": 4, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "objects": objects, "input_sets": sets, "modules": _modules(actions, builddir)}
 
 
 def built_targets(builddir: Path, actions_path: Path) -> tuple[list[str], list[str]]:

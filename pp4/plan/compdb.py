@@ -1,6 +1,6 @@
 """Filter `ninja -t compdb` output into a compile_commands.json that clangd can use.
 
-Ninja records the launcher in front of each compile (python -m pp4.reuse.launch LIMITS --); clangd needs
+Ninja records the launcher in front of each compile (python -m pp4.reuse CONFIG ... --); clangd needs
 the compiler first, so each command is cut to what follows the launcher's `--`.
 """
 
@@ -17,7 +17,7 @@ def strip_launcher(command: str) -> str:
     args = shlex.split(command)
     if "-m" in args and "--" in args:
         i = args.index("-m")
-        if i + 1 < len(args) and args[i + 1] in ("pp4.reuse.launch", "pp4.reuse"):
+        if i + 1 < len(args) and args[i + 1] in ("pp4.execution.launch", "pp4.reuse"):
             return shlex.join(args[args.index("--") + 1:])
     return command
 

@@ -105,13 +105,10 @@ def object_path(builddir: Path, ext: Extension, source: Path) -> Path:
 def module_plan(ext: Extension, torch: TorchBuildFlags, toolchain: Toolchain, archs: list[str],
                 builddir: Path, root: Path, durations: dict[str, int] | None = None,
                 supported_archs: list[str] | None = None, compilers: Compilers | None = None,
-                folded: Folded | None = None, setuptools: SetuptoolsFlags | None = None,
-                places: dict[str, str] | None = None) -> ModulePlan:
+                folded: Folded | None = None, setuptools: SetuptoolsFlags | None = None) -> ModulePlan:
     """compilers: configure's choice (the host compiler nvcc runs goes in as an absolute -ccbin);
     folded: the toolchain variables configure took from the environment (pp4.compilerenv);
-    setuptools: what build_ext adds, for extensions of the "setuptools" flavor (from a setup.py);
-    places: this machine's folders behind the key's placeholders (pp4/reuse/relocate.py), which
-    every compile maps out of the paths it embeds (prefix_map_flags)."""
+    setuptools: what build_ext adds, for extensions of the "setuptools" flavor (from a setup.py)."""
     durations = durations or {}
     folded = folded or Folded()
     if ext.flavor == "setuptools":
@@ -123,11 +120,6 @@ def module_plan(ext: Extension, torch: TorchBuildFlags, toolchain: Toolchain, ar
     if compilers is not None:
         cuda += ["-ccbin", compilers.ccbin]
     cuda += [*_env_dirs(folded), *folded.append_flags]
-    maps = prefix_map_flags(places or {}, ext.root)
-    cxx += maps
-    # nvcc hands -Xcompiler's value to gcc through a shell, unquoted: a folder with a space or a
-    # shell character stays unmapped there (its CUDA objects embed that folder; nothing else changes).
-    cuda += [a for m in maps if not _SHELL_SPECIAL.search(m) for a in ("-Xcompiler", m)]
     with_cuda = ext.kind == "cuda"
     libraries = [lib for lib in torch.libraries if with_cuda or lib not in CUDA_LIBRARIES]
     link = [f"-L{torch.lib_dir}", *(f"-l{lib}" for lib in libraries)]
@@ -146,45 +138,6 @@ def module_plan(ext: Extension, torch: TorchBuildFlags, toolchain: Toolchain, ar
         steps.append(CompileStep(COMPILED_SUFFIXES[source.suffix], source, obj, durations.get(str(obj))))
     output = builddir_rel / ext.target / f"{ext.module}{torch.ext_suffix}"
     return ModulePlan(ext, output, tuple(cuda), tuple(cxx), tuple(link), tuple(steps))
-
-
-_SHELL_SPECIAL = re.compile(r"""[\s'"\\$`;&|<>()*?\[\]#~!{}]""")
-# What each folder becomes in the paths an object embeds.
-EMBEDDED_NAMES = {"$SRC": "src", "$PREFIX": "env", "$PYINC": "python", "$TOOLCHAIN": "cuda", "$TORCH": "torch"}
-
-
-def prefix_map_flags(places: dict[str, str], root: Path) -> list[str]:
-    """-fmacro-prefix-map for the extension's root and each of this machine's placed folders: a
-    header's __FILE__ (assertion and TORCH_CHECK messages) names `torch/include/...`, not this
-    venv's path, so two checkouts in other folders compile the same bytes and may share objects.
-    A folder inside another goes after it (gcc uses the last map that matches), else they keep
-    EMBEDDED_NAMES's order, so the flags, keyed through their placeholders, are the same on machines
-    whose folders have other lengths. A folder whose name nvcc's -Xcompiler would split (a comma)
-    or gcc's option would misread (an `=`) is left unmapped."""
-    named = [(str(root), "$SRC")] + [(os.path.normpath(f), name) for name, f in places.items() if name in EMBEDDED_NAMES]
-    # gcc names a system header (-isystem) by its real path: a folder reached through a link is
-    # mapped under both spellings.
-    folders = list(dict.fromkeys(named + [(os.path.realpath(f), name) for f, name in named]))
-    order = list(EMBEDDED_NAMES)
-
-    def depth(folder: str) -> int:
-        return sum(folder != other and folder.startswith(other.rstrip("/") + "/") for other, _ in folders)
-
-    return [f"-fmacro-prefix-map={folder}={EMBEDDED_NAMES[name]}"
-            for folder, name in sorted(folders, key=lambda fn: (depth(fn[0]), order.index(fn[1])))
-            if "," not in folder and "=" not in folder]
-
-
-def without_prefix_maps(flags: list[str]) -> list[str]:
-    """flags less the prefix maps prefix_map_flags adds (and nvcc's -Xcompiler before each)."""
-    out = []
-    for f in flags:
-        if f.startswith("-fmacro-prefix-map="):
-            if out and out[-1] == "-Xcompiler":
-                out.pop()
-            continue
-        out.append(f)
-    return out
 
 
 def _macros(ext: Extension) -> list[str]:
@@ -241,22 +194,18 @@ def _setuptools_compile_flags(ext: Extension, torch: TorchBuildFlags, toolchain:
     return cxx + _env_dirs(folded), cuda
 
 
-def longest_first(plans: list[ModulePlan], table: dict[str, int],
-                  defer=lambda plan, step: False) -> list[tuple[ModulePlan, CompileStep]]:
+def longest_first(plans: list[ModulePlan], table: dict[str, int]) -> list[tuple[ModulePlan, CompileStep]]:
     """All compile steps, longest expected first: ninja starts ready edges in the order they are written.
 
     A step's expected time is its measured duration (the previous .ninja_log, else the shipped
     table, looked up by the source path relative to its extension root), else the estimate from
-    its text (pp4/plan/estimate.py). Steps for which defer() is true go after all others (in the
-    same order among themselves): a variant's units that may reuse their twin's object should
-    start once the twin is done.
+    its text (pp4/plan/estimate.py).
     """
-    ordered = [(p, s) for p, s, _ in sorted(
+    return [(p, s) for p, s, _ in sorted(
         ((p, s, expected_ms(p, s, table)) for p in plans for s in p.steps),
         # Durations are bucketed (steps of about 19%) and ties keep source order, so the jitter of
         # re-measured compiles does not reshuffle build.ninja after every build.
         key=lambda i: (-_bucket(i[2]), str(i[1].source)))]
-    return [i for i in ordered if not defer(*i)] + [i for i in ordered if defer(*i)]
 
 
 def expected_ms(plan: ModulePlan, step: CompileStep, table: dict[str, int]) -> int:

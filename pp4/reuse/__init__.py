@@ -1,1 +1,1 @@
-"""The reuse rule: the wrapper and prepass ninja runs, action keys, input sets, probes, events."""
+"""The reuse rule: the wrapper and prepass ninja runs, keys, observation sets, events."""

@@ -1,15 +1,11 @@
-"""Input sets: the inputs of a compile that lie outside its extension's tree, stored once by hash.
+"""Observation sets: what one compile observed (pp4/reuse/observed.py), stored once by hash.
 
-An EXL3 unit names about 1,400 inputs, nearly all of them the same torch, CUDA, Python and system
-headers as its neighbours'. Written out in full into every manifest entry, store record, event and
-certificate object, those lists made a restore, a variant's reuse checks and an audit parse, hash
-and compare some 270,000 entries per variant. Kept as a set, named by the sha256 of its canonical
-text, each distinct list is written once, and read, checked against the files and probed
-(pp4.probes) once per process. An action key still covers every byte of every input: it
-hashes the set's name, which is the hash of the set's content, which holds every input's sha256.
-
-Sets live in a directory of their own in the store (for manifests) and in the build's state
-directory (for events and the certificate). A set whose bytes do not hash to its name is never used.
+An EXL3 unit observes about 5,000 paths: 1,400 headers read, the places its include search looked
+and found nothing, the compilers' programs and libraries. Each set is named by the sha256 of its
+canonical text, written once into the store (for manifests) and into the build's state folder (for
+events and the certificate), and read and checked once per process. An action key hashes the set's
+name, which is the hash of its content, which holds every path's state. A set whose bytes do not
+hash to its name is never used.
 """
 
 from __future__ import annotations
@@ -19,20 +15,8 @@ import json
 from pathlib import Path
 
 from pp4.files import canonical_json
-from pp4.reuse.actionkey import FileHasher, depfile_body
-from pp4.reuse.relocate import NONE, Relocation
+from pp4.reuse.observed import States, holds
 from pp4.store import hashed
-
-SRC = "$SRC"  # inputs under the extension's own source root; they stay inline
-
-
-def split(inputs: list[list[str]]) -> tuple[list[list[str]], list[list[str]]]:
-    """(own, shared): inputs under the extension's root ($SRC paths) keep their order; the rest
-    form the shared set."""
-    own = [list(i) for i in inputs if i[0].startswith(SRC)]
-    shared = [list(i) for i in inputs if not i[0].startswith(SRC)]
-    return own, shared
-
 
 def canonical(shared: list[list[str]]) -> bytes:
     return canonical_json(sorted(map(list, shared)))
@@ -47,21 +31,10 @@ def directory(root: str | Path) -> Path:
     return Path(root) / "inputsets"
 
 
-def path_of(directory: str | Path, sid: str) -> Path:
-    return hashed.path_of(directory, sid)
-
-
 def encode(shared: list[list[str]]) -> tuple[str, bytes]:
     """(name, canonical bytes) of a set: encoded once, written to as many directories as needed."""
     data = canonical(shared)
     return hashlib.sha256(data).hexdigest(), data
-
-
-def write(directory: str | Path, shared: list[list[str]]) -> str:
-    """Store a set (once: an existing file with this name has these bytes) and return its name."""
-    sid, data = encode(shared)
-    write_canonical(directory, sid, data)
-    return sid
 
 
 def write_canonical(directory: str | Path, sid: str, data: bytes) -> None:
@@ -92,33 +65,23 @@ def _read(directory: str | Path, sid: str) -> tuple[bytes | None, list[list[str]
 
 
 class SetChecker:
-    """Per-process answers about sets: their content and whether every file still has its recorded
-    bytes. Each is worked out once per set. A set names files portably ($TORCH/..., pp4/reuse/relocate.py);
-    what this class answers names them where they are on this machine, except pairs(), which gives both."""
+    """Per-process answers about sets: their content, and whether every observation still holds
+    (once per set and per mapping of recorded paths to this machine's)."""
 
-    def __init__(self, hasher: FileHasher, relocation: Relocation = NONE):
-        self.hasher = hasher
-        self.relocation = relocation
-        self._portable: dict[str, list[str]] = {}
+    def __init__(self, states: States):
+        self.states = states
         self._sets: dict[str, list[list[str]] | None] = {}
         self._bytes: dict[str, bytes | None] = {}
-        self._match: dict[str, bool] = {}
-        self._depfile_bodies: dict[str, str] = {}
-        self._paths: dict[str, list[str]] = {}
+        self._match: dict[tuple[str, object], bool] = {}
+        self._files: dict[tuple[str, object], list[str]] = {}
 
     def load(self, directory: str | Path, sid: str) -> list[list[str]] | None:
-        """The set's entries, their paths as on this machine."""
+        """The set's (path as observed, state) pairs."""
         if sid not in self._sets:
             data, entries = _read(directory, sid)
             self._bytes[sid] = data
-            self._portable[sid] = [p for p, _ in entries or []]
-            local = self.relocation.local
-            self._sets[sid] = None if entries is None else [[local(p), sha] for p, sha in entries]
+            self._sets[sid] = entries
         return self._sets[sid]
-
-    def pairs(self, directory: str | Path, sid: str) -> list[tuple[str, str]]:
-        """(path on this machine, path as the set names it) of each file."""
-        return list(zip(self.paths(directory, sid), self._portable.get(sid, [])))
 
     def copy(self, directory: str | Path, sid: str, to: str | Path) -> None:
         """Write a set this process read from directory into another directory, as the bytes read."""
@@ -130,31 +93,39 @@ class SetChecker:
 
     def forget(self, sid: str) -> None:
         """Read a set again next time (it was just written where it was missing)."""
-        for memo in (self._sets, self._bytes, self._match, self._depfile_bodies, self._paths, self._portable):
-            memo.pop(sid, None)
+        self._sets.pop(sid, None)
+        self._bytes.pop(sid, None)
+        for memo in (self._match, self._files):
+            for key in [k for k in memo if k[0] == sid]:
+                del memo[key]
 
-    def matches(self, directory: str | Path, sid: str) -> bool:
-        if sid not in self._match:
+    def matches(self, directory: str | Path, sid: str, mapping) -> bool:
+        """mapping: a hashable object with real(path) (pp4.execution.root.Root), or None when the
+        paths are this machine's."""
+        key = (sid, mapping)
+        if key not in self._match:
             entries = self.load(directory, sid)
-            self._match[sid] = entries is not None and self.hasher.all_match(entries)
-        return self._match[sid]
+            to_real = mapping.real if mapping is not None else (lambda p: p)
+            self._match[key] = entries is not None and holds(entries, to_real, self.states)
+        return self._match[key]
 
     def loaded(self) -> int:
         """How many distinct sets this process has read."""
         return len(self._sets)
 
-    def paths(self, directory: str | Path, sid: str) -> list[str]:
-        found = self._paths.get(sid)
+    def files(self, directory: str | Path, sid: str, mapping) -> list[str]:
+        """The regular files of a set, where they are on this machine: a dependency file's list."""
+        key = (sid, mapping)
+        found = self._files.get(key)
         if found is None:
-            found = self._paths[sid] = [p for p, _ in self.load(directory, sid) or []]
+            to_real = mapping.real if mapping is not None else (lambda p: p)
+            found = []
+            for path, state in self.load(directory, sid) or []:
+                real = to_real(path)
+                if real is not None and len(state) == 64:
+                    found.append(real)
+            found = self._files[key] = sorted(set(found))
         return found
-
-    def depfile_body(self, directory: str | Path, sid: str) -> str:
-        """The set's paths, escaped for a dependency file: every restored object of a build that
-        shares the set writes the same 1,400 names."""
-        if sid not in self._depfile_bodies:
-            self._depfile_bodies[sid] = depfile_body(self.paths(directory, sid))
-        return self._depfile_bodies[sid]
 
 
 def verify(directory: str | Path, repair: bool) -> list[tuple[str, str, bool]]:

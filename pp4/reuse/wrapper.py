@@ -1,41 +1,45 @@
-"""The reuse rule: skip a compile only when its action provably matches a stored one.
+"""The reuse rule: skip a compile only when everything it observed last time holds now.
 
 Two entry points, both run by ninja:
 
     python -m pp4.reuse CONFIG [--env NAME=VALUE]... -- COMPILER ARGS...   one compile (the rule's command)
     python -m pp4.reuse --prepass CONFIG ACTIONS STAMP                    all compiles of the build at once
 
-The per-compile wrapper looks its action up (pp4.actionkey), and on a match materializes the stored
-object, rechecks its hash and writes the complete dependency file for ninja; otherwise it compiles
-under the configured limits and stores the object with its record. The prepass, which every compile
-edge waits for, does the lookups of all compiles whose object is missing in one process, hashing
-each input file once, and materializes the hits; each of those edges then only claims its object
-(a marker the prepass left), which costs a shell `test`, not a Python start-up.
+A compile runs in the fixed execution root, observed (pp4/execution/). Its *manifest key* is the
+hash of the command as it runs there (fixed paths, `-D` values as written) and its environment;
+its *observation set* is every path its processes asked about with the state found there
+(pp4/reuse/observed.py); the *action key* (manifest key + the set's name) names the stored object.
+A lookup takes the manifest's entries newest first and restores the first whose every observation
+holds now, then writes the dependency file from the set's files. Otherwise the unit compiles and is
+stored, unless it cannot be trusted: not observed, an input changed while it ran, it wrote outside
+its outputs, or gcc says its preprocessing expanded a time macro that SOURCE_DATE_EPOCH does not
+fix (pp4/execution/run.py).
 
-Every compile and every reuse writes an event (build/.pp4/events/) that the certificate collects.
+The prepass, which every compile edge waits for, does the lookups of all compiles whose object is
+missing in one process (each path's state worked out once) and restores the hits; each of those
+edges then only claims its object (a marker the prepass left), which costs a shell `test`, not a
+Python start-up. Every compile and every reuse writes an event (build/.pp4/events/) that the
+certificate collects.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
-import subprocess
 import sys
 import time
-from contextlib import contextmanager
-from typing import Callable
 from pathlib import Path
 
 import attrs
 
 from pp4 import interrupt
-from pp4.files import sha256_and_size
-from pp4.reuse import actionkey, events, inputsets, relocate
-from pp4.reuse.actionkey import CompileArgs
-from pp4.reuse.basis import Basis
-from pp4.reuse.launch import apply, command_for
-from pp4.reuse.relocate import Relocation
-from pp4.sources.extensions import may_be_shared
+from pp4.execution import depfile
+from pp4.execution.root import Root
+from pp4.execution.run import Ran, run
+from pp4.files import canonical_json, sha256_and_size
+from pp4.reuse import actionkey, events, inputsets, observed
+from pp4.reuse.actionkey import CompileArgs, FileHasher
 from pp4.store.local import Store
 from pp4.store.manifests import Manifests
 from pp4.store.records import CorruptObject, ObjectMissing, StoreError
@@ -46,22 +50,20 @@ from pp4.toolchain.compilers import CompilerError, Compilers
 from pp4.toolchain.limits import Limits
 
 MARKER_SUFFIX = ".pp4-reused"
-MANIFEST_ENTRIES = 16  # most recent input sets kept per command
-# A unit whose inputs name this macro embeds its source's mtime, which no key covers: never stored.
-UNKEYED_MACROS = (b"__TIMESTAMP__",)
+MANIFEST_ENTRIES = 16  # most recent observation sets kept per command
+KEY_FORMAT = 4  # 4: keyed on the command as it runs in the fixed root and on observed inputs
 
 
 @attrs.frozen
 class ReuseConfig:
     store: str | None  # None: reuse is off, every compile runs
     roots: tuple[str, ...]  # extension source roots, longest first
-    erasable: tuple[str, ...]
     compilers: Compilers
     state_dir: str
     limits: Limits
     folded: dict  # the toolchain variables configure folded into build.ninja, as it saw them
     remote: dict | None = None  # {"url" (no password), "mode", "ttl"}: the remote tier, if any
-    relocation: Relocation = Relocation()  # this machine's folders behind $TORCH, $TOOLCHAIN, ...
+    places: dict = attrs.field(factory=dict)  # {"$TORCH": folder, ...}: mounted at fixed paths in the root
     executor: dict | None = None  # {"address", "timeout_s", "toolchain"}: misses compile on a Ray cluster
 
     @classmethod
@@ -69,17 +71,60 @@ class ReuseConfig:
         doc = json.loads(Path(path).read_text())
         r = doc["reuse"]
         return cls(store=r["store"], roots=tuple(sorted(r["roots"], key=len, reverse=True)),
-                   erasable=tuple(r["erasable"]), compilers=Compilers.from_dict(doc["compile"]["compilers"]),
+                   compilers=Compilers.from_dict(doc["compile"]["compilers"]),
                    state_dir=r["state_dir"], limits=Limits.from_dict(doc["limits"]),
                    folded=doc["compile"].get("folded", {}), remote=r.get("remote"),
-                   relocation=Relocation.from_dict(r.get("relocation")), executor=r.get("executor"))
+                   places=r.get("relocation") or {}, executor=r.get("executor"))
 
     def tmpdir(self) -> Path:
         return Path(self.limits.tmpdir) if self.limits.tmpdir else Path(os.environ.get("TMPDIR", "/tmp"))
 
+    def runs_dir(self) -> Path:
+        """Where each compile's scratch folder (its temporary folder, its trace) is made."""
+        return self.tmpdir() / "pp4-runs"
+
+    def builddir(self) -> str:
+        return str(Path(self.state_dir).parent)
+
     def root_for(self, source: str) -> str | None:
         src = os.path.abspath(source)
         return next((r for r in self.roots if src.startswith(r + os.sep)), None)
+
+
+@attrs.frozen
+class Action:
+    """One compile as the reuse rule sees it."""
+    args: CompileArgs
+    env: dict
+    root: Root | None  # the fixed root it runs in; None where namespaces cannot be made here
+    command: tuple[str, ...]  # as it runs: the root's paths, `-D` values as written
+    mkey: str
+
+    def outputs(self) -> set[str]:
+        """The paths it writes, as it sees them."""
+        fix = self.root.fixed if self.root is not None else (lambda p: p)
+        cwd = self.root.cwd if self.root is not None else os.getcwd()
+        return {os.path.normpath(os.path.join(cwd, fix(os.path.abspath(p)))) for p in (self.args.output, self.args.depfile)}
+
+
+def manifest_key(command, env: dict[str, str], in_root: bool) -> str:
+    doc = {"format": KEY_FORMAT, "argv": list(command), "env": env, "root": in_root}
+    return hashlib.sha256(canonical_json(doc)).hexdigest()
+
+
+def action_key(mkey: str, input_sets: list[str]) -> str:
+    return hashlib.sha256(canonical_json({"manifest": mkey, "observed": input_sets})).hexdigest()
+
+
+def sound_entry(mkey: str, entry) -> bool:
+    """Whether a manifest entry is well formed and its action key follows from it: a flipped byte
+    in a manifest must never lead the lookup to another action's object."""
+    try:
+        sets = entry["input_sets"]
+        return (isinstance(sets, list) and len(sets) == 1 and all(isinstance(s, str) for s in sets)
+                and action_key(mkey, sets) == entry["action_key"])
+    except (TypeError, ValueError, KeyError, AttributeError):
+        return False
 
 
 @attrs.frozen
@@ -90,13 +135,13 @@ class Hit:
 
 
 class Reuser:
-    """Lookups and stores against one store, sharing one FileHasher (each file hashed once)."""
+    """Lookups and stores against one store; each path's state worked out once per process."""
 
     def __init__(self, cfg: ReuseConfig):
         self.cfg = cfg
-        self.basis = Basis(cfg.compilers, cfg.state_dir, cfg.tmpdir(), cfg.relocation)
-        self.hasher = self.basis.hasher
-        self.sets = self.basis.sets
+        self.hasher = FileHasher()
+        self.states = observed.States(self.hasher)
+        self.sets = inputsets.SetChecker(self.states)
         self.state_sets = inputsets.directory(cfg.state_dir)
         self._in_state: set[str] = set()  # sets this process made sure the build's state dir holds
         self.store_sets = inputsets.directory(cfg.store) if cfg.store else None
@@ -111,89 +156,58 @@ class Reuser:
                   file=sys.stderr)
         # Remote hits are restored through the local store, so the tier needs one.
         self.remote = RemoteTier.from_config(cfg.remote, cfg.state_dir) if self.store is not None else None
-        self._keys: dict[tuple, tuple] = {}
+        self._root_ok: bool | None = None
 
-    # -- keys -------------------------------------------------------------------------------
+    # -- the action -------------------------------------------------------------------------
 
-    def identity(self, args: CompileArgs, env: dict[str, str]):
-        return self.basis.identity(args, env)
+    def root_works(self) -> bool:
+        if self._root_ok is None:
+            from pp4.execution.root import unavailable
 
-    def keys(self, args: CompileArgs, env: dict[str, str]) -> tuple[str, str | None, list[str], dict]:
-        """Manifest key, source root, normalized command, erased defines; computed once per command
-        (a compile asks for them at lookup, at its lock and when it stores)."""
-        key = (args.argv, tuple(sorted(env.items())))
-        cached = self._keys.get(key)
-        if cached is None:
-            root = self.cfg.root_for(args.source)
-            normalized, erased = actionkey.normalize(args, root, self.cfg.erasable)
-            cwd = os.getcwd() if actionkey.embeds_cwd(args) else None
-            portable = self.portable_for(args)
-            normalized = relocate.without_repeated_maps([portable(a) for a in normalized])
-            mkey = actionkey.manifest_key(normalized, self.identity(args, env).hashes, env, cwd)
-            cached = self._keys[key] = (mkey, root, normalized, erased)
-        return cached
+            self._root_ok = unavailable(str(self.cfg.runs_dir())) is None
+        return self._root_ok
 
-    def portable_for(self, args: CompileArgs) -> Callable[[str], str]:
-        """How keys and records name this compile's paths: this machine's torch, toolchain and
-        Python folders by their placeholders, unless the object records absolute paths (debug
-        information)."""
-        return (lambda text: text) if actionkey.embeds_cwd(args) else self.cfg.relocation.portable
+    def action(self, args: CompileArgs, env: dict[str, str]) -> Action:
+        root = None
+        if self.root_works():
+            root = Root.make(os.getcwd(), self.cfg.places, self.cfg.root_for(args.source), self.cfg.builddir())
+        command = tuple(root.command(list(args.argv)) if root is not None else args.argv)
+        return Action(args, env, root, command, manifest_key(command, env, root is not None))
 
     # -- lookup -----------------------------------------------------------------------------
 
-    def lookup(self, args: CompileArgs, env: dict[str, str]) -> Hit | None:
+    def lookup(self, action: Action) -> Hit | None:
         """A stored object for this compile: the local store's, else one the remote tier holds."""
         if self.store is None:
             return None
-        mkey, root, _, erased = self.keys(args, env)
-        for entry in reversed(self.manifests.read(mkey)):
-            if not sound_entry(mkey, entry):
-                continue  # a damaged entry (the manifest's checksum is verify's, not read here): never trust it
-            if not self._entry_matches(entry, args, env, root, erased):
+        for entry in reversed(self.manifests.read(action.mkey)):
+            if not sound_entry(action.mkey, entry) or not self.entry_holds(entry, action):
                 continue
             try:
                 record = self.store.lookup(entry["action_key"])
             except StoreError as e:
                 print(f"pp4.reuse: warning: {e} (compiling instead)", file=sys.stderr)
                 return None
-            if record is None:
-                continue
-            return Hit(entry, record)
+            if record is not None:
+                return Hit(entry, record)
         if self.remote is not None:
             try:
-                return self._remote_lookup(args, env, mkey, root, erased)
+                return self._remote_lookup(action)
             except RemoteUnavailable:
                 self.remote = None  # said once (pp4/store/remote/tier.py); this process goes on locally
         return None
 
-    def _entry_matches(self, entry: dict, args: CompileArgs, env: dict[str, str], root: str | None,
-                       erased: dict) -> bool:
-        """Whether a sound entry's inputs are this compile's: the same bytes, sets and probes."""
-        if entry.get("uses_erasable") and entry.get("erased") != erased:
-            return False  # an input mentions the module name or internals id: values must match
-        if args.language == "cuda":  # the object may name where its source was (actionkey.names_its_source_path)
-            if "source_realpath" not in entry:
-                return False  # stored before pp4 checked: whether it names another folder is unknown
-            if entry["source_realpath"] is not None and entry["source_realpath"] != os.path.realpath(args.source):
-                return False
-        own = [(actionkey.from_src(p, root), p, sha) for p, sha in entry["inputs"]]
-        if any(self.hasher.sha256(p) != sha for p, _, sha in own):
-            return False
-        if not all(self.sets.matches(self.store_sets, sid) for sid in entry["input_sets"]):
-            return False  # a shared header changed (or the set is gone or damaged)
-        digest = self.basis.probe_digest(args, env, [(p, shown) for p, shown, _ in own], entry["input_sets"],
-                                         self.store_sets)
-        return digest == entry["probes"]  # else a file appeared or vanished where its include search looks
+    def entry_holds(self, entry: dict, action: Action) -> bool:
+        return all(self.sets.matches(self.store_sets, sid, action.root) for sid in entry["input_sets"])
 
-    def _remote_lookup(self, args: CompileArgs, env: dict[str, str], mkey: str, root: str | None,
-                       erased: dict) -> Hit | None:
+    def _remote_lookup(self, action: Action) -> Hit | None:
         """The remote tier's entries for this command, checked as local ones are; a match's record
         and object are checked again (pp4/store/remote/tier.py) and put into the local store,
         which then serves the hit."""
         remote = self.remote
-        for entry in reversed(remote.entries(mkey)):
-            if not sound_entry(mkey, entry):
-                remote.refuse(f"man/{mkey}", "an entry whose action key does not follow from its inputs")
+        for entry in reversed(remote.entries(action.mkey)):
+            if not sound_entry(action.mkey, entry):
+                remote.refuse(f"man/{action.mkey}", "an entry whose action key does not follow from its observations")
                 continue
             for sid in entry["input_sets"]:
                 if self.sets.load(self.store_sets, sid) is None:
@@ -202,7 +216,7 @@ class Reuser:
                         break
                     inputsets.write_canonical(self.store_sets, sid, data)
                     self.sets.forget(sid)
-            if not self._entry_matches(entry, args, env, root, erased):
+            if not self.entry_holds(entry, action):
                 continue
             akey = entry["action_key"]
             try:
@@ -216,7 +230,7 @@ class Reuser:
                 record = self._fill_local(*fetched)
                 if record is None:
                     return None
-            self._add_to_manifest(mkey, entry)
+            self._add_to_manifest(action.mkey, entry)
             return Hit(entry, record, tier="remote")
         return None
 
@@ -236,9 +250,9 @@ class Reuser:
         finally:
             staged.unlink(missing_ok=True)
 
-    def materialize(self, hit: Hit, args: CompileArgs) -> bool:
+    def materialize(self, hit: Hit, action: Action) -> bool:
         """Put the stored object at the output, rechecked, and the dependency file beside it."""
-        root = self.cfg.root_for(args.source)
+        args = action.args
         out = Path(args.output)
         out.parent.mkdir(parents=True, exist_ok=True)
         try:
@@ -248,72 +262,64 @@ class Reuser:
         except (CorruptObject, ObjectMissing) as e:
             print(f"pp4.reuse: warning: {e}; compiling {args.output} instead", file=sys.stderr)
             return False
-        deps = [actionkey.from_src(p, root) for p, _ in hit.entry["inputs"]]
-        bodies = []
+        files = []
         for sid in hit.entry["input_sets"]:
-            bodies.append(self.sets.depfile_body(self.store_sets, sid))
+            files += self.sets.files(self.store_sets, sid, action.root)
             if sid not in self._in_state:  # the build's own copy, for its events and certificate
                 self.sets.copy(self.store_sets, sid, self.state_sets)
                 self._in_state.add(sid)
-        Path(args.depfile).write_text(actionkey.format_depfile(args.output, deps, bodies))
+        depfile.write(args.depfile, args.output, sorted(set(files)))
         return True
 
     # -- store ------------------------------------------------------------------------------
 
-    def store_compile(self, args: CompileArgs, env: dict[str, str], started: float, duration: float) -> dict:
-        """Store a fresh object. Returns the event fields: action key (None when not stored, with
-        the reason), the own inputs with their hashes and the input sets, the probe digest, the
-        object's sha256."""
-        mkey, root, normalized, erased = self.keys(args, env)
-        deps = [os.path.abspath(p) for p in actionkey.parse_depfile(Path(args.depfile).read_text())]
-        hashes = [self.hasher.sha256(p) for p in deps]
-        portable = self.portable_for(args)
-        own, shared = inputsets.split([[portable(actionkey.to_src(p, root)), sha] for p, sha in zip(deps, hashes)])
-        sid, set_bytes = inputsets.encode(shared)
-        inputsets.write_canonical(self.state_sets, sid, set_bytes)
-        sets = [sid]
-        digest = self.basis.probe_digest(args, env, [(actionkey.from_src(p, root), p) for p, _ in own], sets, self.state_sets)
+    def observations(self, action: Action, ran: Ran) -> tuple[list[list[str]], str | None]:
+        """What a local compile observed, and why it must not be stored, if it must not."""
+        pairs, problem = observed.from_run(ran, action.outputs(), self.states)
+        return pairs, problem or time_problem(ran.time_macros, action.env)
+
+    def write_depfile(self, action: Action, pairs: list[list[str]], ran: Ran | None = None) -> None:
+        """The dependency file ninja reads: every regular file the compile read, this machine's paths
+        (not observed: the compiler's own, mapped out of the root)."""
+        args = action.args
+        to_real = action.root.real if action.root is not None else (lambda p: p)
+        if pairs or ran is None:
+            files = {r for p, s in pairs if len(s) == 64 and (r := to_real(p)) is not None}
+        else:
+            written = depfile.parse_depfile(Path(args.depfile).read_text()) if Path(args.depfile).exists() else []
+            files = {r for d in written if (r := ran.real(d)) is not None}
+        depfile.write(args.depfile, args.output, sorted(files))
+
+    def store_compile(self, action: Action, pairs: list[list[str]], problem: str | None, seconds: float) -> dict:
+        """Store a fresh object under what its compile observed. Returns the event fields: the
+        action key (None when not stored, with the reason), the observation set, the object's sha256."""
+        args = action.args
         sha, _ = sha256_and_size(args.output)
-        toolchain = self.identity(args, env).hashes
-        bound = actionkey.source_path_bound(args) if args.language == "cuda" else actionkey.NOT_CHECKED
-        result = {"action_key": None, "inputs": own, "input_sets": sets, "probes": digest, "object_sha256": sha,
-                  "not_stored": None, "env": env, "toolchain": toolchain}
-        if bound is not actionkey.NOT_CHECKED:
-            result["source_realpath"] = bound
+        result = {"action_key": None, "input_sets": [], "object_sha256": sha, "not_stored": None, "env": action.env,
+                  "command": list(action.command), "mounts": action.root.mounts if action.root else None}
+        if problem is not None:
+            return dict(result, not_stored=problem)
+        sid, set_bytes = inputsets.encode(pairs)
+        inputsets.write_canonical(self.state_sets, sid, set_bytes)
+        result["input_sets"] = [sid]
         if self.store is None:
             return dict(result, not_stored=self.store_problem or "reuse is off")
-        for p, h in zip(deps, hashes):
-            if h is None:
-                return dict(result, not_stored=f"{p} cannot be read")
-            try:
-                if os.stat(p).st_mtime >= started - 0.01:
-                    return dict(result, not_stored=f"{p} changed while it was being compiled")
-            except OSError:
-                return dict(result, not_stored=f"{p} vanished during the compile")
-        unkeyed = [(p, m.decode()) for p in deps for m in UNKEYED_MACROS if self.hasher.mentions(p, m)]
-        if unkeyed:
-            return dict(result, not_stored=f"{unkeyed[0][0]} uses {unkeyed[0][1]} (a file's modification time, "
-                                           "which no key covers): this unit is compiled every time")
-        uses = any(self.hasher.mentions(p, name.encode()) for p in deps for name in self.cfg.erasable)
-        akey = actionkey.action_key(mkey, own, sets, erased if uses else None, digest, bound)
-        payload = {"manifest_key": mkey, "command": normalized, "inputs": own, "input_sets": sets, "erased": erased,
-                   "source_realpath": None if bound is actionkey.NOT_CHECKED else bound,
-                   "uses_erasable": uses, "probes": digest, "toolchain": toolchain, "env": env,
-                   "compiled_for": {"output": os.path.abspath(args.output), "root": root, "cwd": os.getcwd()},
-                   "duration_s": round(duration, 3)}
-        entry = {"action_key": akey, "inputs": own, "input_sets": sets, "probes": digest, "uses_erasable": uses,
-                 "erased": erased if uses else None}
-        if bound is not actionkey.NOT_CHECKED:
-            entry["source_realpath"] = bound
+        akey = action_key(action.mkey, [sid])
+        payload = {"manifest_key": action.mkey, "command": list(action.command), "input_sets": [sid],
+                   "env": action.env, "in_root": action.root is not None,
+                   "compiled_for": {"output": os.path.abspath(args.output), "cwd": os.getcwd()},
+                   "duration_s": round(seconds, 3)}
+        entry = {"action_key": akey, "input_sets": [sid]}
         existing = self.store.lookup(akey)
         if existing is not None:
-            # Its twin (the same unit of another variant) stored this action first. Both objects
-            # are valid; they may differ in the source paths they embed (docs/reuse.md). The
-            # manifest may lack the entry (a put killed before the manifest was written): add it.
-            self._add_to_manifest(mkey, entry)
-            self._publish(mkey, entry, {sid: set_bytes}, existing, args.output)
-            twin = (existing.payload.get("compiled_for") or {}).get("output")
-            return dict(result, not_stored=f"the store already holds this action's object, compiled for {twin}")
+            # The same action, stored by an earlier compile (whose entry the manifest may lack:
+            # a put killed before the manifest was written).
+            self._add_to_manifest(action.mkey, entry)
+            self._publish(action.mkey, entry, {sid: set_bytes}, existing, args.output)
+            if existing.object_sha256 != sha:
+                return dict(result, not_stored=f"the store holds another object for this action "
+                                               f"({existing.object_sha256[:16]}): the compiler is not deterministic here")
+            return dict(result, action_key=akey, not_stored=None)
         try:
             # the set first: an entry or record must never name a set the store lacks
             inputsets.write_canonical(self.store_sets, sid, set_bytes)
@@ -328,8 +334,8 @@ class Reuser:
             return dict(result, not_stored=str(e))
         if record.object_sha256 != sha:
             return dict(result, not_stored="the object changed while it was being stored")
-        self._add_to_manifest(mkey, entry)
-        return dict(result, action_key=akey, remote=self._publish(mkey, entry, {sid: set_bytes}, record, args.output))
+        self._add_to_manifest(action.mkey, entry)
+        return dict(result, action_key=akey, remote=self._publish(action.mkey, entry, {sid: set_bytes}, record, args.output))
 
     def _publish(self, mkey: str, entry: dict, sets: dict[str, bytes], record, output: str) -> str | None:
         """Send a stored compile to the remote tier (readwrite mode); where it went, for the event."""
@@ -348,87 +354,80 @@ class Reuser:
                   f"({e.strerror}); this object will not be reused until it is compiled again with room "
                   "in the store", file=sys.stderr)
 
-    @contextmanager
-    def compile_lock(self, args: CompileArgs, env: dict[str, str]):
-        """Held while compiling, per manifest key: the same unit of two variants in one build has one
-        key, so the second waits for the first and then reuses its object when the rule allows.
-
-        Waiting is a scheduling choice, never a correctness one (the lookup decides): it is skipped
-        for units that visibly use the module name or pybind11, which can never be shared and would
-        only serialize two long compiles. Yields True when it waited.
-        """
-        if self.store is None:
-            yield False
-            return
-        with self.manifests.lock(self.keys(args, env)[0], lambda: may_be_shared(args.source)) as waited:
-            yield waited
-
     # -- events -----------------------------------------------------------------------------
 
-    def event_doc(self, args: CompileArgs, **fields) -> dict:
-        root = self.cfg.root_for(args.source)
-        return {"output": args.output, "source": os.path.abspath(args.source), "root": root, **fields}
+    def event_doc(self, action: Action, **fields) -> dict:
+        args = action.args
+        return {"output": args.output, "source": os.path.abspath(args.source), "root": self.cfg.root_for(args.source),
+                **fields}
 
-    def event(self, args: CompileArgs, **fields) -> None:
-        events.write(self.cfg.state_dir, args.output, self.event_doc(args, **fields))
+    def event(self, action: Action, **fields) -> None:
+        events.write(self.cfg.state_dir, action.args.output, self.event_doc(action, **fields))
 
-    def hit_doc(self, args: CompileArgs, env: dict[str, str], hit: Hit, seconds: float, via: str) -> dict:
+    def hit_doc(self, action: Action, hit: Hit, seconds: float, via: str) -> dict:
         payload = hit.record.payload
         if hit.tier == "remote":
             via += ", from the remote store"
-        return self.event_doc(args, status="reused", via=via, tier=hit.tier,
+        return self.event_doc(action, status="reused", via=via, tier=hit.tier,
                               fetched_from=payload.get("fetched_from") if hit.tier == "remote" else None,
-                              action_key=hit.entry["action_key"],
-                              object_sha256=hit.record.object_sha256, inputs=hit.entry["inputs"],
-                              input_sets=hit.entry["input_sets"], probes=hit.entry["probes"],
+                              action_key=hit.entry["action_key"], object_sha256=hit.record.object_sha256,
+                              input_sets=hit.entry["input_sets"], command=list(action.command),
+                              mounts=action.root.mounts if action.root else None,
                               reused_from=payload.get("compiled_for"), compile_duration_s=payload.get("duration_s"),
-                              restore_duration_s=round(seconds, 4), toolchain=self.identity(args, env).hashes,
-                              env=env, **({"source_realpath": hit.entry["source_realpath"]}
-                                          if "source_realpath" in hit.entry else {}))
-
-    def hit_event(self, args: CompileArgs, env: dict[str, str], hit: Hit, seconds: float, via: str) -> None:
-        events.write(self.cfg.state_dir, args.output, self.hit_doc(args, env, hit, seconds, via))
+                              restore_duration_s=round(seconds, 4), env=action.env)
 
 
-def sound_entry(mkey: str, entry) -> bool:
-    """Whether a manifest entry is well formed and its action key follows from its inputs: a flipped
-    byte in a manifest must never lead the lookup to another action's object."""
-    try:
-        return (all(isinstance(p, str) and isinstance(h, str) for p, h in entry["inputs"])
-                and all(isinstance(s, str) for s in entry["input_sets"])
-                and isinstance(entry["probes"], str)
-                and actionkey.action_key(mkey, entry["inputs"], entry["input_sets"], entry.get("erased"),
-                                         entry["probes"], entry.get("source_realpath", actionkey.NOT_CHECKED))
-                == entry["action_key"])
-    except (TypeError, ValueError, KeyError, AttributeError):
-        return False
+def time_problem(time_macros, env: dict[str, str]) -> str | None:
+    """Why a compile that expanded a time macro cannot be stored: __TIMESTAMP__ is its source's
+    modification time; __DATE__ and __TIME__ are the clock's unless SOURCE_DATE_EPOCH fixes them."""
+    loose = [m for m in time_macros if m == "__TIMESTAMP__" or "SOURCE_DATE_EPOCH" not in env]
+    if loose:
+        return (f"its preprocessing expands {', '.join(loose)} (gcc -Wdate-time says so), which no key "
+                "covers: this unit is compiled every time")
+    return None
 
 
 # ---------------------------------------------------------------------------------------------
 # one compile
 
 
-def notify_once(cfg: ReuseConfig) -> None:
-    """Print the toolchain variables set here that do not reach the compilers (pp4.compilerenv),
-    once per ninja run: the first of its processes to claim the run prints them."""
-    lines = compilerenv.notices(dict(os.environ), cfg.folded, "build")
+def notify_once(cfg: ReuseConfig, lines: list[str]) -> None:
+    """Print notices once per ninja run: the first of its processes to claim the run prints them.
+    The toolchain variables set here that do not reach the compilers (pp4.compilerenv), and what
+    this machine cannot do (the fixed root, the observer)."""
     if not lines:
         return
-    run = _ninja_run()
-    if run is not None:
+    run_id = _ninja_run()
+    if run_id is not None:
         marks = Path(cfg.state_dir) / "notices"
+        tag = hashlib.sha256("\n".join(lines).encode()).hexdigest()[:12]
         try:
             marks.mkdir(parents=True, exist_ok=True)
             for old in marks.iterdir():  # runs that are over
                 if not Path("/proc", old.name.split("-")[0]).exists():
                     old.unlink(missing_ok=True)
-            os.close(os.open(marks / run, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            os.close(os.open(marks / f"{run_id}-{tag}", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
         except FileExistsError:
             return
         except OSError:
             pass
     for line in lines:
         print(f"pp4: notice: {line}", file=sys.stderr)
+
+
+def env_notices(cfg: ReuseConfig) -> list[str]:
+    return compilerenv.notices(dict(os.environ), cfg.folded, "build")
+
+
+def machine_notices(ran: Ran) -> list[str]:
+    lines = []
+    if ran.root_problem:
+        lines.append(f"compiles run where they are, not in the fixed root (/pp4): {ran.root_problem}. Objects then "
+                     "name this checkout's folders, so other folders and machines do not share them (docs/reuse.md)")
+    if ran.trace_problem:
+        lines.append(f"compiles are not observed ({ran.trace_problem}): they still run, but nothing new is stored "
+                     "(docs/reuse.md)")
+    return lines
 
 
 def _ninja_run() -> str | None:
@@ -453,54 +452,44 @@ def compile_one(cfg: ReuseConfig, env: dict[str, str], argv: list[str]) -> int:
     if marker.exists():  # the prepass of this build restored it already
         marker.unlink()
         return 0
-    notify_once(cfg)
+    notify_once(cfg, env_notices(cfg))
     reuser = Reuser(cfg)
     t0 = time.monotonic()
-    hit = reuser.lookup(args, env)
-    if hit is not None and reuser.materialize(hit, args):
-        reuser.hit_event(args, env, hit, time.monotonic() - t0, via="wrapper")
-        reuser.basis.save()
+    action = reuser.action(args, env)
+    hit = reuser.lookup(action)
+    if hit is not None and reuser.materialize(hit, action):
+        events.write(cfg.state_dir, args.output, reuser.hit_doc(action, hit, time.monotonic() - t0, via="wrapper"))
         return 0
-    with reuser.compile_lock(args, env) as waited:
-        if waited:  # a twin (the other variant's same unit) was compiling: it may have stored ours
-            hit = reuser.lookup(args, env)
-            if hit is not None and reuser.materialize(hit, args):
-                reuser.hit_event(args, env, hit, time.monotonic() - t0, via="wrapper, after its twin")
-                reuser.basis.save()
-                return 0
-        return _compile(cfg, reuser, args, env, argv)
+    return _compile(cfg, reuser, action)
 
 
-def _compile(cfg: ReuseConfig, reuser: Reuser, args: CompileArgs, env: dict[str, str], argv: list[str]) -> int:
+def _compile(cfg: ReuseConfig, reuser: Reuser, action: Action) -> int:
+    args = action.args
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
     if out.exists() or out.is_symlink():
         out.unlink()  # never write through a link that may share its inode with a stored object
-    tmpdir = cfg.tmpdir()
-    tmpdir.mkdir(parents=True, exist_ok=True)
-    started = time.time()
-    cluster = None
     if cfg.executor:  # imported only then: every compile's wrapper starts without it
         from pp4.reuse.cluster.executor import ClusterExecutor
 
-        cluster = ClusterExecutor.from_config(cfg.executor, cfg.relocation, cfg.state_dir)
-    if cluster is not None:
-        done = cluster.run(args, env, list(argv), cfg.root_for(args.source), reuser.identity(args, env).hashes,
-                           cfg.compilers.to_dict(), cfg.limits, reuser.hasher.sha256)
+        cluster = ClusterExecutor.from_config(cfg.executor, cfg.state_dir)
+        done = cluster.run(action, cfg.root_for(args.source), cfg.limits, reuser.states) if cluster else None
         if done is not None:
-            stored = reuser.store_compile(args, env, started, done.duration_s)
-            reuser.event(args, status="compiled", compile_duration_s=done.duration_s, executed_on=done.node, **stored)
-            reuser.basis.save()
+            reuser.write_depfile(action, done.observations)
+            stored = reuser.store_compile(action, done.observations, time_problem(done.time_macros, action.env),
+                                          done.duration_s)
+            reuser.event(action, status="compiled", compile_duration_s=done.duration_s, executed_on=done.node, **stored)
             return 0
-    t1 = time.monotonic()
-    proc = subprocess.run(command_for(cfg.limits, list(argv)), env=compilerenv.process_env(env, tmpdir),
-                          preexec_fn=lambda: apply(cfg.limits))
-    duration = time.monotonic() - t1
-    if proc.returncode != 0:
-        return proc.returncode
-    stored = reuser.store_compile(args, env, started, duration)
-    reuser.event(args, status="compiled", compile_duration_s=round(duration, 3), **stored)
-    reuser.basis.save()
+    ran = run(list(args.argv), action.env, cfg.limits, cfg.runs_dir(), action.root)
+    sys.stderr.buffer.write(ran.stderr)
+    sys.stderr.flush()
+    notify_once(cfg, machine_notices(ran))
+    if ran.returncode != 0:
+        return ran.returncode
+    pairs, problem = reuser.observations(action, ran)
+    reuser.write_depfile(action, pairs, ran)
+    stored = reuser.store_compile(action, pairs, problem, ran.seconds)
+    reuser.event(action, status="compiled", compile_duration_s=round(ran.seconds, 3), **stored)
     return 0
 
 
@@ -511,13 +500,12 @@ def _compile(cfg: ReuseConfig, reuser: Reuser, args: CompileArgs, env: dict[str,
 def prepass(cfg: ReuseConfig, actions_file: Path, stamp: Path) -> int:
     t0, cpu0 = time.monotonic(), time.process_time()
     actions = json.loads(actions_file.read_text())["actions"]
-    notify_once(cfg)
+    notify_once(cfg, env_notices(cfg))
     reuser = Reuser(cfg)
     restored = checked = 0
     hits: dict[str, dict] = {}
-    for action in actions:
-        args = actionkey.parse_compile(action["argv"])
-        env = action["env"]
+    for doc in actions:
+        args = actionkey.parse_compile(doc["argv"])
         marker = Path(args.output + MARKER_SUFFIX)
         if marker.exists():  # restored by an earlier prepass that never got claimed: start over
             for p in (marker, Path(args.output), Path(args.depfile)):
@@ -526,30 +514,28 @@ def prepass(cfg: ReuseConfig, actions_file: Path, stamp: Path) -> int:
             continue  # ninja decides about existing objects; their edges run the full wrapper
         checked += 1
         t = time.monotonic()
-        hit = reuser.lookup(args, env)
-        if hit is not None and reuser.materialize(hit, args):
+        action = reuser.action(args, doc["env"])
+        hit = reuser.lookup(action)
+        if hit is not None and reuser.materialize(hit, action):
             marker.write_text(hit.entry["action_key"] + "\n")
-            hits[args.output] = reuser.hit_doc(args, env, hit, time.monotonic() - t, via="prepass")
+            hits[args.output] = reuser.hit_doc(action, hit, time.monotonic() - t, via="prepass")
             restored += 1
-    reuser.basis.save()
     # One batch file for all of them, after the markers: killed before it is in place, the markers
     # make the next prepass restore those objects again (pp4/reuse/events.py).
     batch = events.write_batch(cfg.state_dir, hits)
-    # The stamp's dependencies: every input of every compile seen so far, so that an edit of any of
-    # them runs the prepass again before the compiles that ninja will then find out of date.
+    # The stamp's dependencies: every file every compile seen so far read, so that an edit of any
+    # of them runs the prepass again before the compiles that ninja will then find out of date.
     deps: set[str] = set()
-    set_ids: set[str] = set()
     known = events.Events(cfg.state_dir, batch)
-    for action in actions:
-        doc = known.get(action["output"])
-        if not isinstance(doc, dict):
+    for doc in actions:
+        ev = known.get(doc["output"])
+        if not isinstance(ev, dict):
             continue
-        deps.update(actionkey.from_src(p, doc.get("root")) for p, _ in doc.get("inputs", []))
-        set_ids.update(doc.get("input_sets", []))
-    for sid in set_ids:
-        deps.update(reuser.sets.paths(reuser.state_sets, sid))
+        mapping = Root(tuple(map(tuple, ev["mounts"])), (), "") if ev.get("mounts") else None
+        for sid in ev.get("input_sets", []):
+            deps.update(reuser.sets.files(reuser.state_sets, sid, mapping))
     stamp.parent.mkdir(parents=True, exist_ok=True)
-    Path(str(stamp) + ".d").write_text(actionkey.format_depfile(str(stamp), sorted(deps)))
+    depfile.write(str(stamp) + ".d", str(stamp), sorted(deps))
     cpu = time.process_time() - cpu0
     stamp.write_text(json.dumps({"checked": checked, "restored": restored,
                                  "seconds": round(time.monotonic() - t0, 3), "cpu_seconds": round(cpu, 3),

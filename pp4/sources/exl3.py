@@ -432,7 +432,5 @@ def exl3_extension(variant: str, source_root: Path, work_dir: Path | None = None
         cuda_flags=cuda_flags(nvcc) + v.defines,
         ld_flags=LD_FLAGS,
         spec_files=tuple(spec_files),
-        # Both variants' objects may be shared where no input names these (docs/reuse.md).
-        erasable_defines=("TORCH_EXTENSION_NAME", PYBIND11_INTERNALS_MACRO),
         provenance=prov,
     )

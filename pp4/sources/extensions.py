@@ -72,9 +72,6 @@ class Extension:
     flavor: str = "jit"
     # Files whose change alters the source list or flags: configure re-runs when they change.
     spec_files: tuple[Path, ...] = ()
-    # Defines whose value may differ between two reusable compiles when no input mentions them
-    # (the module name, the pybind11 internals id): see docs/reuse.md.
-    erasable_defines: tuple[str, ...] = ("TORCH_EXTENSION_NAME",)
     # Provenance for the build record: e.g. {"exllamav3": "1.6.5", "sha256": ...}
     provenance: dict = attrs.field(factory=dict, hash=False)
 
@@ -314,13 +311,3 @@ def _named(ext: Extension) -> str:
 
 
 RESERVED_TARGETS = {"all", "toolchain", "certify", "compdb", "build.ninja", "clean"}
-
-
-def may_be_shared(source: str | Path) -> bool:
-    """Could this unit's object be shared between variants? A cheap look at its own text, for
-    scheduling only (the reuse rule decides): no visible use of the module name or pybind11."""
-    try:
-        text = Path(source).read_bytes()
-    except OSError:
-        return False
-    return not any(w in text for w in (b"TORCH_EXTENSION_NAME", b"pybind11", b"torch/extension.h", b"torch/python.h"))

@@ -2,14 +2,14 @@
 
 The reuse wrapper hands a miss to ClusterExecutor.run. It connects to the cluster as a Ray driver
 (HOST:PORT is the address `ray start --head` prints), sends the compile as a task (pp4/reuse/cluster/
-node.py: the command and environment with every folder named by a placeholder, the identity of the
-compilers, and the extension's source tree as content-addressed blobs put into Ray's object store,
-which a node fetches only where it lacks them), and waits a bounded time. Before anything is
-written, every input the node's dependency file names is mapped back to this machine and must
-have here the sha256 the node read: a node that compiled against other bytes (another torch,
-another header, another compiler) is caught and its object never used. Then the object and a
-dependency file naming this machine's paths are written, and the wrapper stores the compile as
-it stores a local one: the same key, record and event, plus the node it ran on.
+node.py: the command as it runs in the fixed execution root, its environment, and the extension's
+source tree as content-addressed blobs put into Ray's object store, which a node fetches only where
+it lacks them), and waits a bounded time. The node compiles in the same root, observed, and sends
+back the object and every observation. Before anything is written, every observation must hold on
+this machine (pp4/reuse/observed.py): a node that compiled against other bytes (another torch,
+another header, another compiler) is caught and its object never used. Then the wrapper writes the
+object and stores the compile as it stores a local one: the same key, record and event, plus the
+node it ran on.
 
 Whenever the cluster cannot give a checked object (pp4's Ray extra missing, the cluster unreachable
 or lost, a node refusing, dying or slower than the timeout, a compile error there), run() says why
@@ -31,10 +31,7 @@ import attrs
 from pp4 import backoff
 from pp4.files import write_whole
 from pp4.paths import LOCK_DIR
-from pp4.reuse import actionkey
-from pp4.reuse.actionkey import CompileArgs
-from pp4.reuse.cluster.node import NODE_NAMES, mapped_strings
-from pp4.reuse.relocate import Relocation
+from pp4.reuse import observed
 from pp4.sources.extensions import SOURCE_SUFFIXES
 
 DEFAULT_TIMEOUT_S = 3600.0  # a node gets this long for one compile (EXL3's longest: 266 s on the H200)
@@ -51,6 +48,8 @@ class ClusterError(Exception):
 class Done:
     node: str
     duration_s: float
+    observations: list  # [path, state] pairs, every one checked here
+    time_macros: tuple[str, ...]
 
 
 def parse_address(text: str) -> str:
@@ -117,18 +116,17 @@ def _remote_compile():
 
 
 class ClusterExecutor:
-    def __init__(self, settings: dict, relocation: Relocation, state_dir: str):
+    def __init__(self, settings: dict, state_dir: str):
         self.address = settings["address"]
         self.timeout_s = float(settings.get("timeout_s") or DEFAULT_TIMEOUT_S)
         self.toolchain = settings["toolchain"]  # {"cuda_release": "13.0" | None, "path": prefix}
-        self.relocation = relocation
         self.folder = Path(state_dir) / "cluster"
 
     @classmethod
-    def from_config(cls, settings: dict | None, relocation: Relocation, state_dir: str) -> "ClusterExecutor | None":
+    def from_config(cls, settings: dict | None, state_dir: str) -> "ClusterExecutor | None":
         if not settings or backoff.recently_down(Path(state_dir) / "cluster"):
             return None
-        return cls(settings, relocation, state_dir)
+        return cls(settings, state_dir)
 
     def warn(self, message: str) -> None:
         print(f"pp4.reuse: warning: {message}; compiling here", file=sys.stderr)
@@ -138,12 +136,11 @@ class ClusterExecutor:
             print(f"pp4.reuse: warning: {reason}; compiling here (the cluster is tried again after "
                   f"{backoff.RETRY_S:.0f} s)", file=sys.stderr)
 
-    def run(self, args: CompileArgs, env: dict[str, str], argv: list[str], root: str | None, identity: dict,
-            compilers: dict, limits, sha256) -> Done | None:
-        """Compile on the cluster and write the checked object and its dependency file; None: not
-        done there (said why), compile here. sha256(path): this machine's hash of a file."""
-        if root is None:
-            return None  # a source outside every extension tree: nothing to send it with
+    def run(self, action, root: str | None, limits, states) -> Done | None:
+        """Compile on the cluster and write the checked object; None: not done there (said why),
+        compile here. action: the wrapper's Action; states: this machine's (observed.States)."""
+        if root is None or action.root is None:
+            return None  # a source outside every extension tree, or no fixed root here: nothing to send
         try:
             connect(self.address)
         except ClusterError as e:
@@ -154,12 +151,10 @@ class ClusterExecutor:
             return None
         import ray
 
-        cwd = os.getcwd()
-        mapping = Relocation.from_dict({**self.relocation.to_dict(), "$ROOT": root, "$CWD": cwd}, NODE_NAMES)
-        tree = self._tree(root, args.source, sha256)
+        args = action.args
+        tree = self._tree(root, args.source, states.hasher.sha256)
         task = {
-            "argv": [mapping.portable(a) for a in argv], "env": {k: mapping.portable(v) for k, v in env.items()},
-            "language": args.language, "identity": identity, "compilers": mapped_strings(compilers, mapping.portable),
+            "command": list(action.command), "env": dict(action.env),
             "tree": tree, "tree_id": hashlib.sha256(json.dumps(tree).encode()).hexdigest(), "root": root,
             "cuda_release": self.toolchain["cuda_release"], "toolchain_path": self.toolchain["path"],
             "lock_text": self._lock_text(),
@@ -189,24 +184,19 @@ class ClusterExecutor:
         if result["returncode"] != 0:
             self.warn(f"the compile of {args.output} failed on cluster node {result['node']}")
             return None
-        if actionkey.names_its_source_path(result["object"]) and result["source_realpath"] != os.path.realpath(args.source):
-            self.warn(f"the object cluster node {result['node']} made of {args.output} names its source's folder "
-                      f"there ({os.path.dirname(result['source_realpath'])}), as nvcc does for an anonymous namespace; "
-                      "it is not the object a compile here gives")
+        if result.get("unobserved"):
+            self.warn(f"cluster node {result['node']} could not vouch for its compile of {args.output}: "
+                      f"{result['unobserved']}")
             return None
-        deps = []
-        for portable, node_sha in result["inputs"]:
-            here = mapping.local(portable)
-            if sha256(here) != node_sha:  # None: missing here
-                self.warn(f"cluster node {result['node']} compiled {args.output} against other bytes of {here} "
-                          "than this machine has; its object is not used")
-                return None
-            deps.append(here)
+        changed = observed.differences(result["observations"], action.root.real, states)
+        if changed:
+            self.warn(f"cluster node {result['node']} compiled {args.output} against another machine than this "
+                      f"one ({changed[0]}); its object is not used")
+            return None
         if result["output"]:
             sys.stderr.write(result["output"])
         write_whole(Path(args.output), result["object"])
-        Path(args.depfile).write_text(actionkey.format_depfile(args.output, deps))
-        return Done(node=result["node"], duration_s=result["duration_s"])
+        return Done(result["node"], result["duration_s"], result["observations"], tuple(result.get("time_macros", ())))
 
     def _lock_text(self) -> str | None:
         release = self.toolchain["cuda_release"]

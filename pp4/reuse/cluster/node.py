@@ -1,42 +1,34 @@
 """What a cluster node runs for one compile (pp4/reuse/cluster/executor.py sends it).
 
-The task names every folder by a placeholder: $TORCH, $TOOLCHAIN, $PYINC and $PREFIX (as keys do,
-pp4/reuse/relocate.py), $ROOT (the extension's source tree) and $CWD (the build's working folder).
-The node puts its own folders back: its torch and Python, the pinned toolchain it provisions from
-the same hash-pinned wheels into its own pp4 cache (or the --cuda-home path, which must hold the
-same bytes), the source tree rebuilt from content-addressed blobs it keeps (each blob crosses to a
-node once), and a scratch working folder. It refuses, by its name, when its compilers hash
-differently from the build machine's. It compiles with exactly the task's environment (the
-allow-list configure chose) and returns the object, the compiler's output, and every input the
-dependency file names with the sha256 of the bytes it read, so that the build machine can check
-them against its own before anything is stored.
+The task is the command as it runs in the fixed execution root (pp4/execution/root.py): every
+folder at its fixed path, /pp4/torch, /pp4/toolchain, /pp4/src, ... The node mounts its own folders
+there: its torch and Python, the pinned toolchain it provisions from the same hash-pinned wheels
+into its own pp4 cache (or the --cuda-home path), the source tree rebuilt from content-addressed
+blobs it keeps (each blob crosses to a node once), and a scratch working folder. So the command and
+the object are the build machine's, byte for byte. It compiles observed, with exactly the task's
+environment, and returns the object, the compiler's output and what the compile observed (each
+path with the state found there), which the build machine checks against its own machine before
+anything is used or stored: a node with another torch, header or compiler is caught there.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-import resource
 import shutil
 import socket
-import subprocess
 import sys
 import sysconfig
 import tempfile
-import time
 import uuid
 from pathlib import Path
 
-from pp4.files import sha256_file, write_whole
-from pp4.reuse import actionkey
-from pp4.reuse.launch import command_for
-from pp4.reuse.relocate import Relocation
-from pp4.toolchain.compilerenv import process_env
-from pp4.toolchain.compilers import Compilers, Identifier
+from pp4.execution.root import Root, unavailable
+from pp4.execution.run import run
+from pp4.files import write_whole
+from pp4.reuse import actionkey, observed
 from pp4.toolchain.limits import Limits
 from pp4.toolchain.torchenv import torch_package_dir
-
-NODE_NAMES = ("$TORCH", "$TOOLCHAIN", "$PYINC", "$PREFIX", "$ROOT", "$CWD")
 
 
 def node_name() -> str:
@@ -73,10 +65,9 @@ def toolchain_here(task: dict) -> str:
 
 
 def tree_here(task: dict, fetch) -> str:
-    """The extension's source tree: the build machine's own folder where this node sees it with
-    the same bytes (the same machine, a shared file system), since nvcc names an anonymous
-    namespace after the source's real path (pp4/reuse/actionkey.py); else a copy rebuilt from blobs
-    kept per node; fetch(sha) gives a blob's bytes."""
+    """The extension's source tree (mounted at /pp4/src): the build machine's own folder where this
+    node sees it with the same bytes (the same machine, a shared file system), else a copy rebuilt
+    from blobs kept per node; fetch(sha) gives a blob's bytes."""
     shared = task["root"]
     hasher = actionkey.FileHasher()  # None for a file that is missing here
     if os.path.isdir(shared) and all(hasher.sha256(os.path.join(shared, rel)) == sha for rel, sha in task["tree"]):
@@ -109,59 +100,35 @@ def compile_task(task: dict, fetch) -> dict:
     work.mkdir(parents=True)
     try:
         places = {"$TORCH": str(torch_package_dir()), "$PYINC": sysconfig.get_paths()["include"],
-                  "$PREFIX": sys.prefix, "$TOOLCHAIN": toolchain_here(task), "$ROOT": tree_here(task, fetch),
-                  "$CWD": str(work)}
+                  "$PREFIX": sys.prefix, "$TOOLCHAIN": toolchain_here(task)}
+        source_root = tree_here(task, fetch)
     except Exception as e:  # noqa: BLE001 - any failure here refuses this node, by name
         shutil.rmtree(work, ignore_errors=True)
         return {"node": name, "refused": f"cannot prepare the compile here: {type(e).__name__}: {e}"}
-    here = Relocation.from_dict(places, NODE_NAMES)
     try:
-        argv = [here.local(a) for a in task["argv"]]
-        env = {k: here.local(v) for k, v in task["env"].items()}
-        compilers = Compilers.from_dict(mapped_strings(task["compilers"], here.local))
-        tmp = work / ".tmp"
-        tmp.mkdir()
-        identity = Identifier(scratch() / "compilers.json", tmp).identity(compilers, task["language"], env)
-        if identity.hashes != task["identity"]:
-            differ = sorted(k for k in set(identity.hashes) | set(task["identity"])
-                            if identity.hashes.get(k) != task["identity"].get(k))
-            return {"node": name, "refused": f"its compilers differ from the build machine's ({', '.join(differ[:4])})"}
-        args = actionkey.parse_compile(argv)
-        run = command_for(Limits(nvcc_threads=task["nvcc_threads"]), argv)
-        for p in (args.output, args.depfile):
-            (work / p).parent.mkdir(parents=True, exist_ok=True)
-        t0 = time.monotonic()
-        proc = subprocess.run(run, cwd=work, env=process_env(env, tmp), capture_output=True,
-                              preexec_fn=lambda: _limit(task["nice"], task["address_space"]))
-        duration = time.monotonic() - t0
-        result = {"node": name, "returncode": proc.returncode, "output": (proc.stdout + proc.stderr).decode(errors="replace"),
-                  "duration_s": round(duration, 3)}
-        if proc.returncode != 0:
+        root = Root.make(str(work), places, source_root)
+        runs = scratch() / "runs"
+        problem = unavailable(str(runs))
+        if problem is not None:
+            return {"node": name, "refused": f"it cannot run compiles in the fixed root ({problem})"}
+        command = list(task["command"])
+        args = actionkey.parse_compile(command)
+        for p in (args.output, args.depfile):  # relative to the working folder, as ninja's are
+            real = root.real(os.path.join(root.cwd, p)) if not os.path.isabs(p) else root.real(p)
+            if real is None:
+                return {"node": name, "refused": f"its output {p} is not inside the build's folders"}
+            Path(real).parent.mkdir(parents=True, exist_ok=True)
+        limits = Limits(nice=task["nice"], address_space=task["address_space"], nvcc_threads=task["nvcc_threads"],
+                        tmpdir=str(runs))
+        ran = run(command, task["env"], limits, runs, root)
+        result = {"node": name, "returncode": ran.returncode, "output": ran.stderr.decode(errors="replace"),
+                  "duration_s": round(ran.seconds, 3), "time_macros": list(ran.time_macros)}
+        if ran.returncode != 0:
             return result
-        deps = [os.path.join(work, p) for p in actionkey.parse_depfile((work / args.depfile).read_text())]
-        result["inputs"] = [[here.portable(os.path.normpath(p)), sha256_file(p)] for p in deps]
-        result["object"] = (work / args.output).read_bytes()
-        result["source_realpath"] = os.path.realpath(os.path.join(work, args.source))
+        outputs = {os.path.normpath(os.path.join(root.cwd, p)) for p in (args.output, args.depfile)}
+        pairs, problem = observed.from_run(ran, outputs, observed.States(actionkey.FileHasher()))
+        result["observations"], result["unobserved"] = pairs, problem
+        result["object"] = Path(root.real(os.path.normpath(os.path.join(root.cwd, args.output)))).read_bytes()
         return result
     finally:
         shutil.rmtree(work, ignore_errors=True)
-
-
-def _limit(nice: int, address_space: int | None) -> None:
-    """The build's niceness and address-space cap for the compiler (its CPU list is the build
-    machine's, not this node's)."""
-    if nice:
-        os.nice(nice)
-    if address_space:
-        resource.setrlimit(resource.RLIMIT_AS, (address_space, address_space))
-
-
-def mapped_strings(doc, fn):
-    """doc (JSON-like) with fn applied to every string in it."""
-    if isinstance(doc, str):
-        return fn(doc)
-    if isinstance(doc, list):
-        return [mapped_strings(x, fn) for x in doc]
-    if isinstance(doc, dict):
-        return {k: mapped_strings(v, fn) for k, v in doc.items()}
-    return doc

@@ -1,0 +1,115 @@
+"""Run one compile or link: under the build's limits, in the fixed execution root, observed.
+
+The command runs with exactly the environment it is given (pp4/toolchain/compilerenv.py), a
+temporary folder of its own, no GPU, and two additions that change no object and are in no key:
+nvcc's --threads (how many architectures it compiles at once) and, for compiles, gcc's
+`-Wdate-time -Wno-error=date-time` (nvcc: through -Xcompiler, which reaches both of its
+preprocessing passes). The second is how the compilers are asked about time: a preprocessing that
+expands __DATE__, __TIME__ or __TIMESTAMP__, however the source spells it (a macro, `-DWHEN=...`,
+token pasting), makes gcc say so, and `Ran.time_macros` lists what it said.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import attrs
+
+from pp4.execution import observe
+from pp4.execution.root import TMP, Root, enter, unavailable
+from pp4.execution.limits import apply, command_for
+from pp4.toolchain.compilerenv import process_env
+from pp4.toolchain.limits import Limits
+
+DATE_TIME = re.compile(rb'macro "(__DATE__|__TIME__|__TIMESTAMP__)" might prevent reproducible builds')
+TRACE_NAME = ".pp4-trace"
+
+
+@attrs.frozen
+class Ran:
+    returncode: int
+    started: float  # time.time() when it started
+    seconds: float
+    command: tuple[str, ...]  # as it ran, in the root's paths when root is set, launcher additions left out
+    root: Root | None  # None: it ran where it is (why: root_problem)
+    root_problem: str | None
+    trace: observe.Trace | None  # None: not observed (why: trace_problem)
+    trace_problem: str | None
+    time_macros: tuple[str, ...]  # __DATE__, __TIME__, __TIMESTAMP__ that its preprocessing expanded
+    tmp: str  # its temporary folder as it saw it (removed: nothing there outlives the command)
+    stderr: bytes
+
+    def real(self, path: str) -> str | None:
+        """Where a path it saw is on this machine; None for its own temporary folder."""
+        if self.root is not None:
+            return self.root.real(path)
+        return None if path == self.tmp or path.startswith(self.tmp + "/") else path
+
+
+def date_time_flags(argv: list[str]) -> list[str]:
+    if Path(argv[0]).name == "nvcc":
+        return ["-Xcompiler", "-Wdate-time,-Wno-error=date-time"]
+    return ["-Wdate-time", "-Wno-error=date-time"]
+
+
+def run(argv: list[str], env: dict[str, str], limits: Limits, scratch_parent: str | Path, root: Root | None,
+        observed: bool = True, compile: bool = True) -> Ran:
+    """Run argv (this machine's paths) in `root` (None: where it is), observed unless `observed`
+    is False or the observer cannot run here. Its stderr is returned, not printed."""
+    root_problem = None
+    if root is not None:
+        root_problem = unavailable(str(scratch_parent))
+        if root_problem is not None:
+            root = None
+    trace_problem = None if observed else "not asked for"
+    if observed:
+        trace_problem = observe.unavailable()
+    Path(scratch_parent).mkdir(parents=True, exist_ok=True)
+    scratch = tempfile.mkdtemp(prefix="run-", dir=scratch_parent)
+    real_tmp = os.path.join(scratch, "tmp")
+    os.mkdir(real_tmp)
+    tmp = TMP if root is not None else real_tmp
+    command = root.command(list(argv)) if root is not None else list(argv)
+    full = command_for(limits, command) + (date_time_flags(command) if compile else [])
+    log = os.path.join(tmp, TRACE_NAME)
+    if trace_problem is None:
+        full = observe.command(log) + full
+    errors = os.path.join(scratch, "stderr")
+
+    def prepare() -> None:
+        apply(limits)
+        if root is not None:
+            enter(root, scratch, real_tmp)
+
+    started = time.time()
+    t0 = time.monotonic()
+    try:
+        with open(errors, "wb") as err:
+            # stderr to a file, not a pipe: in the root, the process that waits for the command
+            # keeps subprocess's error pipe open until the command ends.
+            proc = subprocess.run(full, env=process_env(env, Path(tmp)), preexec_fn=prepare, stdin=subprocess.DEVNULL,
+                                  stderr=err, cwd=None if root is not None else os.getcwd())
+        returncode = proc.returncode
+    except OSError as e:
+        with open(errors, "ab") as err:
+            err.write(f"pp4: cannot run {full[0]}: {e}\n".encode())
+        returncode = 127
+    seconds = time.monotonic() - t0
+    stderr = Path(errors).read_bytes()
+    trace = None
+    if trace_problem is None:
+        try:
+            trace = observe.parse(Path(real_tmp, TRACE_NAME).read_text(errors="surrogateescape"),
+                                  root.cwd if root is not None else os.getcwd())
+        except OSError as e:
+            trace_problem = f"its trace cannot be read ({e})"
+    shutil.rmtree(scratch, ignore_errors=True)
+    macros = tuple(sorted({m.decode() for m in DATE_TIME.findall(stderr)}))
+    return Ran(returncode, started, seconds, tuple(command), root, root_problem, trace, trace_problem, macros,
+               tmp, stderr)

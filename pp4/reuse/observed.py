@@ -1,0 +1,189 @@
+"""What a compile observed, as a set of (path, state) pairs, and whether each still holds.
+
+The observer (pp4/execution/observe.py) says which paths a compile's processes asked about and
+whether the kernel found something there. After the compile each such path gets its *state* now:
+
+    <sha256>        a regular file, by content (read, stat'ed, run: every byte can matter)
+    -               nothing there (a header looked for and not found, a program looked for on PATH)
+    d               a folder
+    ls:<sha256>     a folder whose entries were listed, by the sorted names
+    s               something else (a FIFO, a device)
+    !<errno>        the kernel refused (EACCES, ELOOP, ...)
+
+and a path reached without following its last link (lstat, readlink) gets `L` before its state,
+with `@<target>` for a link. An observation set holds every pair; a stored object is reused only
+when every pair holds now. Since a compile's result is a function of what its processes saw, a
+compile run now would see the same and give the same object (docs/reuse.md says what is not seen).
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import stat
+
+from pp4.reuse.actionkey import FileHasher
+
+ABSENT, FOLDER, SPECIAL, NOFOLLOW, LINK, LISTING = "-", "d", "s", "L", "@", "ls:"
+_ABSENT_ERRORS = (errno.ENOENT, errno.ENOTDIR)
+# Written within this long before a compile started, a file's ctime cannot tell a change during the
+# compile from one just before it (the kernel stamps times from a clock that ticks every few ms).
+CTIME_MARGIN_S = 0.05
+
+
+class States:
+    """The state of paths now, each worked out once per process (files hashed once, FileHasher)."""
+
+    def __init__(self, hasher: FileHasher):
+        self.hasher = hasher
+        self._memo: dict[tuple[str, str], str] = {}
+
+    def state(self, path: str, follow: bool = True) -> str:
+        key = (path, "f" if follow else "l")
+        found = self._memo.get(key)
+        if found is None:
+            found = self._memo[key] = self._state(path, follow)
+        return found
+
+    def _state(self, path: str, follow: bool) -> str:
+        try:
+            st = os.stat(path) if follow else os.lstat(path)
+        except OSError as e:
+            return ABSENT if e.errno in _ABSENT_ERRORS else "!" + errno.errorcode.get(e.errno, str(e.errno))
+        prefix = "" if follow else NOFOLLOW
+        if stat.S_ISLNK(st.st_mode):
+            try:
+                return prefix + LINK + os.readlink(path)
+            except OSError as e:
+                return prefix + "!" + errno.errorcode.get(e.errno, str(e.errno))
+        if stat.S_ISDIR(st.st_mode):
+            return prefix + FOLDER
+        if stat.S_ISREG(st.st_mode):
+            sha = self.hasher.sha256(path)
+            return prefix + (sha if sha is not None else "!EACCES")
+        return prefix + SPECIAL
+
+    def listing(self, path: str) -> str:
+        key = (path, LISTING)
+        found = self._memo.get(key)
+        if found is None:
+            try:
+                names = sorted(os.listdir(path))
+                found = LISTING + hashlib.sha256("\0".join(names).encode("utf-8", "surrogateescape")).hexdigest()
+            except OSError as e:
+                found = ABSENT if e.errno in _ABSENT_ERRORS else "!" + errno.errorcode.get(e.errno, str(e.errno))
+            self._memo[key] = found
+        return found
+
+    def now(self, path: str, recorded: str) -> str:
+        """The state of a path now, of the kind a recorded state is."""
+        if recorded.startswith(LISTING):
+            return self.listing(path)
+        if recorded.startswith(NOFOLLOW):
+            return self.state(path, follow=False)
+        return self.state(path)
+
+    def forget(self) -> None:
+        self._memo.clear()
+
+
+def holds(pairs, to_real, states: States) -> bool:
+    """Whether every recorded (path, state) holds now; to_real maps a recorded path to this
+    machine's (None: a path of the root's own, which is the same in every run)."""
+    for path, recorded in pairs:
+        real = to_real(path)
+        if real is not None and states.now(real, recorded) != recorded:
+            return False
+    return True
+
+
+def differences(pairs, to_real, states: States) -> list[str]:
+    """What no longer holds, in words (the audit's explanations)."""
+    out = []
+    for path, recorded in pairs:
+        real = to_real(path)
+        if real is None:
+            continue
+        got = states.now(real, recorded)
+        if got != recorded:
+            out.append(f"{real}: {describe(recorded)} when compiled, {describe(got)} now")
+    return out
+
+
+def describe(state: str) -> str:
+    s = state[1:] if state.startswith(NOFOLLOW) else state
+    if s == ABSENT:
+        return "absent"
+    if s == FOLDER:
+        return "a folder"
+    if s.startswith(LISTING):
+        return f"a folder listing {s[len(LISTING):][:12]}"
+    if s.startswith(LINK):
+        return f"a link to {s[1:]}"
+    if s.startswith("!"):
+        return f"refused ({s[1:]})"
+    if s == SPECIAL:
+        return "a special file"
+    return f"sha256 {s[:12]}"
+
+
+def from_run(ran, outputs: set[str], states: States) -> tuple[list[list[str]], str | None]:
+    """The observation set of a finished compile (pp4.execution.run.Ran), and why it must not be
+    stored, if it must not: the observer could not run or could not read a call, the compile
+    wrote somewhere other than its outputs and temporary folder, or something it read changed
+    while it ran. outputs: the paths it was asked to write, as it saw them."""
+    trace = ran.trace
+    if trace is None:
+        return [], f"it was not observed: {ran.trace_problem}"
+    if trace.opaque:
+        return [], f"the observer could not read {len(trace.opaque)} of its calls (first: {trace.opaque[0][:160]})"
+    produced = set(trace.writes)
+    for path in sorted(produced):
+        if path in outputs or ran.real(path) is None:
+            continue
+        return [], f"it wrote {ran.real(path)}, which is neither its output nor its temporary folder"
+    pairs: dict[tuple[str, str], str] = {}
+    reads = dict(trace.reads)
+    from pp4.execution.observe import interpreters
+
+    for program in trace.executed:
+        real = ran.real(program)
+        for interp in interpreters(real) if real else []:
+            reads.setdefault((interp, True), "ok")
+    mount_points = {fixed for fixed, _ in ran.root.mounts} if ran.root is not None else set()
+    for (path, follow), result in reads.items():
+        if os.path.normpath(path) in produced or os.path.normpath(path) in mount_points:
+            continue  # a mount point is a folder in every run, whatever its real folder is
+        real = ran.real(path)
+        if real is None:
+            continue
+        state = states.state(real, follow)
+        bare = state[1:] if state.startswith(NOFOLLOW) else state
+        if (result == "ok") != (bare != ABSENT) and result in ("ok", "ENOENT", "ENOTDIR"):
+            return [], f"{real} appeared or vanished while it was compiled"
+        pairs[(path, "f" if follow else "l")] = state
+    for folder in trace.listed:
+        real = ran.real(folder)
+        if real is not None and os.path.normpath(folder) not in produced:
+            pairs[(folder, LISTING)] = states.listing(real)
+    changed = changed_during(ran, [(p, s) for (p, _), s in pairs.items()])
+    if changed:
+        return [], f"{changed} changed while it was compiled"
+    return sorted([p, s] for (p, _), s in pairs.items()), None
+
+
+def changed_during(ran, pairs) -> str | None:
+    """The first path whose inode changed (ctime) since the compile started."""
+    since = ran.started - CTIME_MARGIN_S
+    for path, state in pairs:
+        real = ran.real(path)
+        if real is None or state in (ABSENT, NOFOLLOW + ABSENT):
+            continue
+        try:
+            st = os.lstat(real) if state.startswith(NOFOLLOW) else os.stat(real)
+        except OSError:
+            return real
+        if st.st_ctime >= since and not stat.S_ISDIR(st.st_mode):
+            return real
+    return None

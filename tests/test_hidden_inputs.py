@@ -1,0 +1,332 @@
+"""Hidden inputs: whatever a compile reads, runs or looks for, a restored object is the object a
+compile gives now.
+
+Each case is a tiny spec project. Folder A builds it and fills a store; one hidden input changes;
+folder B (a fresh build folder, the same store) builds it; folder C builds it with `--no-reuse`.
+B's objects must be C's, byte for byte (every compile runs in the fixed root, so two real compiles
+of the same thing are the same bytes), and each object's tag string (`TAG[...]`, which the source
+makes from what the preprocessor or assembler saw) must be what the change implies: an oracle that
+owes nothing to pp4. The classes are those an outside test found restored stale (docs/reuse.md),
+with more cases of each.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+from test_build import ninja_bin, run
+
+pytestmark = pytest.mark.slow
+
+TAG = re.compile(rb"TAG\[([^\]\x00]*)\]")
+HAS_PROBE = '#if __has_include("probe.h")\n#define P "yes"\n#else\n#define P "no"\n#endif\n'
+
+
+class Case:
+    def __init__(self, base: Path, sources: dict[str, str | bytes], spec: str, checkout: str = "src"):
+        self.base = base
+        self.src = base / checkout
+        self.store = base / "store"
+        self.n = 0
+        self.write(sources)
+        (self.src / "ext.toml").write_text(spec.replace("@SRC@", str(self.src)))
+
+    def write(self, files: dict[str, str | bytes], under: Path | None = None) -> None:
+        for rel, text in files.items():
+            p = (under or self.src) / rel
+            p.parent.mkdir(parents=True, exist_ok=True)
+            if isinstance(text, bytes):
+                p.write_bytes(text)
+            else:
+                p.write_text(text.replace("@SRC@", str(self.src)).replace("@BASE@", str(self.base)))
+
+    def build(self, reuse: bool = True, work_files: dict[str, str] | None = None, src: Path | None = None):
+        """configure and ninja in a new folder; {object name: (status, tag, bytes)} and ninja's output."""
+        self.n += 1
+        work = self.base / f"work-{self.src.name}-{self.n}"
+        work.mkdir()
+        if work_files:
+            self.write(work_files, work)
+        run([sys.executable, str(REPO / "configure.py"), "--arch", "9.0", "--ext-spec", str((src or self.src) / "ext.toml"),
+             "--store", str(self.store)] + ([] if reuse else ["--no-reuse"]), work)
+        made = run([ninja_bin()], work)
+        return objects(work), made.stdout + made.stderr
+
+    def check(self, want: str | None = None, work_files: dict[str, str] | None = None, src: Path | None = None):
+        """B against C after a change: the same bytes, and the tag the oracle expects."""
+        got, out = self.build(work_files=work_files, src=src)
+        real, _ = self.build(reuse=False, work_files=work_files, src=src)
+        for name, (status, tag, data) in got.items():
+            assert real[name][0] == "compiled"
+            assert data == real[name][2], f"{name} ({status}) is not what a compile gives now; tags {tag} vs {real[name][1]}\n{out}"
+            if want is not None:
+                assert tag == want, f"{name}: {tag}, expected {want}"
+        return got
+
+
+def objects(work: Path) -> dict[str, tuple[str, str | None, bytes]]:
+    doc = json.loads(gzip.decompress((work / "build" / "certificate.json.gz").read_bytes()))
+    out = {}
+    for o in doc["objects"]:
+        data = (work / o["output"]).read_bytes()
+        m = TAG.search(data)
+        out[Path(o["output"]).name] = (o["status"], m.group(1).decode() if m else None, data)
+    return out
+
+
+def spec(flags: list[str] = (), include_dirs: list[str] = (), sources=("u.cpp",), extra: str = "") -> str:
+    return (f'name = "hidden"\nkind = "cpp"\nsources = {json.dumps(list(sources))}\n'
+            f"cxx_flags = {json.dumps(['-O1', *flags])}\ninclude_dirs = {json.dumps(list(include_dirs))}\n{extra}")
+
+
+def tagged(expr: str = "P", head: str = HAS_PROBE) -> str:
+    return head + f'extern "C" const char pp4_tag[] = "TAG[" {expr} "]";\n'
+
+
+def first_build(case: Case, want: str) -> None:
+    got, _ = case.build()
+    assert {s for s, _, _ in got.values()} == {"compiled"}
+    assert {t for _, t, _ in got.values()} == {want}
+    again, _ = case.build()
+    assert {s for s, _, _ in again.values()} == {"reused"}, "a fresh build folder restores the unchanged project"
+
+
+@pytest.fixture
+def base(tmp_path, toolchain):
+    return tmp_path
+
+
+# ---------------------------------------------------------------------------------------------
+# files read that no dependency file names
+
+
+def test_a_data_file_the_assembler_pulls_in(base):
+    data = base / "src" / "data.bin"
+    case = Case(base, {"u.cpp": f'asm(".section .rodata\\n.incbin \\"{data}\\"\\n.previous");\nint u() {{ return 1; }}\n',
+                       "data.bin": b"TAG[one]"}, spec())
+    first_build(case, "one")
+    data.write_bytes(b"TAG[two]")
+    assert case.check("two")["u.cpp.o"][0] == "compiled"
+
+
+@pytest.mark.parametrize("how", ["response_file", "specs_file", "response_file_in_response_file"])
+def test_flags_read_from_a_file(base, how):
+    flags = {"response_file": ["@@SRC@/flags.rsp"], "specs_file": ["-specs=@SRC@/my.specs"],
+             "response_file_in_response_file": ["@@SRC@/outer.rsp"]}[how]
+    files = {"u.cpp": tagged("VAL"), "flags.rsp": '-DVAL="\\"one\\""\n', "outer.rsp": "@@SRC@/flags.rsp\n",
+             "my.specs": '*cpp:\n+ -DVAL="one"\n'}
+    case = Case(base, files, spec([f.replace("@SRC@", str(base / "src")) for f in flags]))
+    first_build(case, "one")
+    if how == "specs_file":
+        case.write({"my.specs": '*cpp:\n+ -DVAL="two"\n'})
+    else:
+        case.write({"flags.rsp": '-DVAL="\\"two\\""\n'})
+    case.check("two")
+
+
+@pytest.mark.parametrize("how", ["-B", "--include-directory=", "-iprefix", "-Wp,-I", "--sysroot=", "-idirafter"])
+def test_every_spelling_of_a_search_folder(base, how):
+    folder = base / "extra"
+    folder.mkdir()
+    where = folder
+    flags = {"-B": [f"-B{folder}/"], "--include-directory=": [f"--include-directory={folder}"],
+             "-iprefix": ["-iprefix", f"{base}/", "-iwithprefix", "extra"], "-Wp,-I": [f"-Wp,-I{folder}"],
+             "--sysroot=": [f"--sysroot={folder}"], "-idirafter": ["-idirafter", str(folder)]}[how]
+    if how == "-B":
+        where = folder / "include"
+    if how == "--sysroot=":
+        where = folder / "usr" / "include"
+    head = HAS_PROBE.replace('"probe.h"', "<probe.h>")
+    case = Case(base, {"u.cpp": tagged(head=head)}, spec(flags))
+    first_build(case, "no")
+    where.mkdir(parents=True, exist_ok=True)
+    (where / "probe.h").write_text("// appeared\n")
+    case.check("yes")
+
+
+@pytest.mark.parametrize("how", ["continued_line", "digraph", "space_in_name", "name_from_a_define", "pasted_name"])
+def test_header_names_no_scanner_reads(base, how):
+    name = "probe file.h" if how == "space_in_name" else "probe.h"
+    head = {
+        "continued_line": '#if __has_include(\\\n"probe.h")\n#define P "yes"\n#else\n#define P "no"\n#endif\n',
+        "digraph": '%:if __has_include("probe.h")\n%:define P "yes"\n%:else\n%:define P "no"\n%:endif\n',
+        "space_in_name": '#if __has_include("probe file.h")\n#define P "yes"\n#else\n#define P "no"\n#endif\n',
+        "name_from_a_define": '#if __has_include(HDR)\n#define P "yes"\n#else\n#define P "no"\n#endif\n',
+        "pasted_name": '#define STR(x) #x\n#define XSTR(x) STR(x)\n#define NAME(a, b) a##b.h\n'
+                       '#if __has_include(XSTR(NAME(pro, be)))\n#define P "yes"\n#else\n#define P "no"\n#endif\n',
+    }[how]
+    flags = ['-DHDR="probe.h"'] if how == "name_from_a_define" else []
+    case = Case(base, {"u.cpp": tagged(head=head)}, spec(flags, include_dirs=["inc"]))
+    (case.src / "inc").mkdir()
+    first_build(case, "no")
+    (case.src / "inc" / name).write_text("// appeared\n")
+    case.check("yes")
+
+
+def test_a_forced_include_found_through_the_working_folder(base):
+    case = Case(base, {"u.cpp": tagged("VAL", head="")}, spec(["-include", "forced.h"]))
+    got, _ = case.build(work_files={"forced.h": '#define VAL "one"\n'})
+    assert {t for _, t, _ in got.values()} == {"one"}
+    case.check("two", work_files={"forced.h": '#define VAL "two"\n'})
+
+
+@pytest.mark.parametrize("how", ["define", "pasted", "date_without_epoch"])
+def test_time_macros_however_spelled_are_never_stored(base, how):
+    head = {"define": "", "pasted": "#define CAT(a, b) a##b\n#define WHEN CAT(__TIME, STAMP__)\n",
+            "date_without_epoch": "#define WHEN __DATE__\n"}[how]
+    flags = ["-DWHEN=__TIMESTAMP__"] if how == "define" else []
+    case = Case(base, {"u.cpp": tagged("WHEN", head=head)}, spec(flags))
+    if how == "date_without_epoch":
+        # pp4 fixes SOURCE_DATE_EPOCH (0 unless set): __DATE__ is then the same in every compile,
+        # and such a unit is stored like any other. Only the file's own time is never stored.
+        got, _ = case.build()
+        assert {s for s, _, _ in got.values()} == {"compiled"}
+        again, _ = case.build()
+        assert {s for s, _, _ in again.values()} == {"reused"}
+        return
+    got, _ = case.build()
+    status, tag, _ = got["u.cpp.o"]
+    assert status == "compiled"
+    source = case.src / "u.cpp"
+    old = source.stat().st_mtime - 86400 * 400
+    os.utime(source, (old, old))  # the same bytes, another modification time
+    now = case.check()
+    assert now["u.cpp.o"][0] == "compiled", "a unit whose object holds its source's time is compiled every time"
+    assert now["u.cpp.o"][1] != tag
+
+
+def test_mmd_in_the_flags_still_sees_system_headers(base):
+    sysinc = base / "sysinc"
+    sysinc.mkdir()
+    header = sysinc / "sys_h.h"
+    header.write_text('#define VAL "one"\n')
+    case = Case(base, {"u.cpp": tagged("VAL", head="#include <sys_h.h>\n")}, spec(["-MMD", "-isystem", str(sysinc)]))
+    first_build(case, "one")
+    st = header.stat()
+    header.write_text('#define VAL "two"\n')
+    os.utime(header, ns=(st.st_atime_ns, st.st_mtime_ns))  # edited, with its old mtime
+    case.check("two")
+
+
+def test_a_header_replaced_during_the_compile_by_an_older_copy(base):
+    """gcc's -wrapper runs a script around cc1plus: after cc1plus has read hdr.h, the script puts
+    another content there with an older mtime. Stored under what is there afterwards, a fresh
+    folder would restore an object made from what is no longer there."""
+    header = base / "src" / "hdr.h"
+    script = base / "swap.sh"
+    script.write_text(f'#!/bin/sh\n"$@"; rc=$?\ncase "$1" in *cc1plus) printf \'#define VAL "two"\\n\' > {header}; '
+                      f"touch -d 2001-01-01 {header};; esac\nexit $rc\n")
+    script.chmod(0o755)
+    case = Case(base, {"u.cpp": tagged("VAL", head='#include "hdr.h"\n'), "hdr.h": '#define VAL "one"\n'},
+                spec(["-wrapper", str(script)]))
+    got, _ = case.build()
+    assert got["u.cpp.o"][1] == "one"
+    case.check("two")
+
+
+def test_a_define_naming_the_checkout_is_keyed_as_written(base):
+    """Two checkouts of one project, each naming its own folder in a -D value: the object of one
+    is never the other's, although every other byte of the two compiles is the same."""
+    files = {"u.cpp": tagged("HERE", head="")}
+    one = Case(base, files, spec(['-DHERE="@SRC@"'.replace("@SRC@", str(base / "one"))]), checkout="one")
+    first_build(one, str(base / "one"))
+    two = Case(base, files, spec(['-DHERE="@SRC@"'.replace("@SRC@", str(base / "two"))]), checkout="two")
+    got = two.check(str(base / "two"))
+    assert got["u.cpp.o"][0] == "compiled"
+
+
+def test_the_same_project_in_two_checkouts_shares_objects(base):
+    """What the fixed root is for: another folder, the same object, restored."""
+    files = {"u.cpp": tagged(head='#include "inc/common.h"\n' + HAS_PROBE), "inc/common.h": "// common\n"}
+    one = Case(base, files, spec(["-g"]), checkout="one")
+    first_build(one, "no")
+    two = Case(base, files, spec(["-g"]), checkout="two")
+    got = two.check("no")
+    assert got["u.cpp.o"][0] == "reused", "a checkout at another path restores the same object"
+
+
+# ---------------------------------------------------------------------------------------------
+# more of our own
+
+
+def test_a_retargeted_header_link(base):
+    case = Case(base, {"u.cpp": tagged("VAL", head='#include "inc/hdr.h"\n'), "inc/one.h": '#define VAL "one"\n',
+                       "inc/two.h": '#define VAL "two"\n'}, spec())
+    (case.src / "inc" / "hdr.h").symlink_to("one.h")
+    first_build(case, "one")
+    (case.src / "inc" / "hdr.h").unlink()
+    (case.src / "inc" / "hdr.h").symlink_to("two.h")
+    case.check("two")
+
+
+def test_include_next_gains_a_header_in_the_middle(base):
+    case = Case(base, {"u.cpp": tagged("VAL", head="#include <chain.h>\n"),
+                       "a/chain.h": "#include_next <chain.h>\n", "c/chain.h": '#define VAL "last"\n'},
+                spec(include_dirs=["a", "b", "c"]))
+    (case.src / "b").mkdir()
+    first_build(case, "last")
+    (case.src / "b" / "chain.h").write_text('#define VAL "middle"\n')
+    case.check("middle")
+
+
+def test_a_header_beside_the_source_shadows_an_include_folder(base):
+    case = Case(base, {"src/u.cpp": tagged("VAL", head='#include "cfg.h"\n'), "inc/cfg.h": '#define VAL "inc"\n'},
+                spec(include_dirs=["inc"], sources=["src/u.cpp"]))
+    first_build(case, "inc")
+    case.write({"src/cfg.h": '#define VAL "beside"\n'})
+    case.check("beside")
+
+
+def test_a_library_a_link_resolved_is_rebuilt_and_the_module_relinked(base):
+    lib = base / "lib"
+    lib.mkdir()
+
+    def make_lib(value: int) -> None:
+        (base / "dep.c").write_text(f"int pp4_dep(void) {{ return {value}; }}\n")
+        subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(lib / "libpp4dep.so"), str(base / "dep.c")], check=True)
+
+    make_lib(1)
+    case = Case(base, {"u.cpp": 'extern "C" int pp4_dep(void);\nint u() { return pp4_dep(); }\n'},
+                spec(extra=f'libraries = ["pp4dep"]\nlibrary_dirs = ["{lib}"]\n'))
+    got, _ = case.build()
+    work = case.base / f"work-{case.src.name}-{case.n}"
+    assert "no work to do" in run([ninja_bin()], work).stdout
+    time.sleep(0.01)
+    make_lib(2)
+    out = run([ninja_bin()], work).stdout
+    assert "LINK" in out, f"the module was not linked again after its library changed:\n{out}"
+
+
+# ---------------------------------------------------------------------------------------------
+# nvcc
+
+
+def test_nvcc_options_file(base):
+    stringify = "#define S(x) #x\n#define XS(x) S(x)\n"
+    case = Case(base, {"u.cu": tagged("XS(VAL)", head=stringify), "opts.txt": "-DVAL=one\n"},
+                spec([], sources=["u.cu"]).replace('kind = "cpp"\n', "").replace("cxx_flags", "cuda_flags")
+                .replace("]\ninclude_dirs", f', "--options-file", "{base / "src" / "opts.txt"}"]\ninclude_dirs'))
+    first_build(case, "one")
+    case.write({"opts.txt": "-DVAL=two\n"})
+    case.check("two")
+
+
+def test_a_cuda_file_name_under_a_folder_with_a_space(base):
+    """__FILE__ in the fixed root is /pp4/src/...: the same in both checkouts, and restored."""
+    files = {"u.cu": 'extern "C" const char pp4_tag[] = "TAG[" __FILE__ "]";\n'
+                     "namespace { __global__ void k(int *p) { *p = 1; } }\nvoid launch(int *p) { k<<<1, 1>>>(p); }\n"}
+    text = spec(sources=["u.cu"]).replace('kind = "cpp"\n', "")
+    one = Case(base, files, text, checkout="with space")
+    first_build(one, "/pp4/src/u.cu")
+    two = Case(base, files, text, checkout="other place")
+    got = two.check("/pp4/src/u.cu")
+    assert got["u.cu.o"][0] == "reused", "an anonymous namespace no longer binds a CUDA object to its folder"
