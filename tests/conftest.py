@@ -127,3 +127,20 @@ class RedisServer:
     def stop(self) -> None:
         self.proc.kill()
         self.proc.wait()
+
+
+def store_as_compiled(reuser, argv: list[str], env: dict, files: list[str], data: bytes) -> dict:
+    """Store `data` as the object of `argv`, as a compile that observed `files` (their states now)
+    stores it, through pp4's own Reuser; writes its event. For tests that need many stored objects
+    without a compiler."""
+    from pp4.reuse.actionkey import parse_compile
+
+    action = reuser.action(parse_compile(argv), env)
+    out = __import__("pathlib").Path(action.args.output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_bytes(data)
+    pairs = [[p, reuser.states.state(p)] for p in files]
+    reuser.write_depfile(action, pairs)
+    stored = reuser.store_compile(action, pairs, None, 1.0)
+    reuser.event(action, status="compiled", compile_duration_s=1.0, **stored)
+    return stored

@@ -1,7 +1,7 @@
 """The audit hashes each file once, even when two paths name it, and still catches every changed
 byte. Real files: a small certified build of two variants (real torch headers as shared inputs,
-objects of random bytes stored and restored through pp4's Reuser, the certificate and pins written
-by pp4 itself), no compiler."""
+objects of random bytes stored through pp4's Reuser, the certificate and pins written by pp4
+itself), no compiler."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import compile_section
+from conftest import compile_section, store_as_compiled
 
 from pp4.certify import audit
 from pp4.reuse.actionkey import FileHasher
@@ -20,12 +20,11 @@ from pp4.reuse.actionkey import FileHasher
 
 @pytest.fixture(scope="module")
 def build(tmp_path_factory, toolchain) -> Path:
-    """exl3 and exl3-facc trees with the same two units: each facc object is restored from its
-    stock twin's stored one, so the certificate names the same bytes at two paths."""
+    """exl3 and exl3-facc trees with the same two units, each pair of objects the same bytes: the
+    certificate names the same bytes at two paths."""
     import torch
 
     from pp4.certify import certificate, pin
-    from pp4.reuse.actionkey import parse_compile
     from pp4.reuse.wrapper import ReuseConfig, Reuser
 
     work = tmp_path_factory.mktemp("audit")
@@ -42,15 +41,14 @@ def build(tmp_path_factory, toolchain) -> Path:
             unit.write_text(f"// unit {i}\n")
             os.utime(unit, (old, old))
     config = {"limits": {"address_space": None, "cpus": None, "nice": 0, "nvcc_threads": 1, "tmpdir": str(build / "tmp")},
-              "reuse": {"erasable": ["TORCH_EXTENSION_NAME"], "roots": [str(r) for r in roots.values()],
+              "reuse": {"roots": [str(r) for r in roots.values()],
                         "state_dir": str(state), "store": str(work / "store"), "toolchain": {"bin/nvcc": "0" * 64}},
               "compile": compile_section(toolchain)}
     build.mkdir()
     (build / "pp4.json").write_text(json.dumps(config))
     reuser = Reuser(ReuseConfig.load(build / "pp4.json"))
     env = config["compile"]["env"]["cuda"]
-    rnd = random.Random(5)
-    actions, restored = [], 0
+    actions = []
     for target, root in roots.items():
         tdir = build / target
         (tdir / "obj").mkdir(parents=True)
@@ -59,18 +57,9 @@ def build(tmp_path_factory, toolchain) -> Path:
             out, dep = tdir / "obj" / f"{unit.name}.o", tdir / "obj" / f"{unit.name}.o.d"
             argv = ["nvcc", "-c", str(unit), "-o", str(out), "-MD", "-MF", str(dep), "-isystem", str(inc), "-O3",
                     f"-DTORCH_EXTENSION_NAME={target.replace('-', '_')}"]
-            dep.write_text(f"{out}: " + " \\\n  ".join([str(unit)] + shared) + "\n")
-            args = parse_compile(argv)
-            hit = reuser.lookup(args, env)
-            if hit is not None:
-                assert reuser.materialize(hit, args)
-                reuser.hit_event(args, env, hit, 0.01, via="prepass")
-                restored += 1
-            else:
-                out.write_bytes(rnd.randbytes(64 * 1024))
-                stored = reuser.store_compile(args, env, time.time() + 10, 1.0)
-                assert stored["action_key"], stored
-                reuser.event(args, status="compiled", compile_duration_s=1.0, **stored)
+            data = random.Random(unit.name).randbytes(64 * 1024)  # the same bytes in both variants
+            stored = store_as_compiled(reuser, argv, env, [str(unit)] + shared, data)
+            assert stored["action_key"], stored
             actions.append({"argv": argv, "output": str(out), "target": target, "source": str(unit), "env": env})
             objs.append(out)
         module = tdir / f"pp4_{target.replace('-', '_')}.so"
@@ -81,7 +70,6 @@ def build(tmp_path_factory, toolchain) -> Path:
                 "toolchain": {"prefix": str(work / "no-toolchain")}}
         (tdir / "plan.json").write_text(json.dumps(plan))
         pin.write(tdir / "plan.json", module, pin.pin_path_for(module))
-    assert restored == 2  # every facc unit restored from its stock twin: the same bytes
     (build / "actions.json").write_text(json.dumps({"actions": actions}))
     certificate.write(build / "pp4.json", build / "actions.json", build / "certificate.json.gz")
     return work

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, compile_section
+from conftest import REPO, compile_section, store_as_compiled
 
 from pp4.certify import certificate
 from pp4.reuse import events
@@ -38,7 +38,7 @@ class Scene:
         self.state = build / ".pp4"
         config = {"limits": {"address_space": None, "cpus": None, "nice": 0, "nvcc_threads": 1,
                              "tmpdir": str(build / "tmp")},
-                  "reuse": {"erasable": ["PYBIND11_STDLIB", "TORCH_EXTENSION_NAME"], "roots": [str(self.src)],
+                  "reuse": {"roots": [str(self.src)],
                             "state_dir": str(self.state), "store": str(base / "store"),
                             "toolchain": {"bin/nvcc": "0" * 64}},
                   "compile": compile_section(toolchain)}
@@ -60,12 +60,8 @@ class Scene:
             out, dep = build / "obj" / f"unit{i}.cu.o", build / "obj" / f"unit{i}.cu.o.d"
             out.parent.mkdir(exist_ok=True)
             argv = ["nvcc", "-c", str(unit), "-o", str(out), "-MD", "-MF", str(dep), "-isystem", str(shared)]
-            dep.write_text(f"{out}: " + " ".join([str(unit)] + headers) + "\n")
-            out.write_bytes(rnd.randbytes(4096))
-            args = parse_compile(argv)
-            stored = r.store_compile(args, env, time.time() + 10, 1.0)
+            stored = store_as_compiled(r, argv, env, [str(unit)] + headers, rnd.randbytes(4096))
             assert stored["action_key"], stored
-            r.event(args, status="compiled", compile_duration_s=1.0, **stored)
             self.actions.append({"argv": argv, "output": str(out), "target": "t", "source": str(unit), "env": env})
         self.actions_file = build / "actions.json"
         self.actions_file.write_text(json.dumps({"actions": self.actions}))
@@ -97,8 +93,8 @@ def test_prepass_writes_one_batch_that_supersedes_the_event_files(tmp_path, tool
         assert known.get(o)["status"] == "reused" and known.get(o)["via"] == "prepass"
     # A compile edge's event written after the batch is the newer one, and wins.
     r = reuse.Reuser(s.cfg)
-    args = parse_compile(s.actions[0]["argv"])
-    r.event(args, status="compiled", compile_duration_s=2.0, inputs=[], input_sets=[])
+    action = r.action(parse_compile(s.actions[0]["argv"]), s.actions[0]["env"])
+    r.event(action, status="compiled", compile_duration_s=2.0, input_sets=[])
     assert events.Events(str(s.state)).get(s.outputs()[0])["status"] == "compiled"
     # A later prepass restoring only one object keeps the others' entries.
     Path(s.outputs()[1]).unlink()

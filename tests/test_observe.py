@@ -1,0 +1,136 @@
+"""The observer, the observation sets and the fixed root, on their own: strace's log read as the
+kernel answered, states of paths now, sets named by content, commands mapped into the root."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+
+from pp4.execution import observe
+from pp4.execution.root import Root
+from pp4.execution.run import run
+from pp4.reuse import inputsets, observed
+from pp4.reuse.actionkey import FileHasher
+from pp4.toolchain.limits import Limits
+
+LOG = """\
+100 execve("/usr/bin/gcc", ["gcc", "-c", "a.c"], 0x7ffd /* 3 vars */) = 0
+100 openat(AT_FDCWD</work>, "a.c", O_RDONLY) = 3</work/a.c>
+100 newfstatat(AT_FDCWD</work>, "inc/x.h", 0x7ffd, 0) = -1 ENOENT (No such file or directory)
+100 clone3({flags=CLONE_VM|CLONE_VFORK, exit_signal=SIGCHLD, stack=0x7f, stack_size=0x9000}, 88 <unfinished ...>
+101 execve("/usr/lib/cc1", ["cc1"], 0x2b /* 39 vars */ <unfinished ...>
+100 <... clone3 resumed>) = 101
+101 <... execve resumed>) = 0
+101 access("rel.h", R_OK) = 0
+101 readlink("/usr/lib", 0x7fff, 1023) = -1 EINVAL (Invalid argument)
+101 lstat("/a\\"b c\\303\\251", {st_mode=S_IFREG|0644, st_size=1, ...}) = 0
+101 openat(AT_FDCWD</work>, "out.o", O_WRONLY|O_CREAT|O_TRUNC, 0666) = 4</work/out.o>
+101 getdents64(5</tmp>, 0x55 /* 3 entries */, 32768) = 80
+101 unlink("/tmp/cc123.s") = 0
+101 newfstatat(3</work/a.c>, "", {st_mode=S_IFREG|0644, st_size=1, ...}, AT_EMPTY_PATH) = 0
+101 +++ exited with 0 +++
+"""
+
+
+def test_the_log_is_read_as_the_kernel_answered():
+    t = observe.parse(LOG, "/elsewhere")
+    assert t.reads[("/work/a.c", True)] == "ok"
+    assert t.reads[("/work/inc/x.h", True)] == "ENOENT"
+    # A relative path without a dirfd is the process's folder: the child's is its parent's, which
+    # strace named at its *at calls (AT_FDCWD</work>), not the folder the command started in.
+    assert t.reads[("/work/rel.h", True)] == "ok"
+    assert t.reads[("/usr/lib", False)] == "ok", "readlink of a non-link: the path exists"
+    assert t.reads[('/a"b c\u00e9', False)] == "ok", "strace's escapes are undone"
+    assert t.executed == {"/usr/bin/gcc", "/usr/lib/cc1"}
+    assert t.writes == {"/work/out.o", "/tmp/cc123.s"}
+    assert t.listed == {"/tmp"}
+    assert t.opaque == ()
+
+
+def test_what_cannot_be_read_is_never_trusted():
+    t = observe.parse('7 frobnicate("/x") = 0\n7 openat(AT_FDCWD</w>, "a" <unfinished ...>\n', "/w")
+    assert len(t.opaque) == 2, t.opaque
+
+
+def test_a_static_program_and_every_child_are_seen(tmp_path):
+    """ptrace sees system calls, not library calls: a statically linked program's are seen too,
+    and so are those of every process it starts."""
+    if observe.unavailable():
+        pytest.skip(observe.unavailable())
+    src = tmp_path / "p.c"
+    src.write_text('#include <stdio.h>\n#include <unistd.h>\nint main(){FILE*f=fopen("' + str(tmp_path / "data") + '","r");'
+                   'if(f)fclose(f); if(fork()==0){execl("/bin/cat","cat","' + str(tmp_path / "child") + '",(char*)0);} '
+                   'return 0;}\n')
+    static = tmp_path / "p"
+    if subprocess.run(["gcc", "-static", "-o", str(static), str(src)], capture_output=True).returncode != 0:
+        pytest.skip("no static libc to link with")
+    (tmp_path / "data").write_text("x")
+    ran = run([str(static)], {"PATH": "/usr/bin:/bin"}, Limits(), tmp_path / "runs", None, compile=False)
+    assert ran.returncode == 0 and ran.trace is not None
+    assert ran.trace.reads[(str(tmp_path / "data"), True)] == "ok"
+    assert ran.trace.reads[(str(tmp_path / "child"), True)] == "ENOENT"
+    assert "/bin/cat" in ran.trace.executed
+
+
+def test_states_name_what_is_there_now(tmp_path):
+    states = observed.States(FileHasher())
+    f = tmp_path / "f.h"
+    f.write_text("a")
+    (tmp_path / "link.h").symlink_to("f.h")
+    assert len(states.state(str(f))) == 64
+    assert states.state(str(tmp_path / "missing.h")) == observed.ABSENT
+    assert states.state(str(tmp_path / "f.h" / "x")) == observed.ABSENT, "ENOTDIR is absent too"
+    assert states.state(str(tmp_path)) == observed.FOLDER
+    assert states.state(str(tmp_path / "link.h"), follow=False) == "L@f.h"
+    assert states.state(str(tmp_path / "link.h")) == states.state(str(f))
+    assert states.listing(str(tmp_path)).startswith(observed.LISTING)
+
+
+def test_a_set_is_named_by_its_content_and_checked_against_the_machine(tmp_path):
+    folder = tmp_path / "inc"
+    folder.mkdir()
+    header = folder / "h.h"
+    header.write_text("one")
+    probe = folder / "probe.h"
+    states = observed.States(FileHasher())
+    pairs = [[str(header), states.state(str(header))], [str(probe), observed.ABSENT],
+             [str(folder), states.listing(str(folder))]]
+    d = tmp_path / "sets"
+    sid, data = inputsets.encode(pairs)
+    assert sid == inputsets.set_id(list(reversed(pairs)))
+    inputsets.write_canonical(d, sid, data)
+    assert inputsets.SetChecker(observed.States(FileHasher())).matches(d, sid, None)
+    probe.write_text("appeared")
+    fresh = inputsets.SetChecker(observed.States(FileHasher()))
+    assert not fresh.matches(d, sid, None), "a file appearing where the compile looked"
+    assert any("absent when compiled" in line for line in observed.differences(pairs, lambda p: p, fresh.states))
+    assert not fresh.matches(d, "0" * 64, None), "a missing set never matches"
+
+
+def test_a_damaged_set_is_never_read_and_verify_removes_it(tmp_path):
+    d = tmp_path / "sets"
+    sid, data = inputsets.encode([["/x", observed.ABSENT]])
+    inputsets.write_canonical(d, sid, data)
+    path = next(d.rglob("*.json"))
+    raw = bytearray(path.read_bytes())
+    raw[3] ^= 0x01
+    path.write_bytes(bytes(raw))
+    assert inputsets.read(d, sid) is None
+    assert inputsets.verify(d, repair=True)[0][2] is True and not path.exists()
+
+
+def test_commands_are_mapped_into_the_root_except_what_the_user_wrote(tmp_path):
+    work, src, torch = tmp_path / "work", tmp_path / "proj", tmp_path / "venv" / "torch"
+    for p in (work, src, torch):
+        p.mkdir(parents=True)
+    (tmp_path / "torchlink").symlink_to(torch)
+    root = Root.make(str(work), {"$TORCH": str(tmp_path / "torchlink")}, str(src))
+    argv = ["g++", f"-I{tmp_path / 'torchlink'}/include", "-isystem", f"{torch}/include", f'-DDATA="{src}/data"',
+            "-c", f"{src}/a.cpp", "-o", "build/a.o", f"-Wl,-rpath,{torch}/lib", f"{src}2/b.cpp"]
+    assert root.command(argv) == ["g++", "-I/pp4/torch/include", "-isystem", "/pp4/torch/include",
+                                  f'-DDATA="{src}/data"', "-c", "/pp4/src/a.cpp", "-o", "build/a.o",
+                                  f"-Wl,-rpath,{torch}/lib", f"{src}2/b.cpp"]
+    assert root.real("/pp4/torch/include/x.h") == f"{os.path.realpath(torch)}/include/x.h"
+    assert root.real("/pp4/tmp/cc1.s") is None and root.real("/usr/include/x.h") == "/usr/include/x.h"
