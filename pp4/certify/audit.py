@@ -173,8 +173,9 @@ class Audit:
             root = Root.make(os.getcwd(), reuse.get("relocation") or {}, obj.get("root"),
                              str(Path(reuse["state_dir"]).parent)) if obj.get("mounts") else None
             t0 = time.monotonic()
-            ran = run(argv, obj.get("env", {}), Limits.from_dict(self.config["limits"]), scratch / "runs", root,
-                      observed=False)
+            # Observed as the build's compiles are: the observer is one of the processes whose ids
+            # the object records (pp4/execution/root.py).
+            ran = run(argv, obj.get("env", {}), Limits.from_dict(self.config["limits"]), scratch / "runs", root)
             if ran.returncode != 0:
                 self.fail(f"{obj['output']}: recompiling failed:\n{ran.stderr.decode(errors='replace')[-2000:]}")
                 continue

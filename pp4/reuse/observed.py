@@ -10,8 +10,9 @@ whether the kernel found something there. After the compile each such path gets 
     s               something else (a FIFO, a device)
     !<errno>        the kernel refused (EACCES, ELOOP, ...)
 
-and a path reached without following its last link (lstat, readlink) gets `L` before its state,
-with `@<target>` for a link. An observation set holds every pair; a stored object is reused only
+and a path reached without following its last link (lstat, readlink: what realpath() does, once
+per folder of every header) gets `L` before its kind alone, `Lf` for a regular file (its content is
+the business of the calls that read it), or `L@<target>` for a link. An observation set holds every pair; a stored object is reused only
 when every pair holds now. Since a compile's result is a function of what its processes saw, a
 compile run now would see the same and give the same object (docs/reuse.md says what is not seen).
 """
@@ -25,7 +26,7 @@ import stat
 
 from pp4.reuse.actionkey import FileHasher
 
-ABSENT, FOLDER, SPECIAL, NOFOLLOW, LINK, LISTING = "-", "d", "s", "L", "@", "ls:"
+ABSENT, FOLDER, FILE, SPECIAL, NOFOLLOW, LINK, LISTING = "-", "d", "f", "s", "L", "@", "ls:"
 _ABSENT_ERRORS = (errno.ENOENT, errno.ENOTDIR)
 # Written within this long before a compile started, a file's ctime cannot tell a change during the
 # compile from one just before it (the kernel stamps times from a clock that ticks every few ms).
@@ -60,8 +61,10 @@ class States:
         if stat.S_ISDIR(st.st_mode):
             return prefix + FOLDER
         if stat.S_ISREG(st.st_mode):
+            if not follow:
+                return NOFOLLOW + FILE
             sha = self.hasher.sha256(path)
-            return prefix + (sha if sha is not None else "!EACCES")
+            return sha if sha is not None else "!EACCES"
         return prefix + SPECIAL
 
     def listing(self, path: str) -> str:
@@ -125,6 +128,8 @@ def describe(state: str) -> str:
         return f"refused ({s[1:]})"
     if s == SPECIAL:
         return "a special file"
+    if s == FILE:
+        return "a file"
     return f"sha256 {s[:12]}"
 
 
@@ -151,10 +156,17 @@ def from_run(ran, outputs: set[str], states: States) -> tuple[list[list[str]], s
         real = ran.real(program)
         for interp in interpreters(real) if real else []:
             reads.setdefault((interp, True), "ok")
-    mount_points = {fixed for fixed, _ in ran.root.mounts} if ran.root is not None else set()
+    # Folders that are there in every run: the root's mount points, whatever their real folders
+    # are, and the folders of the outputs, which pp4 makes before a compile starts.
+    given = {fixed for fixed, _ in ran.root.mounts} if ran.root is not None else set()
+    for out in outputs:
+        folder = os.path.dirname(out)
+        while folder not in given and folder not in ("/", ""):
+            given.add(folder)
+            folder = os.path.dirname(folder)
     for (path, follow), result in reads.items():
-        if os.path.normpath(path) in produced or os.path.normpath(path) in mount_points:
-            continue  # a mount point is a folder in every run, whatever its real folder is
+        if os.path.normpath(path) in produced or os.path.normpath(path) in given:
+            continue
         real = ran.real(path)
         if real is None:
             continue
@@ -171,6 +183,15 @@ def from_run(ran, outputs: set[str], states: States) -> tuple[list[list[str]], s
     if changed:
         return [], f"{changed} changed while it was compiled"
     return sorted([p, s] for (p, _), s in pairs.items()), None
+
+
+def by_folder(pairs: list[list[str]]) -> list[list[list[str]]]:
+    """An observation set cut into one part per folder: units that include the same headers observe
+    the same things in most folders, so most parts are stored, read and checked once for a build."""
+    parts: dict[str, list[list[str]]] = {}
+    for path, state in pairs:
+        parts.setdefault(os.path.dirname(path), []).append([path, state])
+    return [parts[k] for k in sorted(parts)]
 
 
 def changed_during(ran, pairs) -> str | None:

@@ -121,8 +121,8 @@ def sound_entry(mkey: str, entry) -> bool:
     in a manifest must never lead the lookup to another action's object."""
     try:
         sets = entry["input_sets"]
-        return (isinstance(sets, list) and len(sets) == 1 and all(isinstance(s, str) for s in sets)
-                and action_key(mkey, sets) == entry["action_key"])
+        return (isinstance(sets, list) and len(sets) > 0 and all(isinstance(s, str) for s in sets)
+                and sets == sorted(set(sets)) and action_key(mkey, sets) == entry["action_key"])
     except (TypeError, ValueError, KeyError, AttributeError):
         return False
 
@@ -139,7 +139,7 @@ class Reuser:
 
     def __init__(self, cfg: ReuseConfig):
         self.cfg = cfg
-        self.hasher = FileHasher()
+        self.hasher = FileHasher(Path(cfg.state_dir) / "hashes.json")
         self.states = observed.States(self.hasher)
         self.sets = inputsets.SetChecker(self.states)
         self.state_sets = inputsets.directory(cfg.state_dir)
@@ -157,6 +157,7 @@ class Reuser:
         # Remote hits are restored through the local store, so the tier needs one.
         self.remote = RemoteTier.from_config(cfg.remote, cfg.state_dir) if self.store is not None else None
         self._root_ok: bool | None = None
+        self.missed: str | None = None  # why the last lookup's newest entry did not hold
 
     # -- the action -------------------------------------------------------------------------
 
@@ -180,8 +181,10 @@ class Reuser:
         """A stored object for this compile: the local store's, else one the remote tier holds."""
         if self.store is None:
             return None
+        self.missed = None
         for entry in reversed(self.manifests.read(action.mkey)):
             if not sound_entry(action.mkey, entry) or not self.entry_holds(entry, action):
+                self.note_miss(entry, action)
                 continue
             try:
                 record = self.store.lookup(entry["action_key"])
@@ -199,6 +202,25 @@ class Reuser:
 
     def entry_holds(self, entry: dict, action: Action) -> bool:
         return all(self.sets.matches(self.store_sets, sid, action.root) for sid in entry["input_sets"])
+
+    def note_miss(self, entry: dict, action: Action) -> None:
+        """Why the newest stored entry of this command did not hold, for the compile's event: the
+        first question of someone whose build compiled what they expected restored."""
+        if self.missed is not None:
+            return
+        if not sound_entry(action.mkey, entry):
+            self.missed = "its newest stored entry is damaged"
+            return
+        to_real = action.root.real if action.root is not None else (lambda p: p)
+        for sid in entry["input_sets"]:
+            pairs = self.sets.load(self.store_sets, sid)
+            if pairs is None:
+                self.missed = f"its newest stored entry names an observation set the store lacks ({sid[:16]})"
+                return
+            changed = observed.differences(pairs, to_real, self.states)
+            if changed:
+                self.missed = f"{changed[0]} (and {len(changed) - 1} more)" if len(changed) > 1 else changed[0]
+                return
 
     def _remote_lookup(self, action: Action) -> Hit | None:
         """The remote tier's entries for this command, checked as local ones are; a match's record
@@ -299,30 +321,33 @@ class Reuser:
                   "command": list(action.command), "mounts": action.root.mounts if action.root else None}
         if problem is not None:
             return dict(result, not_stored=problem)
-        sid, set_bytes = inputsets.encode(pairs)
-        inputsets.write_canonical(self.state_sets, sid, set_bytes)
-        result["input_sets"] = [sid]
+        encoded = dict(inputsets.encode(part) for part in observed.by_folder(pairs))
+        sids = sorted(encoded)
+        for sid, data in encoded.items():
+            inputsets.write_canonical(self.state_sets, sid, data)
+        result["input_sets"] = sids
         if self.store is None:
             return dict(result, not_stored=self.store_problem or "reuse is off")
-        akey = action_key(action.mkey, [sid])
-        payload = {"manifest_key": action.mkey, "command": list(action.command), "input_sets": [sid],
+        akey = action_key(action.mkey, sids)
+        payload = {"manifest_key": action.mkey, "command": list(action.command), "input_sets": sids,
                    "env": action.env, "in_root": action.root is not None,
                    "compiled_for": {"output": os.path.abspath(args.output), "cwd": os.getcwd()},
                    "duration_s": round(seconds, 3)}
-        entry = {"action_key": akey, "input_sets": [sid]}
+        entry = {"action_key": akey, "input_sets": sids}
         existing = self.store.lookup(akey)
         if existing is not None:
             # The same action, stored by an earlier compile (whose entry the manifest may lack:
             # a put killed before the manifest was written).
             self._add_to_manifest(action.mkey, entry)
-            self._publish(action.mkey, entry, {sid: set_bytes}, existing, args.output)
+            self._publish(action.mkey, entry, encoded, existing, args.output)
             if existing.object_sha256 != sha:
                 return dict(result, not_stored=f"the store holds another object for this action "
                                                f"({existing.object_sha256[:16]}): the compiler is not deterministic here")
             return dict(result, action_key=akey, not_stored=None)
         try:
-            # the set first: an entry or record must never name a set the store lacks
-            inputsets.write_canonical(self.store_sets, sid, set_bytes)
+            # the sets first: an entry or record must never name a set the store lacks
+            for sid, data in encoded.items():
+                inputsets.write_canonical(self.store_sets, sid, data)
         except OSError as e:
             print(f"pp4.reuse: warning: cannot write an input set into the store ({e.strerror}); "
                   "the object was built, it is just not stored", file=sys.stderr)
@@ -335,7 +360,7 @@ class Reuser:
         if record.object_sha256 != sha:
             return dict(result, not_stored="the object changed while it was being stored")
         self._add_to_manifest(action.mkey, entry)
-        return dict(result, action_key=akey, remote=self._publish(action.mkey, entry, {sid: set_bytes}, record, args.output))
+        return dict(result, action_key=akey, remote=self._publish(action.mkey, entry, encoded, record, args.output))
 
     def _publish(self, mkey: str, entry: dict, sets: dict[str, bytes], record, output: str) -> str | None:
         """Send a stored compile to the remote tier (readwrite mode); where it went, for the event."""
@@ -459,8 +484,12 @@ def compile_one(cfg: ReuseConfig, env: dict[str, str], argv: list[str]) -> int:
     hit = reuser.lookup(action)
     if hit is not None and reuser.materialize(hit, action):
         events.write(cfg.state_dir, args.output, reuser.hit_doc(action, hit, time.monotonic() - t0, via="wrapper"))
+        reuser.hasher.save()
         return 0
-    return _compile(cfg, reuser, action)
+    try:
+        return _compile(cfg, reuser, action)
+    finally:
+        reuser.hasher.save()
 
 
 def _compile(cfg: ReuseConfig, reuser: Reuser, action: Action) -> int:
@@ -489,7 +518,7 @@ def _compile(cfg: ReuseConfig, reuser: Reuser, action: Action) -> int:
     pairs, problem = reuser.observations(action, ran)
     reuser.write_depfile(action, pairs, ran)
     stored = reuser.store_compile(action, pairs, problem, ran.seconds)
-    reuser.event(action, status="compiled", compile_duration_s=round(ran.seconds, 3), **stored)
+    reuser.event(action, status="compiled", compile_duration_s=round(ran.seconds, 3), missed=reuser.missed, **stored)
     return 0
 
 
@@ -520,6 +549,7 @@ def prepass(cfg: ReuseConfig, actions_file: Path, stamp: Path) -> int:
             marker.write_text(hit.entry["action_key"] + "\n")
             hits[args.output] = reuser.hit_doc(action, hit, time.monotonic() - t, via="prepass")
             restored += 1
+    reuser.hasher.save()
     # One batch file for all of them, after the markers: killed before it is in place, the markers
     # make the next prepass restore those objects again (pp4/reuse/events.py).
     batch = events.write_batch(cfg.state_dir, hits)
@@ -531,7 +561,7 @@ def prepass(cfg: ReuseConfig, actions_file: Path, stamp: Path) -> int:
         ev = known.get(doc["output"])
         if not isinstance(ev, dict):
             continue
-        mapping = Root(tuple(map(tuple, ev["mounts"])), (), "") if ev.get("mounts") else None
+        mapping = Root.from_mounts(ev["mounts"]) if ev.get("mounts") else None
         for sid in ev.get("input_sets", []):
             deps.update(reuser.sets.files(reuser.state_sets, sid, mapping))
     stamp.parent.mkdir(parents=True, exist_ok=True)
