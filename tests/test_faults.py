@@ -2,8 +2,8 @@
 
 Every fault test ends the same way: the build completes (or stops with a clear error), the audit
 passes, `python -m pp4.cache verify` is clean, and no object in the build differs from a fresh compile
-of the same unit except in the pid digits nvcc writes into its temporary file names (the only bytes
-two compiles differ in, docs/reuse.md): that is the "no wrong object" check. docs/faults.md lists
+of the same unit by a single byte (compiles in the fixed root are the same bytes every time,
+docs/reuse.md): that is the "no wrong object" check. docs/faults.md lists
 every case with its result.
 """
 
@@ -26,7 +26,7 @@ from test_build import FIXTURE, ninja_bin, run
 
 from pp4.certify import audit
 from pp4.certify import certificate as pp4_certificate
-from pp4.reuse import actionkey
+from pp4.reuse import actionkey, observed
 from pp4.store.local import Store
 from pp4.toolchain import compilerenv
 
@@ -83,17 +83,18 @@ def objects_of(work: Path, builddir: str = "build") -> dict[str, Path]:
 
 
 def assert_no_wrong_object(work: Path, reference: dict[str, bytes], builddir: str = "build") -> None:
-    """Each object equals a fresh compile of its unit except in nvcc's tmpxft pid digits, and each
-    reused one's store record names exactly the current inputs."""
+    """Each object equals a fresh compile of its unit byte for byte, and every observation the
+    certificate records for it holds now."""
     objs = objects_of(work, builddir)
     assert set(objs) == set(UNITS)
     for name, path in objs.items():
         diff = audit.differing_bytes(reference[name], path.read_bytes())
         assert diff == [], f"WRONG OBJECT {path}: differs from a fresh compile at bytes {diff}"
     cert = certificate(work, builddir)
+    states = observed.States(actionkey.FileHasher())
     for o in cert["objects"]:
-        for p, sha in pp4_certificate.object_inputs(cert, o):
-            assert actionkey.FileHasher().sha256(p) == sha
+        for p, state in pp4_certificate.object_observations(cert, o):
+            assert states.now(p, state) == state, (p, state)
 
 
 def wait_for(predicate, timeout: float, what: str):
@@ -107,13 +108,16 @@ def wait_for(predicate, timeout: float, what: str):
 
 
 def processes_in(work: Path) -> list[tuple[int, list[str]]]:
-    """(pid, argv) of every process whose working directory is work."""
+    """(pid, argv) of every process whose working directory is work: ninja's folder, or the fixed
+    root's /pp4/work of one of its compiles (seen from outside under the compile's scratch folder,
+    <work>/build/tmp/pp4-runs/run-.../root/pp4/work)."""
     found = []
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
             continue
         with contextlib.suppress(OSError):
-            if os.readlink(d / "cwd") == str(work):
+            cwd = os.readlink(d / "cwd")
+            if cwd == str(work) or (cwd.startswith(f"{work}/") and cwd.endswith("/pp4/work")):
                 argv = (d / "cmdline").read_bytes().split(b"\0")
                 found.append((int(d.name), [a.decode(errors="replace") for a in argv if a]))
     return found
@@ -309,8 +313,9 @@ def test_store_on_a_full_filesystem(seed, tmp_path):
         work = tmp_path / "work"
         configure(work, seed.spec, "--store", str(store))
         out = ninja(work).stdout
-        # ops.cpp.o (330 KiB) cannot fit: compiled, not stored, and the user is told why and what to do.
-        assert "pp4.reuse: warning: disk full while writing an object in the pp4 store at " in out, out
+        # ops.cpp.o (330 KiB, and 1.5 MB of observations) cannot fit: compiled, not stored, and the
+        # user is told why and what to do.
+        assert "pp4.reuse: warning: disk full while writing " in out and " in the pp4 store at " in out, out
         assert ("Free space on that filesystem, shrink the store with `python -m pp4.cache gc --max-bytes 5G`, "
                 "or set PP4_STORE_DIR to a directory on a filesystem with room. "
                 "(the object was built; it is just not stored)") in out

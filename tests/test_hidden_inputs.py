@@ -49,7 +49,8 @@ class Case:
             else:
                 p.write_text(text.replace("@SRC@", str(self.src)).replace("@BASE@", str(self.base)))
 
-    def build(self, reuse: bool = True, work_files: dict[str, str] | None = None, src: Path | None = None):
+    def build(self, reuse: bool = True, work_files: dict[str, str] | None = None, src: Path | None = None,
+              env: dict | None = None):
         """configure and ninja in a new folder; {object name: (status, tag, bytes)} and ninja's output."""
         self.n += 1
         work = self.base / f"work-{self.src.name}-{self.n}"
@@ -57,8 +58,8 @@ class Case:
         if work_files:
             self.write(work_files, work)
         run([sys.executable, str(REPO / "configure.py"), "--arch", "9.0", "--ext-spec", str((src or self.src) / "ext.toml"),
-             "--store", str(self.store)] + ([] if reuse else ["--no-reuse"]), work)
-        made = run([ninja_bin()], work)
+             "--store", str(self.store)] + ([] if reuse else ["--no-reuse"]), work, env)
+        made = run([ninja_bin()], work, env)
         return objects(work), made.stdout + made.stderr
 
     def check(self, want: str | None = None, work_files: dict[str, str] | None = None, src: Path | None = None):
@@ -252,6 +253,32 @@ def test_the_same_project_in_two_checkouts_shares_objects(base):
     two = Case(base, files, spec(["-g"]), checkout="two")
     got = two.check("no")
     assert got["u.cpp.o"][0] == "reused", "a checkout at another path restores the same object"
+
+
+# ---------------------------------------------------------------------------------------------
+# machines that cannot observe or make the root
+
+
+def test_without_the_observer_compiles_work_and_nothing_new_is_stored(base):
+    case = Case(base, {"u.cpp": tagged(), "v.cpp": tagged().replace("pp4_tag", "pp4_tag_v")}, spec(sources=["u.cpp", "v.cpp"]))
+    off = dict(os.environ, PP4_NO_OBSERVER="1")
+    got, out = case.build(env=off)
+    assert {s for s, _, _ in got.values()} == {"compiled"}
+    assert out.count("compiles are not observed (PP4_NO_OBSERVER is set)") == 1, out  # said once, in one line
+    again, _ = case.build(env=off)
+    assert {s for s, _, _ in again.values()} == {"compiled"}, "nothing was stored"
+    first_build(case, "no")  # observed again: stored and restored as usual
+
+
+def test_without_the_root_compiles_are_observed_and_keyed_on_this_folder(base):
+    case = Case(base, {"u.cpp": tagged(), "v.cpp": tagged().replace("pp4_tag", "pp4_tag_v")}, spec(sources=["u.cpp", "v.cpp"]))
+    off = dict(os.environ, PP4_NO_ROOT="1")
+    got, out = case.build(env=off)
+    assert out.count("not in the fixed root (/pp4): PP4_NO_ROOT is set") == 1, out
+    again, _ = case.build(env=off)
+    assert {s for s, _, _ in again.values()} == {"reused"}
+    with_root, _ = case.build()
+    assert {s for s, _, _ in with_root.values()} == {"compiled"}, "keys in the root are other keys"
 
 
 # ---------------------------------------------------------------------------------------------

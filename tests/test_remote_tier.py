@@ -120,23 +120,25 @@ def test_poisoned_truncated_or_mismatched_remote_values_are_refused_and_never_us
     doc = json.loads(server.client.get(man_key))
     doc["entries"] = [dict(e, action_key=hashlib.sha256(b"another action").hexdigest()) for e in doc["entries"]]
     server.client.set(man_key, json.dumps(doc))
-    poisoned_build("d", "an entry whose action key does not follow from its inputs")
+    poisoned_build("d", "an entry whose action key does not follow from its observations")
 
     # A consistent entry (its action key computed from its own fields, as anyone can) that names an
     # input set outside the key space: refused, never a path or a crash.
-    from pp4.reuse.actionkey import action_key
+    from pp4.reuse import inputsets
+    from pp4.reuse.wrapper import action_key
     doc = json.loads(server.client.get(man_key))
     entry = dict(doc["entries"][0], input_sets=["../../../etc/passwd"])
-    entry["action_key"] = action_key(man_key.split("/")[1], entry["inputs"], entry["input_sets"], entry.get("erased"),
-                                     entry["probes"])
+    entry["action_key"] = action_key(man_key.split("/")[1], entry["input_sets"])
     server.client.set(man_key, json.dumps({"entries": [entry]}))
     poisoned_build("e", "not a sha256")
 
-    # One that names /dev/zero as an input: hashed as "not a file", so a miss, not a hung build.
+    # One whose observations name /dev/zero as a file read: its state is "not a regular file",
+    # found without reading it, so a miss, not a hung build.
+    sid, data = inputsets.encode([["/dev/zero", "0" * 64]])
+    server.client.set(man_key.replace("man/", "set/").rsplit("/", 1)[0] + f"/{sid}", data)
     entry = dict(doc["entries"][0])
-    entry["inputs"] = [["/dev/zero", "0" * 64]] + entry["inputs"]
-    entry["action_key"] = action_key(man_key.split("/")[1], entry["inputs"], entry["input_sets"], entry.get("erased"),
-                                     entry["probes"])
+    entry["input_sets"] = sorted(entry["input_sets"] + [sid])
+    entry["action_key"] = action_key(man_key.split("/")[1], entry["input_sets"])
     server.client.set(man_key, json.dumps({"entries": [entry]}))
     obj, out = build(tmp_path / "f", "--remote-store", server.url(), timeout=120)
     assert obj["status"] == "compiled" and object_bytes(tmp_path / "f", obj) == good_bytes

@@ -42,14 +42,15 @@ class Ran:
     trace: observe.Trace | None  # None: not observed (why: trace_problem)
     trace_problem: str | None
     time_macros: tuple[str, ...]  # __DATE__, __TIME__, __TIMESTAMP__ that its preprocessing expanded
-    tmp: str  # its temporary folder as it saw it (removed: nothing there outlives the command)
+    tmp: str  # its temporary folder as it saw it
     stderr: bytes
+    scratch: str = ""  # the folder of its temporary folder and trace (removed: nothing there outlives it)
 
     def real(self, path: str) -> str | None:
-        """Where a path it saw is on this machine; None for its own temporary folder."""
+        """Where a path it saw is on this machine; None for its own temporary folders."""
         if self.root is not None:
             return self.root.real(path)
-        return None if path == self.tmp or path.startswith(self.tmp + "/") else path
+        return None if path == self.scratch or path.startswith(self.scratch + "/") else path
 
 
 def date_time_flags(argv: list[str]) -> list[str]:
@@ -112,4 +113,4 @@ def run(argv: list[str], env: dict[str, str], limits: Limits, scratch_parent: st
     shutil.rmtree(scratch, ignore_errors=True)
     macros = tuple(sorted({m.decode() for m in DATE_TIME.findall(stderr)}))
     return Ran(returncode, started, seconds, tuple(command), root, root_problem, trace, trace_problem, macros,
-               tmp, stderr)
+               tmp, stderr, scratch)

@@ -29,6 +29,7 @@ import json
 import os
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import attrs
@@ -157,6 +158,7 @@ class Reuser:
         # Remote hits are restored through the local store, so the tier needs one.
         self.remote = RemoteTier.from_config(cfg.remote, cfg.state_dir) if self.store is not None else None
         self._root_ok: bool | None = None
+        self.root_problem: str | None = None  # why compiles cannot run in the fixed root here
         self.missed: str | None = None  # why the last lookup's newest entry did not hold
 
     # -- the action -------------------------------------------------------------------------
@@ -165,7 +167,8 @@ class Reuser:
         if self._root_ok is None:
             from pp4.execution.root import unavailable
 
-            self._root_ok = unavailable(str(self.cfg.runs_dir())) is None
+            self.root_problem = unavailable(str(self.cfg.runs_dir()))
+            self._root_ok = self.root_problem is None
         return self._root_ok
 
     def action(self, args: CompileArgs, env: dict[str, str]) -> Action:
@@ -348,10 +351,10 @@ class Reuser:
             # the sets first: an entry or record must never name a set the store lacks
             for sid, data in encoded.items():
                 inputsets.write_canonical(self.store_sets, sid, data)
-        except OSError as e:
-            print(f"pp4.reuse: warning: cannot write an input set into the store ({e.strerror}); "
-                  "the object was built, it is just not stored", file=sys.stderr)
-            return dict(result, not_stored=f"cannot write its input set ({e.strerror})")
+        except OSError as e:  # a full or read-only store: said as the store says it for objects
+            problem = self.store.os_error(e, "writing an observation set")
+            print(f"pp4.reuse: warning: {problem} (the object was built; it is just not stored)", file=sys.stderr)
+            return dict(result, not_stored=str(problem))
         try:
             record = self.store.put(akey, args.output, payload)
         except StoreError as e:
@@ -378,6 +381,18 @@ class Reuser:
             print(f"pp4.reuse: warning: cannot write the store's manifest {self.manifests.path(mkey)} "
                   f"({e.strerror}); this object will not be reused until it is compiled again with room "
                   "in the store", file=sys.stderr)
+
+    @contextmanager
+    def compile_lock(self, action: Action):
+        """Held while compiling, per manifest key: the same command run by two builds at once (two
+        build folders or checkouts, whose commands are the same in the fixed root) compiles once,
+        and the second then restores what the first stored. Waiting is a scheduling choice, never
+        a correctness one: the lookup after it decides. Yields True when it waited."""
+        if self.store is None:
+            yield False
+            return
+        with self.manifests.lock(action.mkey, lambda: True) as waited:
+            yield waited
 
     # -- events -----------------------------------------------------------------------------
 
@@ -444,10 +459,10 @@ def env_notices(cfg: ReuseConfig) -> list[str]:
     return compilerenv.notices(dict(os.environ), cfg.folded, "build")
 
 
-def machine_notices(ran: Ran) -> list[str]:
+def machine_notices(root_problem: str | None, ran: Ran) -> list[str]:
     lines = []
-    if ran.root_problem:
-        lines.append(f"compiles run where they are, not in the fixed root (/pp4): {ran.root_problem}. Objects then "
+    if root_problem or ran.root_problem:
+        lines.append(f"compiles run where they are, not in the fixed root (/pp4): {root_problem or ran.root_problem}. Objects then "
                      "name this checkout's folders, so other folders and machines do not share them (docs/reuse.md)")
     if ran.trace_problem:
         lines.append(f"compiles are not observed ({ran.trace_problem}): they still run, but nothing new is stored "
@@ -487,7 +502,14 @@ def compile_one(cfg: ReuseConfig, env: dict[str, str], argv: list[str]) -> int:
         reuser.hasher.save()
         return 0
     try:
-        return _compile(cfg, reuser, action)
+        with reuser.compile_lock(action) as waited:
+            if waited:  # the same command was compiling elsewhere (another build folder, another variant)
+                hit = reuser.lookup(action)
+                if hit is not None and reuser.materialize(hit, action):
+                    events.write(cfg.state_dir, args.output,
+                                 reuser.hit_doc(action, hit, time.monotonic() - t0, via="wrapper, after the same compile"))
+                    return 0
+            return _compile(cfg, reuser, action)
     finally:
         reuser.hasher.save()
 
@@ -512,7 +534,7 @@ def _compile(cfg: ReuseConfig, reuser: Reuser, action: Action) -> int:
     ran = run(list(args.argv), action.env, cfg.limits, cfg.runs_dir(), action.root)
     sys.stderr.buffer.write(ran.stderr)
     sys.stderr.flush()
-    notify_once(cfg, machine_notices(ran))
+    notify_once(cfg, machine_notices(reuser.root_problem, ran))
     if ran.returncode != 0:
         return ran.returncode
     pairs, problem = reuser.observations(action, ran)

@@ -165,13 +165,13 @@ class Store:
             try:
                 directory.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
-                raise self._os_error(exc, "creating the store layout") from exc
+                raise self.os_error(exc, "creating the store layout") from exc
         # A read-only but complete store still serves lookups, so a lock file we cannot create is not fatal here.
         if not self._lock_path.exists():
             with contextlib.suppress(OSError):
                 os.close(os.open(self._lock_path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
 
-    def _os_error(self, exc: OSError, doing: str) -> StoreError:
+    def os_error(self, exc: OSError, doing: str) -> StoreError:
         where = exc.filename or self.root
         if exc.errno in _DISK_FULL_ERRNOS:
             return StoreError(
@@ -192,7 +192,7 @@ class Store:
         try:
             yield
         except OSError as exc:
-            raise self._os_error(exc, doing) from exc
+            raise self.os_error(exc, doing) from exc
 
     @contextlib.contextmanager
     def _flock(self, path: Path, mode: int) -> Iterator[None]:

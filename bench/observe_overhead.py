@@ -1,0 +1,108 @@
+#!/usr/bin/env python3
+"""What the fixed root and the observer cost a compile: real units of a configured build, each
+compiled plainly (the compiler started by subprocess under the build's limits, as pp4 ran it
+before the root) and as pp4 runs it now (in the fixed root, under strace), alternating, in one
+run. CPU is the compile's whole process tree (RUSAGE_CHILDREN), the observer's included.
+
+    python bench/observe_overhead.py BUILD_DIR [--units N] [--match UNIT,UNIT] [--rounds R] [--json OUT]
+
+BUILD_DIR is a configured build folder (its actions.json and pp4.json); run it from the folder
+configure ran in. Also times the launch alone: /bin/true started plainly and in the root, 50 times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from pp4.execution.limits import apply, command_for  # noqa: E402
+from pp4.execution.root import Root  # noqa: E402
+from pp4.execution.run import run  # noqa: E402
+from pp4.toolchain.compilerenv import process_env  # noqa: E402
+from pp4.toolchain.limits import Limits  # noqa: E402
+
+
+def children_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def plain(argv: list[str], env: dict, limits: Limits, tmp: Path) -> tuple[float, float]:
+    tmp.mkdir(parents=True, exist_ok=True)
+    c0, t0 = children_cpu(), time.monotonic()
+    proc = subprocess.run(command_for(limits, argv), env=process_env(env, tmp), preexec_fn=lambda: apply(limits),
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    assert proc.returncode == 0, argv
+    return time.monotonic() - t0, children_cpu() - c0
+
+
+def rooted(argv: list[str], env: dict, limits: Limits, runs: Path, root: Root) -> tuple[float, float, int]:
+    c0, t0 = children_cpu(), time.monotonic()
+    ran = run(argv, env, limits, runs, root)
+    assert ran.returncode == 0 and ran.trace is not None and ran.root is not None, ran.stderr[-2000:]
+    return time.monotonic() - t0, children_cpu() - c0, len(ran.trace.reads)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("build", type=Path)
+    ap.add_argument("--units", type=int, default=3)
+    ap.add_argument("--match", default="", help="units whose source path ends so, comma-separated")
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    config = json.loads((args.build / "pp4.json").read_text())
+    limits = Limits.from_dict({**config["limits"], "nice": 0})
+    reuse = config["reuse"]
+    wanted = args.match.split(",")
+    actions = [a for a in json.loads((args.build / "actions.json").read_text())["actions"]
+               if any(a["source"].endswith(w) for w in wanted)]
+    actions = actions[:args.units]
+    roots = sorted(reuse["roots"], key=len, reverse=True)
+    scratch = Path(tempfile.mkdtemp(prefix="overhead-", dir=args.build))
+    rows = []
+    for a in actions:
+        source_root = next((r for r in roots if os.path.abspath(a["source"]).startswith(r + "/")), None)
+        root = Root.make(os.getcwd(), reuse.get("relocation") or {}, source_root, str(args.build))
+        for _ in range(args.rounds):
+            pw, pc = plain(list(a["argv"]), a["env"], limits, scratch / "tmp")
+            rw, rc, n = rooted(list(a["argv"]), a["env"], limits, scratch / "runs", root)
+            rows.append({"unit": a["source"].rsplit("/", 1)[-1], "plain_wall": pw, "plain_cpu": pc,
+                         "root_wall": rw, "root_cpu": rc, "paths": n})
+            r = rows[-1]
+            print(f"{r['unit']:40} plain {pc:7.2f} CPU-s {pw:7.2f} s | root+observed {rc:7.2f} CPU-s {rw:7.2f} s "
+                  f"({rc / pc:.3f}x CPU, {r['paths']} paths)", flush=True)
+    plain_cpu, root_cpu = sum(r["plain_cpu"] for r in rows), sum(r["root_cpu"] for r in rows)
+    print(f"total: plain {plain_cpu:.2f} CPU-s, root+observed {root_cpu:.2f} CPU-s: {root_cpu / plain_cpu:.4f}x")
+    launches = {}
+    true_root = Root.make(str(scratch), {})
+    for name, fn in (("plain", lambda: plain(["/bin/true"], {"PATH": "/usr/bin:/bin"}, Limits(), scratch / "tmp")),
+                     ("root", lambda: run(["/bin/true"], {"PATH": "/usr/bin:/bin"}, Limits(), scratch / "runs",
+                                          true_root, observed=False, compile=False)),
+                     ("root+observed", lambda: run(["/bin/true"], {"PATH": "/usr/bin:/bin"}, Limits(), scratch / "runs",
+                                                   true_root, compile=False))):
+        times = []
+        for _ in range(50):
+            t0 = time.monotonic()
+            fn()
+            times.append(time.monotonic() - t0)
+        launches[name] = statistics.median(times)
+        print(f"launch of /bin/true, {name}: median {1000 * launches[name]:.1f} ms of 50")
+    if args.json:
+        args.json.write_text(json.dumps({"units": rows, "launch_median_s": launches}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
