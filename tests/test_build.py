@@ -160,7 +160,7 @@ def test_compdb_is_usable_by_clangd(fixture_build):
     for e in entries:
         first = e["command"].split()[0]
         assert Path(first).name in ("nvcc", "c++", "g++"), e["command"]
-        assert not {"pp4.reuse", "pp4.reuse.launch", "--env"} & set(e["command"].split()), e["command"]
+        assert not {"pp4.reuse", "pp4.execution.launch", "--env"} & set(e["command"].split()), e["command"]
         assert Path(e["file"]).is_file()
 
 
@@ -186,9 +186,10 @@ def test_the_link_launcher_applies_limits(fixture_build, tmp_path):
     probe.write_text("#!/bin/sh\ngrep -E 'Cpus_allowed_list' /proc/self/status\nulimit -v\nnice\necho GPU=[$CUDA_VISIBLE_DEVICES]\n")
     probe.chmod(0o755)
     custom = dict(limits, cpus=[0], nice=7, address_space=8 << 30)
-    lf = tmp_path / "limits.json"
-    lf.write_text(json.dumps(custom))
-    out = run([sys.executable, "-m", "pp4.reuse.launch", str(lf), "--", str(probe)], REPO).stdout
+    lf = tmp_path / "pp4.json"
+    lf.write_text(json.dumps({"limits": custom}))
+    out = run([sys.executable, "-m", "pp4.execution.launch", str(lf), "--env", "PATH=/usr/bin:/bin", "--", str(probe)],
+              REPO).stdout
     assert re.search(r"Cpus_allowed_list:\s+0$", out, re.M)
     assert f"{8 << 20}" in out  # ulimit -v reports KiB
     assert re.search(r"^\d+$", out, re.M) and int(re.findall(r"^(\d+)$", out, re.M)[-1]) >= 7

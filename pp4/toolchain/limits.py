@@ -1,6 +1,6 @@
 """The resource limits every compile and link runs under, chosen at configure time.
 
-configure writes them into build/pp4.json; pp4.reuse.launch and the reuse wrapper apply them. They
+configure writes them into build/pp4.json; pp4/execution/limits.py applies them to every compile and link. They
 are kept out of the commands, so changing a limit rebuilds nothing and changes no action key.
 """
 
