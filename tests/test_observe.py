@@ -134,3 +134,6 @@ def test_commands_are_mapped_into_the_root_except_what_the_user_wrote(tmp_path):
                                   f"-Wl,-rpath,{torch}/lib", f"{src}2/b.cpp"]
     assert root.real("/pp4/torch/include/x.h") == f"{os.path.realpath(torch)}/include/x.h"
     assert root.real("/pp4/tmp/cc1.s") is None and root.real("/usr/include/x.h") == "/usr/include/x.h"
+    shown = root.shown(b"/pp4/src/a.cpp:3:1: error: expected ';' before '}' token\n")
+    assert shown == f"{os.path.realpath(src)}/a.cpp:3:1: error: expected ';' before '}}' token\n".encode(), \
+        "messages point at the files a user edits"

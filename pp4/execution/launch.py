@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         if reuse.get("state_dir") else None
     command = rest[1:]
     ran = run(command, action_env, limits, Path(limits.tmpdir or "/tmp") / "pp4-runs", root, compile=False)
-    sys.stderr.buffer.write(ran.stderr)
+    sys.stderr.buffer.write(ran.root.shown(ran.stderr) if ran.root is not None else ran.stderr)
     if ran.returncode != 0:
         return ran.returncode
     out = output_of(command)

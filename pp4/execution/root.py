@@ -100,6 +100,13 @@ class Root:
             return None  # /pp4 itself, /pp4/tmp, or a name no mount has: nothing of this machine
         return real + "/" + tail if tail else real
 
+    def shown(self, text: bytes) -> bytes:
+        """A compiler's messages with the fixed paths put back as this machine's folders, so that
+        an error points at the file a user edits."""
+        for fixed, real in self.mounts:
+            text = text.replace(fixed.encode() + b"/", os.fsencode(real) + b"/")
+        return text
+
     def command(self, argv: list[str]) -> list[str]:
         """argv with every word that names one of the folders rewritten to its fixed path; `-D`
         values and run-time library paths (-rpath) as written: they are the module's, not the

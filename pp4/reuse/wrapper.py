@@ -532,7 +532,7 @@ def _compile(cfg: ReuseConfig, reuser: Reuser, action: Action) -> int:
             reuser.event(action, status="compiled", compile_duration_s=done.duration_s, executed_on=done.node, **stored)
             return 0
     ran = run(list(args.argv), action.env, cfg.limits, cfg.runs_dir(), action.root)
-    sys.stderr.buffer.write(ran.stderr)
+    sys.stderr.buffer.write(ran.root.shown(ran.stderr) if ran.root is not None else ran.stderr)
     sys.stderr.flush()
     notify_once(cfg, machine_notices(reuser.root_problem, ran))
     if ran.returncode != 0:
