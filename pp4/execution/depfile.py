@@ -11,7 +11,6 @@ import os
 import re
 from pathlib import Path
 
-from pp4.files import write_whole
 
 
 def parse_depfile(text: str) -> list[str]:
@@ -71,5 +70,7 @@ def files_read(ran) -> list[str]:
     return sorted(set(out))
 
 
-def write(path: str, output: str, files: list[str]) -> None:
-    write_whole(Path(path), format_depfile(output, files))
+def write(path: str, output: str, files: list[str] | None = None, bodies: list[str] | None = None) -> None:
+    """A dependency file of files and of bodies already escaped (depfile_body). Written in place:
+    ninja reads it only after the command that writes it has ended."""
+    Path(path).write_text(format_depfile(output, files, bodies))

@@ -43,7 +43,7 @@ CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWPID = 0x00020000, 0x10000000, 0x20000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 8, 4096, 16384, 1 << 18
 
 
-@attrs.frozen
+@attrs.frozen(cache_hash=True)
 class Root:
     """The fixed paths of one command and the folders of this machine behind them."""
     mounts: tuple[tuple[str, str], ...]  # (fixed path, real folder), in mount order
@@ -60,7 +60,12 @@ class Root:
     @classmethod
     def make(cls, work: str, places: dict[str, str], source_root: str | None = None,
              build: str | None = None) -> "Root":
-        """work: ninja's folder; places: pp4.json's relocation ($TORCH: folder, ...)."""
+        """work: ninja's folder; places: pp4.json's relocation ($TORCH: folder, ...). One object
+        per distinct root in a process: a prepass asks for the same one for 194 units."""
+        return _made(work, tuple(sorted(places.items())), source_root, build)
+
+    @classmethod
+    def _make(cls, work: str, places: dict[str, str], source_root: str | None, build: str | None) -> "Root":
         named = [(f"{FIXED}/work", work)]
         if source_root:
             named.append((f"{FIXED}/src", source_root))
@@ -120,6 +125,11 @@ class Root:
             if real in word:
                 word = _replace_paths(word, real, fixed)
         return word
+
+
+@functools.lru_cache(maxsize=256)
+def _made(work: str, places: tuple, source_root: str | None, build: str | None) -> Root:
+    return Root._make(work, dict(places), source_root, build)
 
 
 def places_here(torch_dir: str, toolchain_prefix: str, python_include: str, prefix: str) -> dict:

@@ -14,6 +14,7 @@ import hashlib
 import json
 from pathlib import Path
 
+from pp4.execution.depfile import depfile_body
 from pp4.files import canonical_json
 from pp4.reuse.observed import States, holds
 from pp4.store import hashed
@@ -74,6 +75,7 @@ class SetChecker:
         self._bytes: dict[str, bytes | None] = {}
         self._match: dict[tuple[str, object], bool] = {}
         self._files: dict[tuple[str, object], list[str]] = {}
+        self._bodies: dict[tuple[str, object], str] = {}
 
     def load(self, directory: str | Path, sid: str) -> list[list[str]] | None:
         """The set's (path as observed, state) pairs."""
@@ -95,7 +97,7 @@ class SetChecker:
         """Read a set again next time (it was just written where it was missing)."""
         self._sets.pop(sid, None)
         self._bytes.pop(sid, None)
-        for memo in (self._match, self._files):
+        for memo in (self._match, self._files, self._bodies):
             for key in [k for k in memo if k[0] == sid]:
                 del memo[key]
 
@@ -125,6 +127,16 @@ class SetChecker:
                 if real is not None and len(state) == 64:
                     found.append(real)
             found = self._files[key] = sorted(set(found))
+        return found
+
+
+    def depfile_body(self, directory: str | Path, sid: str, mapping) -> str:
+        """The set's files, escaped for a dependency file: every restored object of a build that
+        shares the set writes the same names (5,500 a unit that includes torch/extension.h)."""
+        key = (sid, mapping)
+        found = self._bodies.get(key)
+        if found is None:
+            found = self._bodies[key] = depfile_body(self.files(directory, sid, mapping))
         return found
 
 

@@ -287,13 +287,13 @@ class Reuser:
         except (CorruptObject, ObjectMissing) as e:
             print(f"pp4.reuse: warning: {e}; compiling {args.output} instead", file=sys.stderr)
             return False
-        files = []
-        for sid in hit.entry["input_sets"]:
-            files += self.sets.files(self.store_sets, sid, action.root)
+        bodies = []
+        for sid in hit.entry["input_sets"]:  # one folder each: no file is in two
+            bodies.append(self.sets.depfile_body(self.store_sets, sid, action.root))
             if sid not in self._in_state:  # the build's own copy, for its events and certificate
                 self.sets.copy(self.store_sets, sid, self.state_sets)
                 self._in_state.add(sid)
-        depfile.write(args.depfile, args.output, sorted(set(files)))
+        depfile.write(args.depfile, args.output, bodies=bodies)
         return True
 
     # -- store ------------------------------------------------------------------------------
