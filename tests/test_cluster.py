@@ -25,7 +25,6 @@ pytestmark = pytest.mark.slow
 ray_cluster_utils = pytest.importorskip("ray.cluster_utils")
 
 FIXTURE = REPO / "tests" / "fixtures" / "multifile"
-PID_DIGITS = re.compile(rb"(?<=tmpxft_)[0-9a-f]{8}(?=_)")
 
 
 def ninja_bin() -> str:
@@ -42,7 +41,8 @@ def run(cmd, cwd, check=True, env=None):
 
 
 def same_object(a: Path, b: Path) -> bool:
-    return PID_DIGITS.sub(b"0" * 8, a.read_bytes()) == PID_DIGITS.sub(b"0" * 8, b.read_bytes())
+    """Byte for byte: a node compiles in the same fixed root as this machine."""
+    return a.read_bytes() == b.read_bytes()
 
 
 def configure(work: Path, *args) -> str:
@@ -146,7 +146,9 @@ def test_a_node_with_another_torch_is_caught_and_its_object_never_used(local_bui
         c.shutdown()
     refusals = [line for line in build.stdout.splitlines() if "its object is not used" in line]
     assert len(refusals) == 1 and "ops.cpp.o" in refusals[0], build.stdout
-    assert str(real / "include" / "pybind11" / "pybind11.h") in refusals[0], build.stdout
+    # It names the first of the node's observations that does not hold here: a header of that torch
+    # (whose headers are links to this machine's, and one differs).
+    assert f"({real / 'include'}/" in refusals[0], build.stdout
     assert re.search(r"cluster node \S+/[0-9a-f]{12} compiled", refusals[0])
     evs = events_of(work)
     assert not evs["build/pp4_fixture/obj/src/ops.cpp.o"].get("executed_on")
