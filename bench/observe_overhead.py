@@ -75,6 +75,7 @@ def main() -> int:
     for a in actions:
         source_root = next((r for r in roots if os.path.abspath(a["source"]).startswith(r + "/")), None)
         root = Root.make(os.getcwd(), reuse.get("relocation") or {}, source_root, str(args.build))
+        Path(a["output"]).parent.mkdir(parents=True, exist_ok=True)
         for _ in range(args.rounds):
             pw, pc = plain(list(a["argv"]), a["env"], limits, scratch / "tmp")
             rw, rc, n = rooted(list(a["argv"]), a["env"], limits, scratch / "runs", root)
