@@ -33,7 +33,7 @@ UNSEEN = ("/proc", "/sys", "/dev")
 
 _LINE = re.compile(r"^(\d+) +(.*)$")
 _CALL = re.compile(r"^([a-z0-9_]+)\((.*)\) += (-?\d+|\?|0x[0-9a-f]+)(?:<((?:[^>\\]|\\.)*)>)?(?: (E[A-Z0-9]+) .*)?$")
-_TOKEN = re.compile(r'"((?:[^"\\]|\\.)*)"(\.\.\.)?|(AT_FDCWD|-?\d+)<((?:[^>\\]|\\.)*)>|(AT_FDCWD)|([^,{}\[\]\s][^,{}\[\]]*)|(\{)|(\[)')
+_TOKEN = re.compile(r'"((?:[^"\\]|\\.)*)"(\.\.\.)?|(AT_FDCWD|-?\d+)<((?:[^>\\]|\\.)*)>')
 _ESCAPE = re.compile(r"\\(x[0-9a-fA-F]{2}|[0-7]{1,3}|.)")
 _SIMPLE = {"n": "\n", "t": "\t", "r": "\r", "v": "\v", "f": "\f", "\\": "\\", '"': '"', "'": "'", "<": "<", ">": ">"}
 
@@ -113,12 +113,15 @@ def unescape(text: str) -> str:
 
 
 def _args(text: str) -> list:
-    """A call's top-level arguments: a str for a quoted string, ("fd", path) for an fd strace
-    decoded (-y), ("cwd", path) for AT_FDCWD, a str for anything else (flags, numbers)."""
+    """A call's top-level arguments, each (kind, value, extra): ("str", text, truncated) for a
+    quoted string, ("fd", path, fd or "AT_FDCWD") for a descriptor strace named (-y), ("raw", text,
+    False) for anything else (flags, numbers), ("struct", "", False) for a {...} or [...]."""
     out, depth, i = [], 0, 0
     while i < len(text):
         c = text[i]
         if c in "{[":
+            if depth == 0:
+                out.append(("struct", "", False))
             depth += 1
         elif c in "}]":
             depth -= 1
@@ -138,10 +141,6 @@ def _args(text: str) -> list:
             out.append(("raw", text[i:end].strip(), False))
             i = end
             continue
-        elif depth == 0 and c == ",":
-            pass
-        if depth and c in "{[" and (not out or out[-1][0] != "struct"):
-            out.append(("struct", "", False))
         i += 1
     return out
 

@@ -87,9 +87,6 @@ class States:
             return self.state(path, follow=False)
         return self.state(path)
 
-    def forget(self) -> None:
-        self._memo.clear()
-
 
 def holds(pairs, to_real, states: States) -> bool:
     """Whether every recorded (path, state) holds now; to_real maps a recorded path to this
