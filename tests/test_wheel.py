@@ -4,6 +4,7 @@ The oracles are pip (install, check, uninstall), zipfile and the modules' own re
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import os
@@ -131,6 +132,7 @@ def test_a_changed_source_makes_a_new_wheel_in_place_of_the_old(built, tmp_path)
          "--store", work / "store"], scratch)
     run([ninja_bin(), "wheel"], scratch)
     (old,) = (scratch / "dist").glob("*.whl")
+    assert old.read_bytes() == wheels["pp4_fixture"].read_bytes(), "restored in another folder: another wheel"
     ops = scratch / "src" / "src" / "ops.cpp"
     ops.write_text(ops.read_text() + "\n// a new line: another source key\n")
     run([ninja_bin(), "wheel"], scratch)
@@ -195,3 +197,25 @@ def test_install_import_check_refuse_and_uninstall_in_a_torch_only_venv(built, t
 
     run([*pip, "uninstall", "-y", "pp4-p2p", "pp4-fixture"], env=OUTSIDE)
     assert _listing(site) == before
+
+
+def test_a_cold_build_in_another_folder_makes_the_same_wheel(built, tmp_path):
+    """Another checkout at a longer path, with its own store: every object compiled again, and the
+    wheel is byte for byte the first build's (the fixed root; the shipped certificate names no folder
+    and no history)."""
+    work, wheels = built
+    scratch = tmp_path / "a checkout elsewhere" / "tree"
+    shutil.copytree(work / "src", scratch / "src")
+    run([sys.executable, REPO / "configure.py", "--arch", "9.0", "--ext-spec", "src/ext.toml",
+         "--store", tmp_path / "own-store"], scratch)
+    run([ninja_bin(), "wheel"], scratch)
+    (wheel,) = (scratch / "dist").glob("*.whl")
+    assert wheel.name == wheels["pp4_fixture"].name
+    assert wheel.read_bytes() == wheels["pp4_fixture"].read_bytes()
+    with zipfile.ZipFile(wheel) as z:
+        text = b"".join(z.read(n) for n in z.namelist() if not n.endswith(".gz"))
+        text += gzip.decompress(z.read("pp4_fixture/pp4-certificate.json.gz"))
+    for folder in (str(scratch), str(work), str(tmp_path)):
+        assert folder.encode() not in text
+    for history in (b'"compiled"', b'"reused"', b"compile_duration_s", b"tier"):
+        assert history not in text

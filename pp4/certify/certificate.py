@@ -106,6 +106,34 @@ def document(config_path: Path, actions_path: Path, builddir: Path, targets: set
             "objects": objects, "input_sets": sets, "modules": _modules(actions, builddir)}
 
 
+def shipped(doc: dict) -> dict:
+    """The certificate a wheel carries: what was built from what, never how each object was
+    obtained (compiled or restored, from which tier, on which node, in how long) nor where the
+    builder's folders were. Objects compiled in the fixed root are named as the root saw them, so
+    two checkouts, or a cold build and one restored from the store, ship the same document. An
+    object compiled without the root keeps its real paths: those are what it was built from."""
+    objects, roots = [], {}
+    for obj in doc["objects"]:
+        mapping = Root.from_mounts(obj["mounts"]) if obj.get("mounts") else None
+        if mapping is None:
+            place = {"output": obj["output"], "source": obj["source"], "command": obj["argv"]}
+        else:
+            roots.setdefault(obj["target"], mapping)
+            place = {"output": mapping.fixed(obj["output"]), "source": mapping.fixed(obj["source"]),
+                     "command": obj["command"]}
+        objects.append({"target": obj["target"], **place, "env": obj["env"], "in_root": mapping is not None,
+                        "action_key": obj["action_key"], "input_sets": obj["input_sets"],
+                        "object_sha256": obj["object_sha256"], "object_size": obj["object_size"]})
+    modules = []
+    for m in doc["modules"]:
+        mapping = roots.get(m["target"])
+        provenance = {k: mapping.fixed(v) if mapping is not None and isinstance(v, str) and v.startswith("/") else v
+                      for k, v in m["provenance"].items()}
+        modules.append({"target": m["target"], "module": m["module"], "file": Path(m["file"]).name,
+                        "sha256": m["sha256"], "tree_sha256": m["tree_sha256"], "provenance": provenance})
+    return {"format": doc["format"], "objects": objects, "input_sets": doc["input_sets"], "modules": modules}
+
+
 def built_targets(builddir: Path, actions_path: Path) -> tuple[list[str], list[str]]:
     """(targets whose module, pin and every object are on disk; the other configured targets)."""
     actions = json.loads(actions_path.read_text())["actions"]
@@ -151,6 +179,8 @@ def _modules(actions: list[dict], builddir: Path) -> list[dict]:
 
 
 def build_record(config: dict, modules: list[dict], certificate: Path, digest: str) -> dict:
+    """The build record for modules (the certificate's, or shipped()'s: then without the
+    builder's folders, which shipped modules do not name)."""
     identity = config["reuse"]["toolchain"]  # content hashes of nvcc, cicc, ptxas, ...
     tc_prefix = None
     if modules:  # every module of a build uses the one toolchain configure chose
@@ -161,13 +191,14 @@ def build_record(config: dict, modules: list[dict], certificate: Path, digest: s
     from pp4.toolchain.provision import read_manifest
 
     manifest = read_manifest(Path(tc_prefix)) if tc_prefix else None
+    with_folders = all("root" in m for m in modules)
     return {
         "format": 1,
         "modules": [{k: m[k] for k in ("target", "module", "file", "sha256")} for m in modules],
         "compiler_wheels": manifest["wheels"] if manifest else None,
-        "toolchain": {"prefix": tc_prefix, "files": identity},
-        "source_trees": [{"target": m["target"], "root": m["root"], "sha256": m["tree_sha256"],
-                          "provenance": m["provenance"]} for m in modules],
+        "toolchain": {"prefix": tc_prefix, "files": identity} if with_folders else {"files": identity},
+        "source_trees": [{"target": m["target"], **({"root": m["root"]} if with_folders else {}),
+                          "sha256": m["tree_sha256"], "provenance": m["provenance"]} for m in modules],
         "certificate": {"file": str(certificate), "sha256": digest},
     }
 

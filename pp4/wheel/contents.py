@@ -9,11 +9,15 @@ A module `exllamav3_ext` built for target `exl3` becomes the distribution `exlla
     exllamav3_ext/pp4-build-record.json    its build record, plus the wheel's facts (torch pins)
     exllamav3_ext-1.6.5+pp4.<key>.dist-info/{METADATA,WHEEL,RECORD}
 
-The version is the sources' release where pp4 knows one (exllamav3's, for EXL3), else 0,
-with the module's source key as its local part: two builds from other sources, flags or toolchain
-never share a version. The metadata pins torch's distribution version, and the loader checks the
-running torch's version, CUDA version and git revision. The certificate carries no creation time,
-so that one build packed twice gives the same bytes.
+The certificate is the build's, reduced to what was built from what (certificate.shipped): no
+creation time, no word of how an object was obtained, and objects named as the fixed root saw
+them. So one build packed twice, two checkouts in other folders, and a cold build against one
+restored from the store all give the same bytes.
+
+The version is the sources' release where pp4 knows one (exllamav3's, for EXL3), else 0, with
+that certificate's hash as its local part: two builds from other sources, flags or toolchain never
+share a version. The metadata pins torch's distribution version, and the loader checks the running
+torch's version, CUDA version and git revision.
 """
 
 from __future__ import annotations
@@ -77,8 +81,7 @@ def build(config_path: Path, actions_path: Path, builddir: Path, target: str) ->
     if not module.name.endswith(suffix):
         raise WheelError(f"{module.name} is not a module for this Python (suffix {suffix}): run configure.py and "
                          "ninja with the Python the wheel is for")
-    doc = certificate.document(config_path, actions_path, builddir, {target})
-    doc.pop("created")
+    doc = certificate.shipped(certificate.document(config_path, actions_path, builddir, {target}))
     raw = certificate.canonical(doc)
     digest = hashlib.sha256(raw).hexdigest()
     config = json.loads(config_path.read_text())
@@ -87,7 +90,7 @@ def build(config_path: Path, actions_path: Path, builddir: Path, target: str) ->
     (entry,) = doc["modules"]
     package = plan["module"]
     distribution = package.replace("_", "-").lower()
-    version = f"{release(plan.get('provenance') or {})}+pp4.{entry['source_key'][:12]}"
+    version = f"{release(plan.get('provenance') or {})}+pp4.{digest[:12]}"
     torch_requirement = f"torch=={torchenv.torch_version()}"
     record["wheel"] = {"target": target, "module": package, "file": module.name, "distribution": distribution,
                        "version": version, "torch": torchenv.torch_version_fields(),
