@@ -10,7 +10,7 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 STRIDE=${1:-4}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
   "$REPO"/.whl/ninja-*.whl || exit 1
-export PYTHONUNBUFFERED=1 PATH=$REPO/.carry/strace:$PATH
+export PYTHONUNBUFFERED=1
 NINJA=$(PYTHONPATH=/tmp/site python3 -c 'import ninja,os;print(os.path.join(ninja.BIN_DIR,"ninja"))')
 for who in old new; do
   src=$REPO; [ $who = old ] && src=$REPO/.carry/old

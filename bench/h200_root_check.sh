@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
 # The fixed root and the observer on the H200 machine, one short call: can this machine make the
-# namespaces and run strace (carried in .carry/strace with its libraries: the image has none)?
+# namespaces and build and run pp4-observe (with its gcc)?
 # Then P2P built cold in two checkouts at different folders with separate stores, observed, in
 # the root: every object's and the module's sha256 side by side. Uses /usr/local/cuda (nvcc 13.0)
-# through --cuda-home. Usage (device tool, carry .whl and .carry): bash bench/h200_root_check.sh
+# through --cuda-home. Usage (device tool, carry .whl): bash bench/h200_root_check.sh
 set -uo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
   "$REPO"/.whl/ninja-*.whl || exit 1
-export PYTHONPATH=/tmp/site:$REPO PYTHONUNBUFFERED=1 PATH=$REPO/.carry/strace:$PATH
+export PYTHONPATH=/tmp/site:$REPO PYTHONUNBUFFERED=1
 NINJA=$(python3 -c 'import ninja,os;print(os.path.join(ninja.BIN_DIR,"ninja"))')
-{ uname -a; nproc; id; python3 --version; $REPO/.carry/strace/strace -V | head -1
+{ uname -a; nproc; id; python3 --version; cc --version | head -1
   python3 -c '
 from pp4.execution import observe, root
 print("observer:", observe.unavailable() or "works")

@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """What the fixed root and the observer cost a compile: real units of a configured build, each
-compiled plainly (the compiler started by subprocess under the build's limits, as pp4 ran it
-before the root) and as pp4 runs it now (in the fixed root, under strace), alternating, in one
-run. CPU is the compile's whole process tree (RUSAGE_CHILDREN), the observer's included.
+compiled three ways, alternating, in one run: plainly (the compiler started by subprocess under
+the build's limits, as pp4 ran it before the root), as pp4 runs it now (in the fixed root, under
+pp4-observe), and in the root under strace with a seccomp filter (the observer pp4 used before,
+when strace is installed). CPU is the compile's whole process tree (RUSAGE_CHILDREN), the
+observer's included.
 
     python bench/observe_overhead.py BUILD_DIR [--units N] [--match UNIT,UNIT] [--rounds R] [--json OUT]
 
@@ -16,6 +18,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -28,7 +31,7 @@ sys.path.insert(0, str(REPO))
 
 from pp4.execution.limits import apply, command_for  # noqa: E402
 from pp4.execution.root import Root  # noqa: E402
-from pp4.execution.run import run  # noqa: E402
+from pp4.execution.run import date_time_flags, run  # noqa: E402
 from pp4.toolchain.compilerenv import process_env  # noqa: E402
 from pp4.toolchain.limits import Limits  # noqa: E402
 
@@ -52,6 +55,18 @@ def rooted(argv: list[str], env: dict, limits: Limits, runs: Path, root: Root) -
     ran = run(argv, env, limits, runs, root)
     assert ran.returncode == 0 and ran.trace is not None and ran.root is not None, ran.stderr[-2000:]
     return time.monotonic() - t0, children_cpu() - c0, len(ran.trace.reads)
+
+
+STRACE = ["strace", "-f", "--seccomp-bpf", "-qq", "-y", "-s", "65535", "-e", "signal=none", "-e",
+          "trace=%file,getdents64,getdents,fchdir,clone,clone3,fork,vfork", "-o", "/dev/null", "--"]
+
+
+def straced(argv: list[str], env: dict, limits: Limits, runs: Path, root: Root) -> tuple[float, float]:
+    c0, t0 = children_cpu(), time.monotonic()
+    ran = run([shutil.which("strace"), *STRACE[1:], *argv, *date_time_flags(argv)], env, limits, runs, root,
+              observed=False, compile=False)
+    assert ran.returncode == 0 and ran.root is not None, ran.stderr[-2000:]
+    return time.monotonic() - t0, children_cpu() - c0
 
 
 def main() -> int:
@@ -79,13 +94,17 @@ def main() -> int:
         for _ in range(args.rounds):
             pw, pc = plain(list(a["argv"]), a["env"], limits, scratch / "tmp")
             rw, rc, n = rooted(list(a["argv"]), a["env"], limits, scratch / "runs", root)
+            sw, sc = straced(list(a["argv"]), a["env"], limits, scratch / "runs", root) if shutil.which("strace") else (None, None)
             rows.append({"unit": a["source"].rsplit("/", 1)[-1], "plain_wall": pw, "plain_cpu": pc,
-                         "root_wall": rw, "root_cpu": rc, "paths": n})
+                         "root_wall": rw, "root_cpu": rc, "strace_wall": sw, "strace_cpu": sc, "paths": n})
             r = rows[-1]
-            print(f"{r['unit']:40} plain {pc:7.2f} CPU-s {pw:7.2f} s | root+observed {rc:7.2f} CPU-s {rw:7.2f} s "
-                  f"({rc / pc:.3f}x CPU, {r['paths']} paths)", flush=True)
+            print(f"{r['unit']:40} plain {pc:7.2f} CPU-s | root+pp4-observe {rc:7.2f} CPU-s ({rc / pc:.3f}x)"
+                  + (f" | root+strace {sc:7.2f} CPU-s ({sc / pc:.3f}x)" if sc else "") + f", {n} paths", flush=True)
     plain_cpu, root_cpu = sum(r["plain_cpu"] for r in rows), sum(r["root_cpu"] for r in rows)
-    print(f"total: plain {plain_cpu:.2f} CPU-s, root+observed {root_cpu:.2f} CPU-s: {root_cpu / plain_cpu:.4f}x")
+    print(f"total: plain {plain_cpu:.2f} CPU-s, root+pp4-observe {root_cpu:.2f} CPU-s: {root_cpu / plain_cpu:.4f}x")
+    if all(r["strace_cpu"] for r in rows):
+        strace_cpu = sum(r["strace_cpu"] for r in rows)
+        print(f"total: root+strace {strace_cpu:.2f} CPU-s: {strace_cpu / plain_cpu:.4f}x")
     launches = {}
     true_root = Root.make(str(scratch), {})
     for name, fn in (("plain", lambda: plain(["/bin/true"], {"PATH": "/usr/bin:/bin"}, Limits(), scratch / "tmp")),

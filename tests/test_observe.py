@@ -1,5 +1,5 @@
-"""The observer, the observation sets and the fixed root, on their own: strace's log read as the
-kernel answered, states of paths now, sets named by content, commands mapped into the root."""
+"""The observer, the observation sets and the fixed root, on their own: pp4-observe's log read as
+it wrote it, states of paths now, sets named by content, commands mapped into the root."""
 
 from __future__ import annotations
 
@@ -16,46 +16,64 @@ from pp4.reuse.actionkey import FileHasher
 from pp4.toolchain.limits import Limits
 
 LOG = """\
-100 execve("/usr/bin/gcc", ["gcc", "-c", "a.c"], 0x7ffd /* 3 vars */) = 0
-100 openat(AT_FDCWD</work>, "a.c", O_RDONLY) = 3</work/a.c>
-100 newfstatat(AT_FDCWD</work>, "inc/x.h", 0x7ffd, 0) = -1 ENOENT (No such file or directory)
-100 clone3({flags=CLONE_VM|CLONE_VFORK, exit_signal=SIGCHLD, stack=0x7f, stack_size=0x9000}, 88 <unfinished ...>
-101 execve("/usr/lib/cc1", ["cc1"], 0x2b /* 39 vars */ <unfinished ...>
-100 <... clone3 resumed>) = 101
-101 <... execve resumed>) = 0
-101 access("rel.h", R_OK) = 0
-101 readlink("/usr/lib", 0x7fff, 1023) = -1 EINVAL (Invalid argument)
-101 lstat("/a\\"b c\\303\\251", {st_mode=S_IFREG|0644, st_size=1, ...}) = 0
-101 openat(AT_FDCWD</work>, "out.o", O_WRONLY|O_CREAT|O_TRUNC, 0666) = 4</work/out.o>
-101 getdents64(5</tmp>, 0x55 /* 3 entries */, 32768) = 80
-101 unlink("/tmp/cc123.s") = 0
-101 newfstatat(3</work/a.c>, "", {st_mode=S_IFREG|0644, st_size=1, ...}, AT_EMPTY_PATH) = 0
-101 +++ exited with 0 +++
+100\texecve\t0\t\t/usr/bin/gcc
+100\topenat\t0\t\t/work/a.c
+100\tnewfstatat\t2\t\t/work/inc/x.h
+101\texecve\t0\t\t/usr/lib/cc1
+101\texecve\t2\t\t/usr/local/bin/as
+101\taccess\t0\t\t/work/rel.h
+101\treadlink\t0\t\t/usr/lib
+101\tlstat\t0\t\t/a\\tb c\u00e9\\\\d
+101\topenat\t2\tn\t/work/link.h
+101\tnewfstatat\t0\tn\t/work/link.h
+101\topenat\t0\tw\t/work/out.o
+101\tgetdents64\t0\t\t/tmp
+101\tunlink\t0\t\t/tmp/cc123.s
+101\trename\t0\t\t/work/o.tmp\t/work/o
+101\tnewfstatat\t0\te\t
+101\topenat\t0\t\t/proc/cpuinfo
+101\tchdir\t0\t\t/work/sub
 """
 
 
-def test_the_log_is_read_as_the_kernel_answered():
-    t = observe.parse(LOG, "/elsewhere")
+def test_the_log_is_read_as_the_observer_wrote_it():
+    t = observe.parse(LOG)
     assert t.reads[("/work/a.c", True)] == "ok"
     assert t.reads[("/work/inc/x.h", True)] == "ENOENT"
-    # A relative path without a dirfd is the process's folder: the child's is its parent's, which
-    # strace named at its *at calls (AT_FDCWD</work>), not the folder the command started in.
     assert t.reads[("/work/rel.h", True)] == "ok"
-    assert t.reads[("/usr/lib", False)] == "ok", "readlink of a non-link: the path exists"
-    assert t.reads[('/a"b c\u00e9', False)] == "ok", "strace's escapes are undone"
-    assert t.executed == {"/usr/bin/gcc", "/usr/lib/cc1"}
-    assert t.writes == {"/work/out.o", "/tmp/cc123.s"}
+    assert t.reads[("/usr/lib", False)] == "ok", "readlink looks at the path itself"
+    assert t.reads[("/a\tb c\u00e9\\d", False)] == "ok", "the log's escapes are undone"
+    assert t.reads[("/work/link.h", False)] == "ok" and ("/work/link.h", True) not in t.reads
+    assert t.executed == {"/usr/bin/gcc", "/usr/lib/cc1"}, "a program not found was not run"
+    assert t.reads[("/usr/local/bin/as", True)] == "ENOENT"
+    assert t.writes == {"/work/out.o", "/tmp/cc123.s", "/work/o.tmp", "/work/o"}
     assert t.listed == {"/tmp"}
+    assert not any(p.startswith("/proc") for p, _ in t.reads)
     assert t.opaque == ()
 
 
 def test_what_cannot_be_read_is_never_trusted():
-    t = observe.parse('7 frobnicate("/x") = 0\n7 openat(AT_FDCWD</w>, "a" <unfinished ...>\n', "/w")
-    assert len(t.opaque) == 2, t.opaque
+    t = observe.parse("7\tmount\t0\t\t/mnt\n7\topenat\t0\t?\t\n7\tforeign-abi-5\t0\t?\t\n7\topenat\t0\n")
+    assert len(t.opaque) == 4, t.opaque
+
+
+def test_relative_paths_are_read_in_the_callers_folder(tmp_path):
+    """The observer resolves a relative path against the process's folder at the time of the call
+    (here after a cd in a child shell), and answers with what was there."""
+    if observe.unavailable():
+        pytest.skip(observe.unavailable())
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "there.h").write_text("x")
+    ran = run(["/bin/sh", "-c", f"cd '{tmp_path}' && cd sub && cat there.h missing.h; ls > /dev/null"], {"PATH": "/usr/bin:/bin"},
+              Limits(), tmp_path / "runs", None, compile=False)
+    assert ran.trace is not None and ran.trace.opaque == ()
+    assert ran.trace.reads[(str(tmp_path / "sub" / "there.h"), True)] == "ok"
+    assert ran.trace.reads[(str(tmp_path / "sub" / "missing.h"), True)] == "ENOENT"
+    assert str(tmp_path / "sub") in ran.trace.listed
 
 
 def test_a_static_program_and_every_child_are_seen(tmp_path):
-    """ptrace sees system calls, not library calls: a statically linked program's are seen too,
+    """A seccomp filter acts on system calls, not library calls: a statically linked program's are seen too,
     and so are those of every process it starts."""
     if observe.unavailable():
         pytest.skip(observe.unavailable())

@@ -244,7 +244,7 @@ def enter(root: Root, scratch: str, tmp: str) -> None:
 
     Process ids are part of an object (nvcc's tmpxft_<pid>_ names): in a namespace of its own,
     each process of a compile gets the same id in every run, as long as the same processes start
-    it (the observer, strace, is one of them: an object compiled unobserved has other ids)."""
+    it (the observer, pp4-observe, is one of them: an object compiled unobserved has other ids)."""
     _unshare()
     child = os.fork()
     if child == 0:

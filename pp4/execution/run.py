@@ -106,8 +106,7 @@ def run(argv: list[str], env: dict[str, str], limits: Limits, scratch_parent: st
     trace = None
     if trace_problem is None:
         try:
-            trace = observe.parse(Path(real_tmp, TRACE_NAME).read_text(errors="surrogateescape"),
-                                  root.cwd if root is not None else os.getcwd())
+            trace = observe.parse(Path(real_tmp, TRACE_NAME).read_text(errors="surrogateescape"))
         except OSError as e:
             trace_problem = f"its trace cannot be read ({e})"
     shutil.rmtree(scratch, ignore_errors=True)
