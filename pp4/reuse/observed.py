@@ -9,6 +9,8 @@ whether the kernel found something there. After the compile each such path gets 
     ls:<sha256>     a folder whose entries were listed, by the sorted names
     s               something else (a FIFO, a device)
     !<errno>        the kernel refused (EACCES, ELOOP, ...)
+    ld:<sha256>:... the loader's cache, by what it resolves for the names the compile could look up
+                    (pp4/reuse/loadercache.py), not by its bytes
 
 and a path reached without following its last link (lstat, readlink: what realpath() does, once
 per folder of every header) gets `L` before its kind alone, `Lf` for a regular file (its content is
@@ -24,6 +26,7 @@ import hashlib
 import os
 import stat
 
+from pp4.reuse import loadercache
 from pp4.reuse.actionkey import FileHasher
 
 ABSENT, FOLDER, FILE, SPECIAL, NOFOLLOW, LINK, LISTING = "-", "d", "f", "s", "L", "@", "ls:"
@@ -83,6 +86,8 @@ class States:
         """The state of a path now, of the kind a recorded state is."""
         if recorded.startswith(LISTING):
             return self.listing(path)
+        if recorded.startswith(loadercache.PREFIX):
+            return loadercache.state(path, loadercache.names_in(recorded)) or self.state(path)
         if recorded.startswith(NOFOLLOW):
             return self.state(path, follow=False)
         return self.state(path)
@@ -112,6 +117,8 @@ def differences(pairs, to_real, states: States) -> list[str]:
 
 
 def describe(state: str) -> str:
+    if state.startswith(loadercache.PREFIX):
+        return f"the loader's cache resolving {len(loadercache.names_in(state))} names to {state[3:15]}"
     s = state[1:] if state.startswith(NOFOLLOW) else state
     if s == ABSENT:
         return "absent"
@@ -176,10 +183,26 @@ def from_run(ran, outputs: set[str], states: States) -> tuple[list[list[str]], s
         real = ran.real(folder)
         if real is not None and os.path.normpath(folder) not in produced:
             pairs[(folder, LISTING)] = states.listing(real)
+    _loader_cache(ran, pairs)
     changed = changed_during(ran, [(p, s) for (p, _), s in pairs.items()])
     if changed:
         return [], f"{changed} changed while it was compiled"
     return sorted([p, s] for (p, _), s in pairs.items()), None
+
+
+def _loader_cache(ran, pairs: dict) -> None:
+    """The loader's cache keyed by what it resolves for this compile (pp4/reuse/loadercache.py)."""
+    key = (loadercache.CACHE, "f")
+    real = ran.real(loadercache.CACHE)
+    if key not in pairs or real is None:
+        return
+    table = loadercache.entries(real)
+    if table is None:
+        return
+    seen = {r for r in (ran.real(p) for p, _ in pairs) if r is not None}
+    found = loadercache.state(real, loadercache.names_for(seen, table))
+    if found is not None:
+        pairs[key] = found
 
 
 def by_folder(pairs: list[list[str]]) -> list[list[list[str]]]:
