@@ -64,12 +64,14 @@ def test_relative_paths_are_read_in_the_callers_folder(tmp_path):
         pytest.skip(observe.unavailable())
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "there.h").write_text("x")
-    ran = run(["/bin/sh", "-c", f"cd '{tmp_path}' && cd sub && cat there.h missing.h; ls > /dev/null"], {"PATH": "/usr/bin:/bin"},
+    ran = run(["/bin/sh", "-c", f"cd '{tmp_path}' && cd sub && cat there.h missing.h; ls > /dev/null; touch made"], {"PATH": "/usr/bin:/bin"},
               Limits(), tmp_path / "runs", None, compile=False)
     assert ran.trace is not None and ran.trace.opaque == ()
     assert ran.trace.reads[(str(tmp_path / "sub" / "there.h"), True)] == "ok"
     assert ran.trace.reads[(str(tmp_path / "sub" / "missing.h"), True)] == "ENOENT"
     assert str(tmp_path / "sub") in ran.trace.listed
+    # touch sets the times through the descriptor it opened (utimensat with no path): seen as a write
+    assert str(tmp_path / "sub" / "made") in ran.trace.writes
 
 
 def test_a_static_program_and_every_child_are_seen(tmp_path):

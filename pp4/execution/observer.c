@@ -183,6 +183,12 @@ static char *folder_of(pid_t pid, long dirfd) {
 
 /* The path argument `index` of a call, absolute; NULL (and '?' in flags) when it cannot be known. */
 static char *path_arg(struct seen *c, const uint64_t *args, int dirfd_index, int index) {
+    if (!args[index] && dirfd_index >= 0 && c->call->kind == WRITE) {
+        /* utimensat(fd, NULL, ...), as futimens() calls it: the open file itself */
+        char *file = folder_of(c->pid, (long)(int)args[dirfd_index]);
+        if (!file) strcat(c->flags, "?");
+        return file;
+    }
     char *path = read_string(c->pid, args[index]);
     if (!path) { strcat(c->flags, "?"); return NULL; }
     if (path[0] == '/') return path;
