@@ -9,7 +9,7 @@ inputs (the facc tree is a copy of stock's, elsewhere, as in the real build), ob
 bytes with sizes spread like compiled objects (log-normal, median --object-kib), and each module
 a file as big as its objects together (random bytes too: the audit only hashes them). Every unit is
 stored through pp4's own Reuser, exactly as a compile stores it, the certificate and build record are
-written by pp4.certificate, and pins by pp4.pin. Then `python -m pp4.audit` of each checkout runs on
+written by pp4.certify.certificate, and pins by pp4.certify.pin. Then `python -m pp4.certify.audit` of each checkout runs on
 the same files, alternately, ROUNDS times after one warm-up run; the CPU figure is the audit
 process's own (user + system, Python start-up included), as `ninja certify` would spend it.
 
@@ -155,7 +155,7 @@ def audit_once(checkout: Path, work: Path) -> tuple[float, float, str]:
     # which would add 60-90 ms of compiling pp4's sources to every run), outside the checkouts.
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     env.update(PYTHONPATH=str(checkout), PYTHONPYCACHEPREFIX=str(work.parent / f"pyc-{checkout.name}"))
-    proc = subprocess.run([sys.executable, "-m", "pp4.audit", "build/certificate.json.gz"], cwd=work,
+    proc = subprocess.run([sys.executable, "-m", "pp4.certify.audit", "build/certificate.json.gz"], cwd=work,
                           env=env, capture_output=True, text=True)
     wall = time.monotonic() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)

@@ -25,6 +25,6 @@ cp $W/bench.log "$OUT/bench.log"
 left=$(( 560 - ($(date +%s) - start) ))
 echo "seconds left for the recompile audit: $left"
 if [ $left -gt 120 ]; then
-  timeout $((left - 20)) python3 -m pp4.audit build/certificate.json.gz --recompile 3 --objects > "$OUT/audit.txt" 2>&1
+  timeout $((left - 20)) python3 -m pp4.certify.audit build/certificate.json.gz --recompile 3 --objects > "$OUT/audit.txt" 2>&1
   tail -8 "$OUT/audit.txt"
 fi

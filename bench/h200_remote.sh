@@ -64,4 +64,4 @@ EOF
 # Restored objects against real compiles in checkout 2: the audit compiles some again from their
 # stored commands and compares them byte for byte (up to nvcc's pid digits).
 cd /tmp/w2/pp4 && $(python3 -c 'import ninja,os;print(os.path.join(ninja.BIN_DIR,"ninja"))') build/certificate.json.gz >/dev/null 2>&1
-timeout 150 python3 -m pp4.audit build/certificate.json.gz --recompile 4 --objects 2>&1 | tail -8 | tee "$OUT/audit.txt"
+timeout 150 python3 -m pp4.certify.audit build/certificate.json.gz --recompile 4 --objects 2>&1 | tail -8 | tee "$OUT/audit.txt"

@@ -21,7 +21,7 @@ export PYTHONPATH=/tmp/site:$REPO PYTHONUNBUFFERED=1
 MODULE=${MODULE:-stock}  # or facc: which pp4-built EXL3 module is built and run
 TARGET=$([ "$MODULE" = facc ] && echo exl3-facc || echo exl3)
 BUILD=$WORK/build
-if python3 -c "from pp4.loader import load_target; load_target('$TARGET', '$BUILD')" 2>/dev/null; then
+if python3 -c "from pp4.certify.loader import load_target; load_target('$TARGET', '$BUILD')" 2>/dev/null; then
   echo "$TARGET already built in $BUILD"
 else
   # Cold: empty build directory and store; the machine's nvcc through --cuda-home, all 16 cores.

@@ -1,7 +1,7 @@
 """Faults and bad input (issue 7), against the real store and real compiles of the small fixture.
 
 Every fault test ends the same way: the build completes (or stops with a clear error), the audit
-passes, `python -m pp4.cache verify` is clean, and no object in the build differs from a fresh compile
+passes, `python -m pp4.store verify` is clean, and no object in the build differs from a fresh compile
 of the same unit by a single byte (compiles in the fixed root are the same bytes every time,
 docs/reuse.md): that is the "no wrong object" check. docs/faults.md lists
 every case with its result.
@@ -63,7 +63,7 @@ def statuses(work: Path, builddir: str = "build") -> dict[str, str]:
 
 
 def verify(store: Path, repair: bool = True):
-    return run([PY, "-m", "pp4.cache", "--store", str(store), "verify", *([] if repair else ["--no-repair"])],
+    return run([PY, "-m", "pp4.store", "--store", str(store), "verify", *([] if repair else ["--no-repair"])],
                REPO, env_with(), check=False)
 
 
@@ -268,7 +268,7 @@ def test_sigkill_of_the_wrapper_while_storing(seed, tmp_path, step):
     certify(work)
     assert_no_wrong_object(work, seed.reference)
     assert_verify_clean(store)
-    gc = run([PY, "-m", "pp4.cache", "--store", str(store), "gc"], REPO, env_with())
+    gc = run([PY, "-m", "pp4.store", "--store", str(store), "gc"], REPO, env_with())
     assert "gc " in gc.stdout
     assert_verify_clean(store)
     # A fresh build directory against the store that survived the kill reuses only sound entries.
@@ -316,7 +316,7 @@ def test_store_on_a_full_filesystem(seed, tmp_path):
         # ops.cpp.o (330 KiB, and 1.5 MB of observations) cannot fit: compiled, not stored, and the
         # user is told why and what to do.
         assert "pp4.reuse: warning: disk full while writing " in out and " in the pp4 store at " in out, out
-        assert ("Free space on that filesystem, shrink the store with `python -m pp4.cache gc --max-bytes 5G`, "
+        assert ("Free space on that filesystem, shrink the store with `python -m pp4.store gc --max-bytes 5G`, "
                 "or set PP4_STORE_DIR to a directory on a filesystem with room. "
                 "(the object was built; it is just not stored)") in out
         assert statuses(work) == ALL_COMPILED
@@ -397,13 +397,13 @@ def test_truncated_certificate(seed, tmp_path):
     data = cert.read_bytes()
     cert.write_bytes(data[: len(data) // 2])
     fix = "rebuild it with `ninja` (delete it first, so that ninja writes it again)"
-    proc = run([PY, "-m", "pp4.audit", "build/certificate.json.gz"], work, env_with(), check=False)
+    proc = run([PY, "-m", "pp4.certify.audit", "build/certificate.json.gz"], work, env_with(), check=False)
     assert proc.returncode == 1
-    assert proc.stderr.startswith("pp4.audit: error: build/certificate.json.gz is damaged (")
+    assert proc.stderr.startswith("pp4.certify.audit: error: build/certificate.json.gz is damaged (")
     assert proc.stderr.rstrip().endswith(fix)
     proc = ninja(work, "certify", check=False)
     said = proc.stdout + proc.stderr
-    assert proc.returncode != 0 and "pp4.audit: error: build/certificate.json.gz is damaged (" in said
+    assert proc.returncode != 0 and "pp4.certify.audit: error: build/certificate.json.gz is damaged (" in said
     assert fix in said
     cert.unlink()  # the fix, as the message says
     ninja(work)

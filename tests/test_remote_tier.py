@@ -288,7 +288,7 @@ def test_cache_cli_reports_verifies_and_expires_the_remote(server):
     server.client.set("pp4:man/" + "ab" * 32, b"not json")
 
     def cli(*args):
-        return subprocess.run([sys.executable, "-m", "pp4.cache", "remote", server.url(), *args],
+        return subprocess.run([sys.executable, "-m", "pp4.store", "remote", server.url(), *args],
                               capture_output=True, text=True)
 
     stats = cli("stats")
@@ -302,6 +302,6 @@ def test_cache_cli_reports_verifies_and_expires_the_remote(server):
     expire = cli("expire", "--days", "2")
     assert expire.returncode == 0 and "1 values" in expire.stdout
     assert 0 < server.client.ttl(good_key) <= 2 * 86400
-    down = subprocess.run([sys.executable, "-m", "pp4.cache", "remote", "redis://127.0.0.1:1/0", "stats"],
+    down = subprocess.run([sys.executable, "-m", "pp4.store", "remote", "redis://127.0.0.1:1/0", "stats"],
                           capture_output=True, text=True)
     assert down.returncode == 2 and "Connection refused" in down.stderr

@@ -88,7 +88,7 @@ def test_edited_torch_header(tree):
         os.utime(header, ns=(st.st_atime_ns, st.st_mtime_ns))
     # The certificate holds the edited header's hash in an observation set: the audit, which checks
     # each set once, must name it now that the bytes are back.
-    proc = run([sys.executable, "-m", "pp4.audit", "build/certificate.json.gz"], tree.work,
+    proc = run([sys.executable, "-m", "pp4.certify.audit", "build/certificate.json.gz"], tree.work,
                dict(os.environ, PYTHONPATH=str(REPO)), check=False)
     assert proc.returncode == 1 and f"changed since it was built: {header}: sha256" in proc.stderr, proc.stderr
 
@@ -183,7 +183,7 @@ def test_audit_detects_a_changed_object_and_input(tree):
     """The audit itself (ninja certify would first rebuild what changed, as it should)."""
     tree.build()
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    audit_cmd = [sys.executable, "-m", "pp4.audit", "build/certificate.json.gz"]
+    audit_cmd = [sys.executable, "-m", "pp4.certify.audit", "build/certificate.json.gz"]
     obj = tree.work / "build" / "pp4_fixture" / "obj" / "src" / "shift.cu.o"
     saved = obj.read_bytes()
     obj.write_bytes(saved + b"x")
@@ -209,7 +209,7 @@ def test_recompile_audit_finds_the_same_bytes(tree):
     """Compiled again in the fixed root, a reused object is the stored one byte for byte: nothing
     is masked (nvcc's temporary files carry the same process id in every run of the root)."""
     tree.build()
-    proc = run([sys.executable, "-m", "pp4.audit", "build/certificate.json.gz", "--recompile", "2"],
+    proc = run([sys.executable, "-m", "pp4.certify.audit", "build/certificate.json.gz", "--recompile", "2"],
                tree.work, dict(os.environ, PYTHONPATH=str(REPO)))
     assert proc.stdout.count("identical, byte for byte") == 2, proc.stdout
     assert "audit passed" in proc.stdout

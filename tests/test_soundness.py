@@ -8,7 +8,7 @@ conditions: the tag strings both embed, and their bytes, every one of them (comp
 execution root give the same bytes every time). Each case also checks the tags against what the C
 preprocessor must make of the change (an oracle that owes nothing to pp4). Cases that change
 something a finished build cannot see (ninja's mtimes do not show it) also check that
-`ninja certify` names the stale object and that `python -m pp4.audit --invalidate` then makes
+`ninja certify` names the stale object and that `python -m pp4.certify.audit --invalidate` then makes
 `ninja` rebuild exactly it.
 """
 
@@ -111,7 +111,7 @@ def certify(work: Path, check=False):
 
 def repair(work: Path) -> str:
     """The documented repair: --invalidate, then ninja. Returns ninja's output."""
-    proc = run([sys.executable, "-m", "pp4.audit", "--invalidate", "build/certificate.json.gz"], work,
+    proc = run([sys.executable, "-m", "pp4.certify.audit", "--invalidate", "build/certificate.json.gz"], work,
                dict(os.environ, PYTHONPATH=str(REPO)), check=False)
     assert proc.returncode == 1 and "invalidated" in proc.stdout, proc.stdout + proc.stderr
     return run([ninja_bin()], work).stdout
@@ -243,7 +243,7 @@ def test_header_edited_with_its_old_mtime(lab):
         assert "ninja: no work to do." in run([ninja_bin()], work).stdout  # ninja's mtimes see nothing
         proc = certify(work)
         assert proc.returncode == 1 and f"changed since it was built: {header}: sha256" in proc.stderr, proc.stderr
-        assert "-m pp4.audit --invalidate" in proc.stderr  # the advice names the repair
+        assert "-m pp4.certify.audit --invalidate" in proc.stderr  # the advice names the repair
         out = repair(work)
         assert sorted(re.findall(r"(?:CUDA|CXX) \S+/(\S+)$", out, re.M)) == sorted([CPP, CU])
         assert "chain=edit" in read_build(work, out).tags[CU]

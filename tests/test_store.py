@@ -437,7 +437,7 @@ def test_sigkill_during_put_leaves_no_broken_entry(tmp_path: Path, step: str) ->
     for leftover in (root / "tmp").iterdir():
         os.utime(leftover, (time.time() - 7200, time.time() - 7200))
     gc = subprocess.run(
-        [sys.executable, "-m", "pp4.cache", "--store", str(root), "gc"], env=child_env(), capture_output=True, text=True, timeout=20
+        [sys.executable, "-m", "pp4.store", "--store", str(root), "gc"], env=child_env(), capture_output=True, text=True, timeout=20
     )
     assert gc.returncode == 0, gc.stderr
     assert list((root / "tmp").iterdir()) == []
@@ -608,7 +608,7 @@ def test_record_is_frozen_and_hashable(store: Store, tmp_path: Path) -> None:
 
 def cli(root: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "pp4.cache", "--store", str(root), *args],
+        [sys.executable, "-m", "pp4.store", "--store", str(root), *args],
         env=child_env(),
         capture_output=True,
         text=True,

@@ -1,6 +1,6 @@
 """Audit a build against its certificate: `ninja certify`, or
 
-    python -m pp4.audit build/certificate.json.gz [--objects] [--recompile N] [--invalidate]
+    python -m pp4.certify.audit build/certificate.json.gz [--objects] [--recompile N] [--invalidate]
 
 Rechecks the certificate's hash against the build record, and for every object that compiling it
 now would still give it: its sha256, and every observation its compile made (each path its
@@ -189,9 +189,9 @@ class Audit:
         return lines
 
 
-@interrupt.command("pp4.audit")
+@interrupt.command("pp4.certify.audit")
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m pp4.audit", description="Audit a pp4 build against its certificate.")
+    ap = argparse.ArgumentParser(prog="python -m pp4.certify.audit", description="Audit a pp4 build against its certificate.")
     ap.add_argument("certificate", type=Path)
     ap.add_argument("--objects", action="store_true", help="one line per object")
     ap.add_argument("--recompile", type=int, default=0, metavar="N",
@@ -213,13 +213,13 @@ def main(argv: list[str] | None = None) -> int:
             built, not_built = certificate.built_targets(builddir, builddir / "actions.json")
             if not args.certificate.exists():
                 if not built:
-                    print("pp4.audit: nothing is built yet, so nothing is certified: run `ninja` (every module) "
+                    print("pp4.certify.audit: nothing is built yet, so nothing is certified: run `ninja` (every module) "
                           f"or `ninja TARGET` (one of {', '.join(not_built)})", file=sys.stderr)
                     return 1
                 doc = certificate.document(builddir / "pp4.json", builddir / "actions.json", builddir, set(built))
         audit = Audit(args.certificate, store_dir, config, doc)
     except (certificate.CertificateError, pin.PinError, OSError, ValueError, KeyError) as e:
-        print(f"pp4.audit: error: {e}", file=sys.stderr)
+        print(f"pp4.certify.audit: error: {e}", file=sys.stderr)
         return 1
     audit.check_record()
     audit.check_objects()
@@ -258,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {f}", file=sys.stderr)
         if audit.stale and not args.invalidate:
             print(f"{len(dict.fromkeys(audit.stale))} output(s) no longer match how they were built. To rebuild "
-                  f"exactly those: {sys.executable} -m pp4.audit --invalidate {args.certificate} && ninja", file=sys.stderr)
+                  f"exactly those: {sys.executable} -m pp4.certify.audit --invalidate {args.certificate} && ninja", file=sys.stderr)
         return 1
     print("audit passed")
     return 0

@@ -203,7 +203,7 @@ def build_record(config: dict, modules: list[dict], certificate: Path, digest: s
     }
 
 
-@interrupt.command("pp4.certificate")
+@interrupt.command("pp4.certify.certificate")
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if len(argv) != 4 or argv[0] != "write":
@@ -212,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         write(Path(argv[1]), Path(argv[2]), Path(argv[3]))
     except (CertificateError, pin.PinError) as e:
-        print(f"pp4.certificate: error: {e}", file=sys.stderr)
+        print(f"pp4.certify.certificate: error: {e}", file=sys.stderr)
         return 1
     return 0
 

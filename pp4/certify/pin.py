@@ -2,10 +2,10 @@
 
 A pin file (<module>.pin.json, written by the build after the link) holds the module's sha256 and a
 source key: the hash of every source and header of the extension's tree, its flags and the
-toolchain's identity. pp4.loader refuses a module whose bytes or sources no longer match its pin.
+toolchain's identity. pp4.certify.loader refuses a module whose bytes or sources no longer match its pin.
 
-    python -m pp4.pin write --plan build/p2p/plan.json --module build/p2p/pp4_p2p....so --out ....pin.json
-    python -m pp4.pin check build/p2p/pp4_p2p....so
+    python -m pp4.certify.pin write --plan build/p2p/plan.json --module build/p2p/pp4_p2p....so --out ....pin.json
+    python -m pp4.certify.pin check build/p2p/pp4_p2p....so
 """
 
 from __future__ import annotations
@@ -100,9 +100,9 @@ def check(module: Path, module_sha256: str | None = None, with_tree: bool = Fals
     return dict(pin, tree_sha256=tree) if with_tree else pin
 
 
-@interrupt.command("pp4.pin")
+@interrupt.command("pp4.certify.pin")
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m pp4.pin", description="Write or check a built module's pin.")
+    ap = argparse.ArgumentParser(prog="python -m pp4.certify.pin", description="Write or check a built module's pin.")
     sub = ap.add_subparsers(dest="cmd", required=True)
     w = sub.add_parser("write")
     w.add_argument("--plan", type=Path, required=True)
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{args.module}: matches its pin (sha256 {pin['sha256']})")
             return 0
     except PinError as e:
-        print(f"pp4.pin: error: {e}", file=sys.stderr)
+        print(f"pp4.certify.pin: error: {e}", file=sys.stderr)
         return 1
     print(f"{pin['module']}: sha256 {pin['sha256']}, source key {pin['source_key']}")
     return 0

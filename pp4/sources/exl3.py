@@ -271,7 +271,7 @@ def checkout_sources(path: Path) -> Path:
 
 
 def sources_sha256(root: Path) -> str:
-    """Content hash of an extension's sources: every C/C++/CUDA file below root (pp4.pin's suffixes).
+    """Content hash of an extension's sources: every C/C++/CUDA file below root (pp4.certify.pin's suffixes).
 
     The sha256 of `sha256sum`-style lines ("<sha256>  <relative path>\\n") sorted by path, so that
     `cd ROOT && find . -type f ... | sed 's|^./||' | LC_ALL=C sort | xargs sha256sum | sha256sum` agrees.

@@ -176,7 +176,7 @@ class Store:
         if exc.errno in _DISK_FULL_ERRNOS:
             return StoreError(
                 f"disk full while {doing} in the pp4 store at {self.root} ({exc.strerror}: {where}). "
-                f"Free space on that filesystem, shrink the store with `python -m pp4.cache gc --max-bytes 5G`, "
+                f"Free space on that filesystem, shrink the store with `python -m pp4.store gc --max-bytes 5G`, "
                 f"or set PP4_STORE_DIR to a directory on a filesystem with room."
             )
         if exc.errno in _NOT_WRITABLE_ERRNOS:
@@ -443,7 +443,7 @@ class Store:
         raise CorruptObject(
             f"stored object {source} for action {record.action_key} is corrupt: expected sha256 "
             f"{record.object_sha256}, its bytes hash to {digest}. Removed it and its record; "
-            f"this action is now a miss (recompile). Run `python -m pp4.cache verify` to check the rest of the store."
+            f"this action is now a miss (recompile). Run `python -m pp4.store verify` to check the rest of the store."
         )
 
     def _discard_corrupt_entry(self, record: ActionRecord, source: Path, source_inode: int) -> None:

@@ -6,7 +6,7 @@ the per-key locks that let the same unit of two variants compile once.
 
 The store owns these files; what an entry means is pp4.reuse's (which also checks, on every
 lookup, that an entry's action key follows from its inputs). Each manifest carries the sha256 of
-its canonical content, so `pp4.cache verify` finds a changed byte on its own. A manifest that is
+its canonical content, so `pp4.store verify` finds a changed byte on its own. A manifest that is
 missing or unreadable reads as no entries: a miss, never a wrong object.
 """
 

@@ -103,7 +103,7 @@ class RedisStorage:
         except self._errors as exc:
             raise self._fail(f"remove {key}", exc) from None
 
-    # -- what `python -m pp4.cache remote ...` reports --------------------------------------
+    # -- what `python -m pp4.store remote ...` reports --------------------------------------
 
     def keys(self, kind: str):
         """Every key of one kind ("obj", "act", ...), as the interface names them."""

@@ -1,5 +1,5 @@
-"""Command line for the object store: `python -m pp4.cache {stats,gc,verify}`, and for a remote tier
-`python -m pp4.cache remote URL {stats,verify,expire}`.
+"""Command line for the object store: `python -m pp4.store {stats,gc,verify}`, and for a remote tier
+`python -m pp4.store remote URL {stats,verify,expire}`.
 
 Exit codes: 0 fine, 1 verify found damage (repaired or not), 2 usage or store error.
 """
@@ -31,7 +31,7 @@ def _size_argument(text: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m pp4.cache",
+        prog="python -m pp4.store",
         description="Inspect and maintain the pp4 object store (compiled objects reused across builds).",
     )
     parser.add_argument(
@@ -89,7 +89,7 @@ def remote_main(args) -> int:
             return EXIT_OK
         if args.action == "expire":
             if not args.days or args.days <= 0 or not hasattr(remote, "expire"):
-                print("pp4.cache: error: expire needs --days N (more than 0) and a Redis remote", file=sys.stderr)
+                print("pp4.store: error: expire needs --days N (more than 0) and a Redis remote", file=sys.stderr)
                 return EXIT_ERROR
             n = sum(remote.expire(k, int(args.days * 86400)) for kind in ("obj", "act", "man", "set")
                     for k in list(remote.keys(kind)))
@@ -108,7 +108,7 @@ def remote_main(args) -> int:
         print(f"verify {redact(args.url)}: " + ("no damage found" if not damage else f"{len(damage)} damaged values"))
         return EXIT_OK if not damage else EXIT_DAMAGE
     except (ValueError, RemoteUnavailable) as exc:
-        print(f"pp4.cache: error: {exc}", file=sys.stderr)
+        print(f"pp4.store: error: {exc}", file=sys.stderr)
         return EXIT_ERROR
 
 
@@ -156,7 +156,7 @@ def format_verify(report: VerifyReport) -> str:
     return "\n".join(lines)
 
 
-@interrupt.command("pp4.cache")
+@interrupt.command("pp4.store")
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "remote":
@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  DAMAGE inputset-invalid: {path}: {detail} [{'removed' if repaired else 'left in place'}]")
         return EXIT_OK if report.ok and not manifest_damage and not set_damage else EXIT_DAMAGE
     except StoreError as exc:
-        print(f"pp4.cache: error: {exc}", file=sys.stderr)
+        print(f"pp4.store: error: {exc}", file=sys.stderr)
         return EXIT_ERROR
 
 
