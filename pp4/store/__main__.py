@@ -79,16 +79,16 @@ def remote_main(args) -> int:
                 size = sum(remote.size_of(k) for k in keys)
                 total += size
                 print(f"{what + ':':16}{len(keys)} ({human_bytes(size)})")
-            facts = remote.server_facts() if hasattr(remote, "server_facts") else {}
+            facts = remote.server_facts()
             line = f"size:           {human_bytes(total)}"
-            if facts.get("maxmemory"):
-                line += f"; server {human_bytes(facts['used_memory'])} used of {human_bytes(facts['maxmemory'])}"
-            if facts.get("maxmemory_policy"):
-                line += f", policy {facts['maxmemory_policy']}"
+            if facts.get("limit") and facts.get("used") is not None:
+                line += f"; server {human_bytes(facts['used'])} used of {human_bytes(facts['limit'])}"
+            if facts.get("policy"):
+                line += f", policy {facts['policy']}"
             print(line)
             return EXIT_OK
         if args.action == "expire":
-            if not args.days or args.days <= 0 or not hasattr(remote, "expire"):
+            if not args.days or args.days <= 0 or not remote.supports_expiry:
                 print("pp4.store: error: expire needs --days N (more than 0) and a Redis remote", file=sys.stderr)
                 return EXIT_ERROR
             n = sum(remote.expire(k, int(args.days * 86400)) for kind in ("obj", "act", "man", "set")

@@ -14,7 +14,7 @@ never fails a build, it only stops being used.
 from __future__ import annotations
 
 import re
-from typing import Protocol, runtime_checkable
+from typing import Iterator, Protocol, runtime_checkable
 from urllib.parse import urlsplit
 
 from pp4.store.records import StoreError
@@ -44,6 +44,23 @@ class RemoteStorage(Protocol):
 
     def remove(self, key: str) -> bool:
         """Remove key's value; True when there was one."""
+
+    # What `python -m pp4.store remote ...` needs to report on and maintain a remote.
+
+    supports_expiry: bool  # whether expire() can give a value a time to live
+
+    def keys(self, kind: str) -> Iterator[str]:
+        """Every key of one kind ("obj", "act", "man", "set")."""
+
+    def size_of(self, key: str) -> int:
+        """The size of key's value in bytes (0 when there is none)."""
+
+    def expire(self, key: str, seconds: int) -> bool:
+        """Let key's value live `seconds` more unless read; True when there was one. Only where
+        supports_expiry."""
+
+    def server_facts(self) -> dict:
+        """What the server says about its room: {"used", "limit", "policy"}, each None when unknown."""
 
 
 def check_key(key: str) -> str:

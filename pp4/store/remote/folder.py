@@ -85,3 +85,15 @@ class FolderStorage:
             return self._path(key).stat().st_size
         except OSError:
             return 0
+
+    supports_expiry = False  # a folder keeps files until removed (find -mtime)
+
+    def expire(self, key: str, seconds: int) -> bool:
+        raise RemoteUnavailable(f"{self.describe()}: a folder has no expiry: remove old files with find -mtime")
+
+    def server_facts(self) -> dict:
+        try:
+            fs = os.statvfs(self.root)
+        except OSError:
+            return {"used": None, "limit": None, "policy": None}
+        return {"used": (fs.f_blocks - fs.f_bfree) * fs.f_frsize, "limit": fs.f_blocks * fs.f_frsize, "policy": None}

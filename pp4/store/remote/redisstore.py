@@ -105,6 +105,8 @@ class RedisStorage:
 
     # -- what `python -m pp4.store remote ...` reports --------------------------------------
 
+    supports_expiry = True
+
     def keys(self, kind: str):
         """Every key of one kind ("obj", "act", ...), as the interface names them."""
         try:
@@ -128,7 +130,7 @@ class RedisStorage:
     def server_facts(self) -> dict:
         try:
             memory = self._client.info("memory")
-            return {"used_memory": memory.get("used_memory"), "maxmemory": memory.get("maxmemory"),
-                    "maxmemory_policy": memory.get("maxmemory_policy")}
+            return {"used": memory.get("used_memory"), "limit": memory.get("maxmemory") or None,
+                    "policy": memory.get("maxmemory_policy")}
         except self._errors as exc:
             raise self._fail("read the server's memory facts", exc) from None
