@@ -13,6 +13,7 @@ with more cases of each.
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import os
 import re
@@ -327,10 +328,18 @@ def test_a_library_a_link_resolved_is_rebuilt_and_the_module_relinked(base):
     got, _ = case.build()
     work = case.base / f"work-{case.src.name}-{case.n}"
     assert "no work to do" in run([ninja_bin()], work).stdout
+    doc = json.loads(gzip.decompress((work / "build" / "certificate.json.gz").read_bytes()))
+    (module,) = doc["modules"]
+    listed = dict(module["link_inputs"])
+    assert listed[str(lib / "libpp4dep.so")] == hashlib.sha256((lib / "libpp4dep.so").read_bytes()).hexdigest()
     time.sleep(0.01)
     make_lib(2)
+    audit = run([ninja_bin(), "certify"], work, check=False)
+    assert audit.returncode != 0 and f"{lib / 'libpp4dep.so'}: sha256" in audit.stdout + audit.stderr, \
+        "the audit did not name the library the module was linked with"
     out = run([ninja_bin()], work).stdout
     assert "LINK" in out, f"the module was not linked again after its library changed:\n{out}"
+    assert run([ninja_bin(), "certify"], work).returncode == 0
 
 
 # ---------------------------------------------------------------------------------------------

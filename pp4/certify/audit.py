@@ -91,6 +91,16 @@ class Audit:
             except pin.PinError as e:
                 self.fail(str(e))
                 self.stale.append(str(module))
+                continue
+            if m.get("link_inputs") is None:
+                self.fail(f"module {module}: the certificate records no input of its link (written by an older "
+                          "pp4): rebuild it")
+                continue
+            changed = observed.differences(m["link_inputs"], lambda path: path, self.states)
+            if changed:
+                self.fail(f"module {module}: changed since it was linked: " + "; ".join(changed[:5])
+                          + (f"; and {len(changed) - 5} more" if len(changed) > 5 else ""))
+                self.stale.append(str(module))
 
     def check_input_sets(self) -> dict[str, list[str]]:
         """Each observation set once: its name must be its content's hash."""

@@ -8,6 +8,8 @@ machine each fixed path was), its action key, whether it was compiled or reused 
 action, compiled for which output), its sha256 and the compile duration. What each compile
 observed is listed once per distinct set, in "input_sets" (name -> [path, state] pairs; the name is
 the sha256 of the set's canonical text, pp4/reuse/inputsets.py), and each object names its set.
+Each module lists the files its link read (objects, libraries as the linker resolved them, linker
+scripts, the linker's programs) with their states.
 Its hash is the sha256 of the uncompressed JSON.
 Beside it, build-record.json names every built module's sha256, the compiler wheels' hashes, each
 source tree's hash and the certificate's hash.
@@ -25,8 +27,10 @@ from pathlib import Path
 from pp4 import interrupt
 from pp4.certify import pin
 from pp4.files import canonical_json, sha256_and_size, write_whole
+from pp4.execution import depfile
 from pp4.execution.root import Root
-from pp4.reuse import events, inputsets
+from pp4.reuse import events, inputsets, observed
+from pp4.reuse.actionkey import FileHasher
 
 
 class CertificateError(Exception):
@@ -103,7 +107,7 @@ def document(config_path: Path, actions_path: Path, builddir: Path, targets: set
     if problems:
         raise CertificateError("cannot certify this build:\n  " + "\n  ".join(problems))
     return {"format": 4, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "objects": objects, "input_sets": sets, "modules": _modules(actions, builddir)}
+            "objects": objects, "input_sets": sets, "modules": _modules(actions, builddir, state_dir)}
 
 
 def shipped(doc: dict) -> dict:
@@ -129,8 +133,12 @@ def shipped(doc: dict) -> dict:
         mapping = roots.get(m["target"])
         provenance = {k: mapping.fixed(v) if mapping is not None and isinstance(v, str) and v.startswith("/") else v
                       for k, v in m["provenance"].items()}
+        links = m.get("link_inputs")
+        if links is not None and mapping is not None:
+            links = sorted([mapping.fixed(path), state] for path, state in links)
         modules.append({"target": m["target"], "module": m["module"], "file": Path(m["file"]).name,
-                        "sha256": m["sha256"], "tree_sha256": m["tree_sha256"], "provenance": provenance})
+                        "sha256": m["sha256"], "tree_sha256": m["tree_sha256"], "provenance": provenance,
+                        "link_inputs": links})
     return {"format": doc["format"], "objects": objects, "input_sets": doc["input_sets"], "modules": modules}
 
 
@@ -166,7 +174,9 @@ def write(config_path: Path, actions_path: Path, out: Path) -> str:
     return digest
 
 
-def _modules(actions: list[dict], builddir: Path) -> list[dict]:
+def _modules(actions: list[dict], builddir: Path, state_dir: str) -> list[dict]:
+    hasher = FileHasher(Path(state_dir) / "hashes.json")
+    states = observed.States(hasher)
     out = []
     for target in sorted({a["target"] for a in actions}):
         plan = json.loads((builddir / target / "plan.json").read_text())
@@ -174,8 +184,20 @@ def _modules(actions: list[dict], builddir: Path) -> list[dict]:
         p = pin.check(module, with_tree=True)  # the module must match its pin, sources included
         out.append({"target": target, "module": plan["module"], "file": str(module), "sha256": p["sha256"],
                     "source_key": p["source_key"], "root": plan["root"], "provenance": plan.get("provenance", {}),
-                    "tree_sha256": p["tree_sha256"]})
+                    "tree_sha256": p["tree_sha256"], "link_inputs": link_inputs(module, states)})
+    hasher.save()
     return out
+
+
+def link_inputs(module: Path, states: observed.States) -> list[list[str]] | None:
+    """Every file the module's link read, with its state now: the link's dependency file
+    (pp4/execution/launch.py) lists them, and ninja links again when one changes, so after a build
+    they are what the link read. None when the link wrote no dependency file."""
+    try:
+        files = depfile.parse_depfile(Path(str(module) + ".d").read_text())
+    except OSError:
+        return None
+    return [[f, states.state(f)] for f in sorted(set(files))]
 
 
 def build_record(config: dict, modules: list[dict], certificate: Path, digest: str) -> dict:

@@ -154,15 +154,17 @@ def render(settings: BuildSettings, rules: str, plans: list[ModulePlan],
                variables={"plan": _shell([plan_json_path(settings.builddir, plan)])})
         _build(w, plan.extension.target, "phony", [out_mod, pin_path(plan)])
         _build(w, wheel_stamp_path(settings.builddir, plan), "wheel", pin_path(plan),
-               implicit=[settings.actions, RUNTIME_LOADER, *(str(s.object) for s in plan.steps)],
+               implicit=[settings.actions, RUNTIME_LOADER, out_mod, *(str(s.object) for s in plan.steps)],
                variables={"target": _shell([plan.extension.target])})
         _build(w, f"wheel-{plan.extension.target}", "phony", wheel_stamp_path(settings.builddir, plan))
         w.newline()
 
     cert = certificate_path(settings.builddir)
-    # Written again whenever any object is rebuilt or restored, not only when a module changes.
+    # Written again whenever any object is rebuilt or restored, or any module relinked (the
+    # certificate lists what each link read), not only when a module's bytes change.
     objects = [str(s.object) for _, s in ordered]
-    _build(w, cert, "certificate", [pin_path(p) for p in plans], implicit=[settings.actions, *objects])
+    _build(w, cert, "certificate", [pin_path(p) for p in plans],
+           implicit=[settings.actions, *objects, *(str(p.output) for p in plans)])
     _build(w, "certify", "audit", variables={"certificate": _shell([cert])})
     w.newline()
     _build(w, "compile_commands.json", "compdb", implicit=["build.ninja"])
