@@ -131,6 +131,8 @@ def make_build(work: Path, units: int, nsets: int, families: int, shared_n: int,
             for o in objs:
                 f.write(rnd.randbytes(o.stat().st_size))
         total += module.stat().st_size
+        # the link's dependency file, as pp4's launcher writes it (a revision before it ignores it)
+        Path(str(module) + ".d").write_text(f"{module}: " + " ".join(str(o) for o in objs) + "\n")
         plan = {"output": str(module), "module": module.stem, "root": str(root), "provenance": {},
                 "sources": [a["source"] for a in actions if a["target"] == target],
                 "cuda_flags": ["-O3"], "cxx_flags": ["-O3"], "link_flags": [],
