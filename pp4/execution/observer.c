@@ -280,12 +280,14 @@ static void write_call(const struct seen *c, int error) {
 /* The filter, installed by the command's process before it runs the command: every call of
    CALLS (and every call of another ABI, whose numbers differ) goes to the supervisor. */
 static int install_filter(void) {
-    struct sock_filter prog[4 + NCALLS + 2];
+    struct sock_filter prog[5 + NCALLS + 2];
     size_t n = 0;
     prog[n++] = (struct sock_filter)BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch));
     prog[n++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, ARCH, 1, 0);
     prog[n++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_USER_NOTIF);
     prog[n++] = (struct sock_filter)BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr));
+    /* x32's calls come with this ABI's arch and their own numbers, from 0x40000000 */
+    prog[n++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JGE | BPF_K, 0x40000000u, (__u8)(NCALLS + 1), 0);
     for (size_t i = 0; i < NCALLS; i++)
         prog[n++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (__u32)CALLS[i].nr,
                                                  (__u8)(NCALLS - i), 0);
@@ -376,13 +378,13 @@ int main(int argc, char **argv) {
             break;
         }
         struct seen c = {.pid = (pid_t)req->pid};
-        if (req->data.arch != ARCH) {
+        if (req->data.arch == ARCH) read_call(&c, &req->data);
+        if (!c.call) {  /* another ABI's call: nothing this reads, so nothing pp4 can trust */
             fprintf(out, "%d\tforeign-abi-%d\t0\t?\t\n", c.pid, req->data.nr);
         } else {
-            read_call(&c, &req->data);
-            int error = c.call ? look(&c) : 0;
+            int error = look(&c);
             /* The thread may have died and its id gone to another since: then nothing read holds. */
-            if (c.call && ioctl(listener, SECCOMP_IOCTL_NOTIF_ID_VALID, &req->id) == 0) write_call(&c, error);
+            if (ioctl(listener, SECCOMP_IOCTL_NOTIF_ID_VALID, &req->id) == 0) write_call(&c, error);
             free(c.path);
             free(c.path2);
         }
