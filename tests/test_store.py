@@ -291,6 +291,43 @@ def test_gc_evicts_least_recently_used_first(store: Store, tmp_path: Path) -> No
     assert store.verify().ok
 
 
+def test_gc_collects_the_manifest_entries_and_input_sets_of_evicted_actions(store: Store, tmp_path: Path) -> None:
+    """Manifests and input sets are bounded with the records they serve: an evicted action's entries
+    go, a manifest left empty goes, a set no remaining entry names goes once it is an hour old (a
+    writer names a set only after writing it), and what a live entry names stays."""
+    from pp4.store import hashed
+    from pp4.store.manifests import Manifests
+
+    sets = {}
+    for name in ("shared", "old-only", "young-only"):
+        data = json.dumps([[f"/usr/include/{name}.h", "0" * 64]]).encode()
+        sets[name] = hashlib.sha256(data).hexdigest()
+        hashed.write(store.root / "inputsets", sets[name], data)
+    keys = [key(f"gc{i}") for i in range(3)]
+    for i, k in enumerate(keys):
+        store.put(k, write_object(tmp_path / f"{i}.o", bytes([i]) * 10_000), {})
+        os.utime(store.record_path(k), (1000 + i, 1000 + i))  # keys[0] is the least recently used
+    manifests = Manifests(store.root)
+    m_evicted, m_mixed = "a" * 64, "b" * 64
+    manifests.add(m_evicted, {"action_key": keys[0], "input_sets": [sets["shared"], sets["old-only"]]}, 8, lambda e: True)
+    manifests.add(m_mixed, {"action_key": keys[0], "input_sets": [sets["young-only"]]}, 8, lambda e: True)
+    manifests.add(m_mixed, {"action_key": keys[1], "input_sets": [sets["shared"]]}, 8, lambda e: True)
+    hour_ago = time.time() - 7200
+    for name in ("shared", "old-only"):
+        os.utime(hashed.path_of(store.root / "inputsets", sets[name]), (hour_ago, hour_ago))
+
+    result = store.gc(max_bytes=store.stats().bytes - 1)  # evicts keys[0] alone
+
+    assert (result.records_evicted, result.manifest_entries_removed, result.manifests_removed) == (1, 2, 1)
+    assert not manifests.path(m_evicted).exists()
+    assert [e["action_key"] for e in manifests.read(m_mixed)] == [keys[1]]
+    assert result.input_sets_removed == 1, "only the hour-old set no entry names"
+    assert hashed.read(store.root / "inputsets", sets["old-only"]) is None
+    assert hashed.read(store.root / "inputsets", sets["shared"]) is not None, "a live entry names it"
+    assert hashed.read(store.root / "inputsets", sets["young-only"]) is not None, "young: its writer may name it yet"
+    assert manifests.verify(repair=False) == []
+
+
 def test_put_evicts_when_over_bound(tmp_path: Path) -> None:
     store = Store(tmp_path / "store", max_bytes=50_000)
     keys = [key(f"k{i}") for i in range(12)]

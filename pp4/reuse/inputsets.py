@@ -18,6 +18,7 @@ from pp4.execution.depfile import depfile_body
 from pp4.files import canonical_json
 from pp4.reuse.observed import States, holds
 from pp4.store import hashed
+from pp4.store.layout import SETS_FOLDER
 
 def canonical(shared: list[list[str]]) -> bytes:
     return canonical_json(sorted(map(list, shared)))
@@ -29,7 +30,7 @@ def set_id(shared: list[list[str]]) -> str:
 
 def directory(root: str | Path) -> Path:
     """Where the sets of a store or of a build's state directory live."""
-    return Path(root) / "inputsets"
+    return Path(root) / SETS_FOLDER
 
 
 def encode(shared: list[list[str]]) -> tuple[str, bytes]:

@@ -133,6 +133,8 @@ def format_gc(result: GcResult) -> str:
             f"  evicted {result.records_evicted} least-recently-used action records and {result.objects_evicted} objects",
             f"  removed {result.invalid_records_removed} invalid records, {result.orphan_objects_removed} orphaned objects, "
             f"{result.tmp_files_removed} stale staging files",
+            f"  removed {result.manifest_entries_removed} manifest entries of evicted actions, "
+            f"{result.manifests_removed} empty manifests, {result.input_sets_removed} input sets no entry names",
         ]
     )
 

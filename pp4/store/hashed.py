@@ -9,6 +9,8 @@ the content.
 from __future__ import annotations
 
 import hashlib
+import os
+import time
 from pathlib import Path
 
 from pp4.files import write_whole
@@ -26,6 +28,11 @@ def write(folder: str | Path, name: str, data: bytes) -> None:
     path = path_of(folder, name)
     if read(folder, name) is None:
         write_whole(path, data)
+    else:  # used again: young again, so that gc's grace period covers it until something names it
+        try:
+            os.utime(path)
+        except OSError:
+            pass
 
 
 def read(folder: str | Path, name: str) -> bytes | None:
@@ -47,3 +54,20 @@ def verify(folder: str | Path, repair: bool) -> list[tuple[str, str, bool]]:
                 path.unlink(missing_ok=True)
             damage.append((str(path), "its bytes do not hash to its name", repair))
     return damage
+
+
+def collect(folder: str | Path, keep: set[str], older_than_s: float) -> int:
+    """Remove the files no one names (not in keep) that were last written or used more than
+    older_than_s ago: a writer names a file only after writing it. Returns how many went."""
+    limit = time.time() - older_than_s
+    removed = 0
+    for path in Path(folder).glob("*/*.json"):
+        if path.stem in keep:
+            continue
+        try:
+            if path.stat().st_mtime < limit:
+                path.unlink()
+                removed += 1
+        except FileNotFoundError:
+            continue
+    return removed

@@ -8,6 +8,10 @@ import os
 from pathlib import Path
 from typing import Iterator
 
+# Where a store, and a build's state folder, keep input sets (pp4/store/hashed.py files, written by
+# pp4/reuse/inputsets.py); the store's gc removes the ones no manifest entry names.
+SETS_FOLDER = "inputsets"
+
 
 def write_all(fd: int, data: bytes | memoryview) -> None:
     view = memoryview(data)

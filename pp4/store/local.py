@@ -11,6 +11,8 @@ Layout under the root (see docs/store.md for the full argument):
     lock                              flock: put holds it shared, gc and repair exclusive
     gc.lock                           flock: at most one automatic eviction at a time
     usage, usage.log                  size estimate: total at the last gc + bytes added since
+    manifests/, inputsets/, locks/    the reuse rule's index, observation sets and compile locks
+                                      (pp4/store/manifests.py, hashed.py); gc keeps them in step
 
 Crash safety rests on two rules: every file becomes visible by one atomic
 rename/link from tmp/, and an object is published (and its directory entry

@@ -4,8 +4,10 @@ the per-key locks that let the same unit of two variants compile once.
     <store>/manifests/<2 hex>/<manifest key>.json   {"manifest_key", "entries", "sha256"}
     <store>/locks/<2 hex>/<manifest key>            flock'd while a compile of that key runs
 
-The store owns these files; what an entry means is pp4.reuse's (which also checks, on every
-lookup, that an entry's action key follows from its inputs). Each manifest carries the sha256 of
+The store owns these files. An entry is {"action_key": <key of an action record>, "input_sets":
+[<names of input sets under <store>/inputsets>], ...}: gc keeps the entries whose action record is
+still there, and the sets they name. Whether an entry may stand in for a compile is pp4.reuse's
+question (which also checks, on every lookup, that an entry's action key follows from its inputs). Each manifest carries the sha256 of
 its canonical content, so `pp4.store verify` finds a changed byte on its own. A manifest that is
 missing or unreadable reads as no entries: a miss, never a wrong object.
 """
@@ -108,6 +110,29 @@ class Manifests:
                 yield waited
             finally:
                 fcntl.flock(f, fcntl.LOCK_UN)
+
+    def collect(self, alive: Callable[[str], bool]) -> tuple[int, int, set[str]]:
+        """Drop the entries whose action record is gone (alive(action_key) is False), and the
+        manifests left empty. Returns (entries removed, manifests removed, the input sets the
+        remaining entries name). Run under the store's exclusive lock, so no record is published
+        meanwhile; a manifest added to at this moment may lose that one entry (a future miss)."""
+        entries_removed = manifests_removed = 0
+        named: set[str] = set()
+        for path in self.folder.glob("*/*.json"):
+            entries, problem = self._load(path, path.stem, check_sum=False)
+            if problem:
+                continue  # damaged: verify's to judge and remove
+            keep = [e for e in entries if isinstance(e, dict) and alive(e.get("action_key"))]
+            entries_removed += len(entries) - len(keep)
+            if not keep:
+                path.unlink(missing_ok=True)
+                manifests_removed += 1
+                continue
+            if len(keep) < len(entries):
+                self._write(path.stem, keep)
+            for e in keep:
+                named.update(sid for sid in e.get("input_sets") or [] if isinstance(sid, str))
+        return entries_removed, manifests_removed, named
 
     def collect_locks(self) -> int:
         """Remove the lock files no process holds (gc): one per key ever compiled otherwise

@@ -78,6 +78,9 @@ class GcResult:
     invalid_records_removed: int
     orphan_objects_removed: int
     tmp_files_removed: int
+    manifest_entries_removed: int = 0  # entries whose action record is gone
+    manifests_removed: int = 0  # manifests left with no entry
+    input_sets_removed: int = 0  # sets no remaining entry names
 
 
 @attrs.frozen

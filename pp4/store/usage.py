@@ -18,7 +18,9 @@ from typing import TYPE_CHECKING
 
 import attrs
 
-from pp4.store.layout import iter_shard_files, unlink_quietly, write_all
+from pp4.store import hashed
+from pp4.store.layout import SETS_FOLDER, iter_shard_files, unlink_quietly, write_all
+from pp4.store.manifests import Manifests
 from pp4.store.records import (
     _ACTION_KEY_RE, ActionRecord, GcResult, StoreError, StoreStats, _InvalidRecord, decode_record
 )
@@ -142,6 +144,9 @@ def _collect(store: Store, trigger_bytes: int, target_bytes: int) -> GcResult:
                     unlink_quietly(Path(path))
                     total -= size
                     objects_evicted += 1
+        alive = {Path(r.path).name[: -len(".json")] for r in live if os.path.exists(r.path)}
+        entries_removed, manifests_removed, named = Manifests(store.root).collect(alive.__contains__)
+        sets_removed = hashed.collect(store.root / SETS_FOLDER, named, STALE_TMP_SECONDS)
         _reset_usage(store, total)
     return GcResult(
         root=str(store.root),
@@ -153,6 +158,9 @@ def _collect(store: Store, trigger_bytes: int, target_bytes: int) -> GcResult:
         invalid_records_removed=invalid_removed,
         orphan_objects_removed=orphans_removed,
         tmp_files_removed=tmp_removed,
+        manifest_entries_removed=entries_removed,
+        manifests_removed=manifests_removed,
+        input_sets_removed=sets_removed,
     )
 
 def _read_record_entry(store: Store, entry: os.DirEntry) -> ActionRecord | None:
