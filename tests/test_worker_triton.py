@@ -62,6 +62,9 @@ def test_matches_float64_reference_with_several_kv_heads_per_rank():
     model_tests.test_sharded_model_matches_unsharded_float64_reference(w, state_io.synthetic_states(w, 2))
 
 
+# Slow under the Triton interpreter (about 40 s each on 2 cores): the quick suite keeps the
+# references and the other kernels' checks.
+@pytest.mark.slow
 @pytest.mark.parametrize("depth", [4, 5])
 def test_modes_agree_bit_for_bit(pair, depth):
     tw, _, states = pair
@@ -266,6 +269,7 @@ def test_skinny_plan_takes_the_long_strips_and_splits_them_by_shape_alone():
                                                        SkinnyTiles(16, 128, 2))
 
 
+@pytest.mark.slow
 def test_skinny_gemm_model_matches_float64_reference(pair, monkeypatch):
     _, _, states = pair
     # The tiny geometry's K (256, 512) is below the default's bar: lower it so the kernel runs.
