@@ -68,10 +68,15 @@ def compiler() -> str | None:
     return shutil.which("cc") or shutil.which("gcc")
 
 
+@functools.lru_cache(maxsize=1)
+def _source_digest() -> str:
+    return hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
+
+
 def observer_path() -> Path:
-    """Where this version of observer.c is built: named by its source's hash."""
-    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
-    return cache_dir() / "observer" / digest / "pp4-observe"
+    """Where this version of observer.c is built: named by its source's hash (read once per
+    process, not once per command)."""
+    return cache_dir() / "observer" / _source_digest() / "pp4-observe"
 
 
 def build() -> Path:

@@ -131,11 +131,13 @@ def _collect(store: Store, trigger_bytes: int, target_bytes: int) -> GcResult:
 
         total = sum(size for _, size in objects.values()) + sum(r.nbytes for r in live)
         records_evicted = objects_evicted = 0
+        evicted: set[str] = set()
         if total > trigger_bytes:
             for record in sorted(live, key=lambda r: r.mtime):
                 if total <= target_bytes:
                     break
                 unlink_quietly(Path(record.path))
+                evicted.add(record.path)
                 total -= record.nbytes
                 records_evicted += 1
                 references[record.object_sha256] -= 1
@@ -144,7 +146,7 @@ def _collect(store: Store, trigger_bytes: int, target_bytes: int) -> GcResult:
                     unlink_quietly(Path(path))
                     total -= size
                     objects_evicted += 1
-        alive = {Path(r.path).name[: -len(".json")] for r in live if os.path.exists(r.path)}
+        alive = {Path(r.path).name[: -len(".json")] for r in live if r.path not in evicted}
         entries_removed, manifests_removed, named = Manifests(store.root).collect(alive.__contains__)
         sets_removed = hashed.collect(store.root / SETS_FOLDER, named, STALE_TMP_SECONDS)
         _reset_usage(store, total)
