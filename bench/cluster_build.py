@@ -94,9 +94,9 @@ def main() -> int:
             known = Events(str(tree / "build" / ".pp4"))
             where, node_s = {}, 0.0
             for a in chosen:
-                ev = known.get(a["output"]) or {}
-                where[a["output"]] = ev.get("executed_on") or "here"
-                node_s += ev.get("compile_duration_s") or 0
+                ev = known.get(a["output"])
+                where[a["output"]] = (ev.executed_on if ev else None) or "here"
+                node_s += (ev.compile_duration_s if ev else None) or 0
             result["steps"][name] = {"configure_s": conf["wall_s"], "ninja_wall_s": step["wall_s"],
                                      "ninja_cpu_s_here": step["cpu_s"], "compile_s_reported": round(node_s, 2),
                                      "wrapper_peak_rss_mib": round(peak.get("kib", 0) / 1024, 1),

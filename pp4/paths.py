@@ -9,6 +9,9 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent
 LOCK_DIR = REPO_ROOT / "toolchain"
 
+# What an extension tree's sources and headers are named: what a pin hashes and a cluster node is sent.
+SOURCE_SUFFIXES = {".c", ".cc", ".cpp", ".cxx", ".cu", ".cuh", ".h", ".hh", ".hpp", ".hxx", ".inl", ".inc"}
+
 
 def cache_dir() -> Path:
     """$PP4_CACHE_DIR, else $XDG_CACHE_HOME/pp4, else ~/.cache/pp4."""

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from pp4 import interrupt
 from pp4.files import sha256_file, write_if_changed
-from pp4.sources.extensions import SOURCE_SUFFIXES
+from pp4.paths import SOURCE_SUFFIXES
 
 
 class PinError(Exception):

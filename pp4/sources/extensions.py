@@ -32,7 +32,6 @@ import attrs
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 # The files of a source tree that can change what it compiles to.
-SOURCE_SUFFIXES = {".c", ".cc", ".cpp", ".cxx", ".cu", ".cuh", ".h", ".hh", ".hpp", ".hxx", ".inl", ".inc"}
 # What compiles each kind of source. A .c file goes to the C++ compiler, as torch's BuildExtension
 # sends it (its ninja rule runs $cxx on every non-CUDA source).
 COMPILED_SUFFIXES = {".c": "cxx", ".cc": "cxx", ".cpp": "cxx", ".cxx": "cxx", ".cu": "cuda"}
