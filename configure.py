@@ -28,13 +28,14 @@ sys.path.insert(0, str(ROOT))
 
 from pp4 import interrupt  # noqa: E402
 from pp4 import paths  # noqa: E402
+from pp4 import statedir  # noqa: E402
 from pp4.files import write_if_changed  # noqa: E402
 from pp4.plan import modules as plan  # noqa: E402
 from pp4.plan import ninjafile  # noqa: E402
 from pp4.plan.torchflags import setuptools_flags, torch_build_flags  # noqa: E402
 from pp4.sizes import parse_size  # noqa: E402
 from pp4.execution import root as fixed_root  # noqa: E402
-from pp4.reuse.cluster import executor  # noqa: E402
+from pp4.execution import cluster  # noqa: E402
 from pp4.sources import exl3  # noqa: E402
 from pp4.sources import extensions  # noqa: E402
 from pp4.sources import setuppy  # noqa: E402
@@ -106,13 +107,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     reuse.add_argument("--remote-expire-days", type=float, metavar="DAYS",
                        help="a remote value nobody read for this long expires (Redis; default: the server's "
                             "maxmemory-policy decides)")
-    cluster = ap.add_argument_group("compiling on a cluster (see docs/cluster.md)")
-    cluster.add_argument("--executor", metavar="ray://HOST:PORT",
-                         help="run compiles that miss the store on this Ray cluster (`ray` alone: $RAY_ADDRESS); "
-                              "-j defaults to the cluster's CPUs")
-    cluster.add_argument("--executor-timeout", type=float, metavar="SECONDS",
-                         help=f"a compile not back from the cluster after this long is run here (default: "
-                              f"{executor.DEFAULT_TIMEOUT_S:.0f})")
+    on_cluster = ap.add_argument_group("compiling on a cluster (see docs/cluster.md)")
+    on_cluster.add_argument("--executor", metavar="ray://HOST:PORT",
+                            help="run compiles that miss the store on this Ray cluster (`ray` alone: $RAY_ADDRESS); "
+                                 "-j defaults to the cluster's CPUs")
+    on_cluster.add_argument("--executor-timeout", type=float, metavar="SECONDS",
+                            help=f"a compile not back from the cluster after this long is run here (default: "
+                                 f"{cluster.DEFAULT_TIMEOUT_S:.0f})")
     env = ap.add_argument_group("the compile environment (see docs/reuse.md): compilers get only what pp4 chose")
     env.add_argument("--compile-env", action="append", default=[], metavar="NAME=VALUE",
                      help="also pass this variable to every compiler and linker (repeatable; part of the key)")
@@ -290,10 +291,10 @@ def remote_settings(args, builddir: Path) -> dict | None:
         raise ConfigureError("--remote-store with --no-reuse: a remote tier shares reused objects; drop one of them")
     try:
         settings = tier.settings(args.remote_store, args.remote_store_mode, args.remote_expire_days,
-                                 builddir / ".pp4")
+                                 statedir.of_build(builddir))
     except ValueError as e:
         raise ConfigureError(str(e)) from None
-    problem = tier.reachable(settings["url"], builddir / ".pp4", settings["ttl"])
+    problem = tier.reachable(settings["url"], statedir.of_build(builddir), settings["ttl"])
     if problem:
         print(f"configure: warning: {problem}; builds will try it and go on locally while it does not answer")
     else:
@@ -308,15 +309,15 @@ def executor_settings(args, tc: toolchain.Toolchain) -> tuple[dict | None, int |
             raise ConfigureError("--executor-timeout needs --executor")
         return None, None
     try:
-        address = executor.parse_address(args.executor)
-    except executor.ClusterError as e:
+        address = cluster.parse_address(args.executor)
+    except cluster.ClusterError as e:
         raise ConfigureError(str(e)) from None
     if args.executor_timeout is not None and args.executor_timeout <= 0:
         raise ConfigureError(f"--executor-timeout {args.executor_timeout}: a compile needs more than 0 seconds")
-    settings = {"address": address, "timeout_s": args.executor_timeout or executor.DEFAULT_TIMEOUT_S,
+    settings = {"address": address, "timeout_s": args.executor_timeout or cluster.DEFAULT_TIMEOUT_S,
                 "toolchain": {"cuda_release": torch_cuda_version() if tc.pinned else None, "path": str(tc.prefix)}}
     try:
-        cpus = executor.cluster_cpus(address)
+        cpus = cluster.cluster_cpus(address)
     except Exception as e:  # noqa: BLE001 - any failure to reach it: the build compiles here until it answers
         print(f"configure: warning: {e}; compiles run here until the cluster answers")
         return settings, None
@@ -387,7 +388,7 @@ def main(argv: list[str]) -> int:
         plan.parse_arch(a, supported)
 
     # The compile environment: what the toolchain would read from ours is folded into build.ninja
-    # or dropped, never passed on unseen (pp4.compilerenv).
+    # or dropped, never passed on unseen (pp4/toolchain/compilerenv.py).
     folded = compilerenv.fold(dict(os.environ), root)
     for line in compilerenv.folded_lines(folded):
         print(f"configure: folded {line}")
@@ -415,7 +416,7 @@ def main(argv: list[str]) -> int:
     plans = [plan.module_plan(e, torch, tc, archs, builddir, root, log, supported, chosen, folded, setuptools)
              for e in exts]
     ordered = plan.longest_first(plans, table)
-    identifier = compilers.Identifier(builddir / ".pp4" / "compilers.json", compile_tmpdir(builddir))
+    identifier = compilers.Identifier(statedir.part(statedir.of_build(builddir), statedir.COMPILERS), compile_tmpdir(builddir))
     tool_files = {lang: tuple(identifier.files(chosen, lang, envs[lang])) for lang in ("cuda", "cxx")}
     identifier.save()
 
@@ -430,7 +431,7 @@ def main(argv: list[str]) -> int:
         "limits": json.loads(limits.to_json()),
         "reuse": {"store": store_dir, "remote": remote, "roots": sorted({str(e.root) for e in exts}),
                   "relocation": places, "executor": executor_doc,
-                  "toolchain": toolchain.identity(tc), "state_dir": str(builddir / ".pp4")},
+                  "toolchain": toolchain.identity(tc), "state_dir": str(statedir.of_build(builddir))},
         "compile": compile_section,
     }
     config_file = builddir / "pp4.json"

@@ -16,7 +16,8 @@ import pytest
 from conftest import REPO, compile_section, store_as_compiled
 
 from pp4.certify import certificate
-from pp4.reuse import events
+from pp4.reuse import events, inputsets, prepass
+from pp4.store import hashed
 from pp4.reuse import wrapper as reuse
 from pp4.reuse.actionkey import parse_compile
 
@@ -75,7 +76,7 @@ class Scene:
             Path(o).unlink(missing_ok=True)
 
     def prepass(self) -> dict:
-        reuse.prepass(self.cfg, self.actions_file, self.stamp)
+        prepass.prepass(self.cfg, self.actions_file, self.stamp)
         return json.loads(self.stamp.read_text())
 
 
@@ -90,20 +91,21 @@ def test_prepass_writes_one_batch_that_supersedes_the_event_files(tmp_path, tool
     known = events.Events(str(s.state))
     for o in s.outputs():
         assert not events.event_path(str(s.state), o).exists(), "a restore removes the older event file"
-        assert known.get(o)["status"] == "reused" and known.get(o)["via"] == "prepass"
+        assert known.get(o).status == "reused" and known.get(o).via == "prepass"
     # A compile edge's event written after the batch is the newer one, and wins.
     r = reuse.Reuser(s.cfg)
     action = r.action(parse_compile(s.actions[0]["argv"]), s.actions[0]["env"])
-    r.event(action, status="compiled", compile_duration_s=2.0, input_sets=[])
-    assert events.Events(str(s.state)).get(s.outputs()[0])["status"] == "compiled"
+    r.event(action, status="compiled", object_sha256="0" * 64, command=action.command, env=action.env, mounts=None,
+            compile_duration_s=2.0)
+    assert events.Events(str(s.state)).get(s.outputs()[0]).status == "compiled"
     # A later prepass restoring only one object keeps the others' entries.
     Path(s.outputs()[1]).unlink()
     for o in s.outputs():
         Path(o + reuse.MARKER_SUFFIX).unlink(missing_ok=True)
     assert s.prepass()["restored"] == 1
     known = events.Events(str(s.state))
-    assert known.get(s.outputs()[0])["status"] == "compiled"
-    assert known.get(s.outputs()[1])["status"] == "reused" and known.get(s.outputs()[2])["status"] == "reused"
+    assert known.get(s.outputs()[0]).status == "compiled"
+    assert known.get(s.outputs()[1]).status == "reused" and known.get(s.outputs()[2]).status == "reused"
 
 
 def test_prepass_killed_before_its_batch_restores_again(tmp_path, toolchain):
@@ -117,7 +119,7 @@ def test_prepass_killed_before_its_batch_restores_again(tmp_path, toolchain):
     assert all(Path(o + reuse.MARKER_SUFFIX).exists() for o in s.outputs())
     assert s.prepass()["restored"] == 3
     known = events.Events(str(s.state))
-    assert all(known.get(o)["status"] == "reused" for o in s.outputs())
+    assert all(known.get(o).status == "reused" for o in s.outputs())
 
 
 def test_stale_event_file_left_by_a_kill_is_caught_by_the_certificate_check(tmp_path, toolchain):
@@ -129,19 +131,22 @@ def test_stale_event_file_left_by_a_kill_is_caught_by_the_certificate_check(tmp_
     s.remove_objects()
     s.prepass()
     stale["object_sha256"] = "0" * 64  # the object the older event described, not this one
-    events.write(str(s.state), out, stale)
+    events.write(str(s.state), events.CompileEvent.from_json(stale))
     with pytest.raises(certificate.CertificateError, match="differs from the one recorded"):
         certificate.write(s.config, s.actions_file, s.state.parent / "certificate.json.gz")
 
 
 WRITER = """
 import sys
-from pp4.reuse import events
+from pp4.reuse import events, inputsets, prepass
+from pp4.store import hashed
 state = sys.argv[1]
 gen = 0
 while True:
     gen += 1
-    events.write_batch(state, {f"/o/{i}": {"gen": gen, "pad": "x" * 200} for i in range(2000)})
+    events.write_batch(state, [events.CompileEvent(output=f"/o/{i}", source="/s", root=None, status="compiled",
+                                                   object_sha256=str(gen), command=[], env={"pad": "x" * 200},
+                                                   mounts=None) for i in range(2000)])
 """
 
 
@@ -159,4 +164,44 @@ def test_batch_killed_mid_write_is_old_or_new_never_torn(tmp_path):
         proc.wait()
         batch = events.read_batch(str(state))
         assert len(batch) == 2000, "a kill must leave the previous batch or the new one, whole"
-        assert len({e["gen"] for e in batch.values()}) == 1
+        assert len({e["object_sha256"] for e in batch.values()}) == 1
+
+
+def test_the_prepass_keeps_the_build_state_bounded(tmp_path, toolchain):
+    """Events of outputs the build no longer has (file and batch entry) and sets no event names go;
+    what the configured outputs' events name stays, and a set younger than the grace stays."""
+    s = Scene(tmp_path, toolchain)
+    s.remove_objects()
+    s.prepass()
+    gone = str(tmp_path / "build" / "obj" / "removed.cu.o")
+    events.write(str(s.state), events.CompileEvent(output=gone, source="/s/removed.cu", root=None, status="compiled",
+                                                   object_sha256="0" * 64, command=[], env={}, mounts=None))
+    batch = events.read_batch(str(s.state))
+    batch[gone] = dict(next(iter(batch.values())), output=gone)
+    events.batch_path(str(s.state)).write_text(json.dumps({"events": batch}))
+    sets = inputsets.directory(s.state)
+    old_set, young_set = (hashed_write(sets, json.dumps([[f"/x/{n}.h", None]]).encode()) for n in ("old", "young"))
+    hour_ago = time.time() - 2 * prepass.STATE_SETS_GRACE_S
+    os.utime(hashed.path_of(sets, old_set), (hour_ago, hour_ago))
+    named = {sid for o in s.outputs() for sid in events.Events(str(s.state)).get(o).input_sets}
+    for sid in named:  # as old as the stale one: kept because events name them
+        os.utime(hashed.path_of(sets, sid), (hour_ago, hour_ago))
+
+    Path(s.outputs()[0]).unlink()
+    Path(s.outputs()[0] + reuse.MARKER_SUFFIX).unlink(missing_ok=True)
+    s.prepass()
+
+    assert not events.event_path(str(s.state), gone).exists()
+    assert gone not in events.read_batch(str(s.state))
+    assert all(events.Events(str(s.state)).get(o) is not None for o in s.outputs())
+    assert hashed.read(sets, old_set) is None
+    assert hashed.read(sets, young_set) is not None
+    assert all(hashed.read(sets, sid) is not None for sid in named)
+
+
+def hashed_write(folder: Path, data: bytes) -> str:
+    import hashlib
+
+    sid = hashlib.sha256(data).hexdigest()
+    hashed.write(folder, sid, data)
+    return sid

@@ -107,7 +107,7 @@ def module_plan(ext: Extension, torch: TorchBuildFlags, toolchain: Toolchain, ar
                 supported_archs: list[str] | None = None, compilers: Compilers | None = None,
                 folded: Folded | None = None, setuptools: SetuptoolsFlags | None = None) -> ModulePlan:
     """compilers: configure's choice (the host compiler nvcc runs goes in as an absolute -ccbin);
-    folded: the toolchain variables configure took from the environment (pp4.compilerenv);
+    folded: the toolchain variables configure took from the environment (pp4/toolchain/compilerenv.py);
     setuptools: what build_ext adds, for extensions of the "setuptools" flavor (from a setup.py)."""
     durations = durations or {}
     folded = folded or Folded()

@@ -13,6 +13,7 @@ import shlex
 import attrs
 from ninja import ninja_syntax
 
+from pp4 import statedir
 from pp4.plan.modules import CompileStep, ModulePlan
 
 # The loader each wheel installs: a new one makes new wheels. (Its path, not an import: plan
@@ -72,7 +73,7 @@ def _path(p) -> str:
 
 
 def prepass_stamp(builddir: str) -> str:
-    return os.path.join(builddir, ".pp4", "prepass.stamp")
+    return os.path.join(builddir, statedir.FOLDER, statedir.PREPASS_STAMP)
 
 
 def certificate_path(builddir: str) -> str:

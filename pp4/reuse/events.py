@@ -24,22 +24,62 @@ import json
 import os
 from pathlib import Path
 
+import attrs
+
+from pp4 import statedir
 from pp4.files import write_whole
 
-BATCH = "prepass-events.json"
+@attrs.frozen
+class CompileEvent:
+    """How one object of a build came to be: compiled (here or on a cluster node), or reused from a
+    stored action. The certificate is written from these."""
+    output: str
+    source: str
+    root: str | None  # the extension source root it belongs to
+    status: str  # "compiled" or "reused"
+    object_sha256: str
+    command: tuple[str, ...] = attrs.field(converter=tuple)  # as it ran: the fixed root's paths
+    env: dict = attrs.field(hash=False)
+    mounts: dict | None = attrs.field(hash=False)  # the fixed root's mounts; None: it ran where it is
+    action_key: str | None = None  # None: compiled and not stored
+    input_sets: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    not_stored: str | None = None  # why a compiled object was not stored
+    missed: str | None = None  # why the newest stored entry of the command did not hold
+    remote: str | None = None  # the remote tier a compiled object was published to
+    executed_on: str | None = None  # the cluster node that compiled it
+    compile_duration_s: float | None = None  # reused: the stored compile's
+    via: str | None = None  # reused: by the prepass or by its own compile edge
+    tier: str | None = None  # reused: "local" or "remote"
+    fetched_from: str | None = None  # reused from the remote tier: which
+    reused_from: dict | None = attrs.field(default=None, hash=False)  # reused: where it was compiled
+    restore_duration_s: float | None = None
+
+    def to_json(self) -> dict:
+        return attrs.asdict(self, value_serializer=lambda _i, _a, v: list(v) if isinstance(v, tuple) else v)
+
+    @classmethod
+    def from_json(cls, doc) -> "CompileEvent | None":
+        """None when doc is not an event (a damaged file reads as no event: the certificate refuses)."""
+        if not isinstance(doc, dict):
+            return None
+        names = {f.name for f in attrs.fields(cls)}
+        try:
+            return cls(**{k: v for k, v in doc.items() if k in names})
+        except (TypeError, ValueError):
+            return None
 
 
 def event_path(state_dir: str, output: str) -> Path:
-    return Path(state_dir) / "events" / (output.replace(os.sep, "__") + ".json")
+    return statedir.part(state_dir, statedir.EVENTS) / (output.replace(os.sep, "__") + ".json")
 
 
 def batch_path(state_dir: str) -> Path:
-    return Path(state_dir) / BATCH
+    return statedir.part(state_dir, statedir.PREPASS_EVENTS)
 
 
-def write(state_dir: str, output: str, doc: dict) -> None:
+def write(state_dir: str, event: CompileEvent) -> None:
     """One object's event, from a compile edge (whole, then renamed)."""
-    write_whole(event_path(state_dir, output), json.dumps(doc, sort_keys=True))
+    write_whole(event_path(state_dir, event.output), json.dumps(event.to_json(), sort_keys=True))
 
 
 def read_batch(state_dir: str) -> dict[str, dict]:
@@ -53,17 +93,37 @@ def read_batch(state_dir: str) -> dict[str, dict]:
         return {}
 
 
-def write_batch(state_dir: str, new: dict[str, dict]) -> dict[str, dict]:
+def write_batch(state_dir: str, new: list[CompileEvent]) -> dict[str, dict]:
     """Add a prepass's events to the batch (whole file, renamed into place), then remove the event
     files they supersede. Order matters: see the module's docstring. Returns the whole batch."""
     events = read_batch(state_dir)
     if not new:
         return events
-    events.update(new)
-    write_whole(batch_path(state_dir), json.dumps({"events": events}, sort_keys=True))
-    for output in new:
-        event_path(state_dir, output).unlink(missing_ok=True)
+    events.update({e.output: e.to_json() for e in new})
+    _put_batch(state_dir, events)
+    for e in new:
+        event_path(state_dir, e.output).unlink(missing_ok=True)
     return events
+
+
+def _put_batch(state_dir: str, events: dict[str, dict]) -> None:
+    write_whole(batch_path(state_dir), json.dumps({"events": events}, sort_keys=True))
+
+
+def collect(state_dir: str, outputs: set[str], batch: dict[str, dict]) -> int:
+    """Remove the events of outputs this build no longer has (a target configured away, a source
+    removed), files and entries of batch (the batch as write_batch just returned it). Returns how
+    many went."""
+    keep = {event_path(state_dir, o).name for o in outputs}
+    removed = 0
+    for path in statedir.part(state_dir, statedir.EVENTS).glob("*.json"):
+        if path.name not in keep:
+            path.unlink(missing_ok=True)
+            removed += 1
+    stale = [o for o in batch if o not in outputs]
+    if stale:
+        _put_batch(state_dir, {o: e for o, e in batch.items() if o in outputs})
+    return removed + len(stale)
 
 
 class Events:
@@ -73,12 +133,13 @@ class Events:
         self.state_dir = state_dir
         self._batch = read_batch(state_dir) if batch is None else batch  # batch: as just written
 
-    def get(self, output: str) -> dict | None:
+    def get(self, output: str) -> CompileEvent | None:
         """An output's newest event, or None when it has none (or its file is damaged)."""
         try:
-            return json.loads(event_path(self.state_dir, output).read_text())
+            doc = json.loads(event_path(self.state_dir, output).read_text())
         except FileNotFoundError:
-            return self._batch.get(output)
+            doc = self._batch.get(output)
         except (OSError, ValueError):
             return None
+        return CompileEvent.from_json(doc)
 

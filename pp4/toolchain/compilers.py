@@ -3,7 +3,7 @@
 Configure resolves every compiler to an absolute path, the way torch's BuildExtension chooses them:
 .cpp units run $CXX, else `c++`; nvcc runs the host compiler a `-ccbin` in the flags names, else
 $CC, else $NVCC_CCBIN, else `gcc` (nvcc's own default), passed as an absolute `-ccbin`. With the
-compile environment's fixed PATH (pp4.compilerenv), nothing on the user's PATH can slip in between.
+compile environment's fixed PATH (pp4/toolchain/compilerenv.py), nothing on the user's PATH can slip in between.
 
 A compile's identity is the content of what executes: for CUDA units the toolkit's programs and
 data files (nvcc, nvcc.profile, cicc, ptxas, ...) and the host compiler nvcc runs; for C++ units the
@@ -103,7 +103,7 @@ def choose(env: dict[str, str], nvcc: str, toolkit: list[tuple[str, str]], cuda_
 
 def compile_section(chosen: Compilers, folded, extra_env: dict[str, str]) -> dict:
     """The "compile" part of build/pp4.json: the compilers, each language's environment
-    (pp4.compilerenv.action_env) and the variables configure folded, as it saw them."""
+    (pp4.toolchain.compilerenv.action_env) and the variables configure folded, as it saw them."""
     from pp4.toolchain.compilerenv import action_env
 
     envs = {"cuda": action_env(chosen.ccbin, folded, extra_env), "cxx": action_env(chosen.cxx, folded, extra_env)}

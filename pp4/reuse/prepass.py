@@ -1,0 +1,78 @@
+"""The prepass (`python -m pp4.reuse --prepass CONFIG ACTIONS STAMP`), which every compile edge
+waits for: the lookups of all compiles whose object is missing, in one process (each path's state
+worked out once), restoring the hits; each of those edges then only claims its object (a marker
+left here), which costs a shell `test`, not a Python start-up. It also writes the stamp's
+dependency file and keeps the build's state bounded."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from pp4.execution import depfile
+from pp4.execution.root import Root
+from pp4.reuse import actionkey, events, inputsets
+from pp4.reuse.notices import env_notices, notify_once
+from pp4.reuse.wrapper import MARKER_SUFFIX, ReuseConfig, Reuser
+
+STATE_SETS_GRACE_S = 3600.0
+
+
+def prepass(cfg: ReuseConfig, actions_file: Path, stamp: Path) -> int:
+    t0, cpu0 = time.monotonic(), time.process_time()
+    actions = json.loads(actions_file.read_text())["actions"]
+    notify_once(cfg.state_dir, env_notices(cfg.folded))
+    reuser = Reuser(cfg)
+    restored = checked = 0
+    hits: list[events.CompileEvent] = []
+    for doc in actions:
+        args = actionkey.parse_compile(doc["argv"])
+        marker = Path(args.output + MARKER_SUFFIX)
+        if marker.exists():  # restored by an earlier prepass that never got claimed: start over
+            for p in (marker, Path(args.output), Path(args.depfile)):
+                p.unlink(missing_ok=True)
+        if Path(args.output).exists():
+            continue  # ninja decides about existing objects; their edges run the full wrapper
+        checked += 1
+        t = time.monotonic()
+        action = reuser.action(args, doc["env"])
+        hit = reuser.lookup(action)
+        if hit is not None and reuser.materialize(hit, action):
+            marker.write_text(hit.entry.action_key + "\n")
+            hits.append(reuser.hit_event(action, hit, time.monotonic() - t, via="prepass"))
+            restored += 1
+    reuser.hasher.save()
+    # One batch file for all of them, after the markers: killed before it is in place, the markers
+    # make the next prepass restore those objects again (pp4/reuse/events.py).
+    batch = events.write_batch(cfg.state_dir, hits)
+    # The stamp's dependencies: every file every compile seen so far read, so that an edit of any
+    # of them runs the prepass again before the compiles that ninja will then find out of date.
+    deps: set[str] = set()
+    named: set[str] = set()
+    known = events.Events(cfg.state_dir, batch)
+    for doc in actions:
+        ev = known.get(doc["output"])
+        if ev is None:
+            continue
+        mapping = Root.from_mounts(ev.mounts) if ev.mounts else None
+        named.update(ev.input_sets)
+        for sid in ev.input_sets:
+            deps.update(reuser.sets.files(reuser.state_sets, sid, mapping))
+    # The build's state stays bounded: no compile edge runs before this prepass ends, so what no
+    # configured output's event names now is no one's (sets get an hour: a build folder's other
+    # ninja, run by hand at the same time, may have just written one).
+    events.collect(cfg.state_dir, {doc["output"] for doc in actions}, batch)
+    inputsets.collect(reuser.state_sets, named, older_than_s=STATE_SETS_GRACE_S)
+    stamp.parent.mkdir(parents=True, exist_ok=True)
+    depfile.write(str(stamp) + ".d", str(stamp), sorted(deps))
+    cpu = time.process_time() - cpu0
+    stamp.write_text(json.dumps({"checked": checked, "restored": restored,
+                                 "seconds": round(time.monotonic() - t0, 3), "cpu_seconds": round(cpu, 3),
+                                 "input_sets": reuser.sets.loaded()}) + "\n")
+    if checked:
+        remote = sum(e.tier == "remote" for e in hits)
+        print(f"pp4.reuse: {restored} of {checked} missing objects restored from the store"
+              + (f" ({remote} from the remote store)" if remote else "")
+              + f" in {time.monotonic() - t0:.2f} s ({cpu:.2f} CPU-s)")
+    return 0

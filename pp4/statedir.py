@@ -1,0 +1,42 @@
+"""build/.pp4/: what a build keeps beside its outputs, one part per writer. Every part is named
+here and nowhere else; each writer gets its path from `part()`.
+
+    events/              one event per compile edge (how its object was made)   pp4/reuse/events.py
+    prepass-events.json  the prepass's events, one batch                         pp4/reuse/events.py
+    inputsets/           the observation sets the build's events name            pp4/reuse/inputsets.py
+                         (named as the store's own: inputsets.directory)
+    hashes.json          the file hasher's cache (device, inode, stamps -> sha256) pp4/reuse/actionkey.py
+    notices/             which ninja run printed the build's notices             pp4/reuse/wrapper.py
+    compilers.json       the compilers' identities, by file stamp                pp4/toolchain/compilers.py
+    remote/              the remote tier's password, refusals, back-off          pp4/store/remote/tier.py
+    cluster/             the cluster's back-off                                  pp4/reuse/cluster/executor.py
+    prepass.stamp        the prepass's stamp and dependency file, for ninja       pp4/plan/ninjafile.py
+
+Bounds: events and sets are collected by every prepass (pp4/reuse/wrapper.py: the events of
+outputs the build no longer has, the sets no event names); hashes.json bounds itself; notices are
+removed with their ninja run; the rest are one file each.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+EVENTS = "events"
+PREPASS_EVENTS = "prepass-events.json"
+HASHES = "hashes.json"
+NOTICES = "notices"
+COMPILERS = "compilers.json"
+REMOTE = "remote"
+CLUSTER = "cluster"
+PREPASS_STAMP = "prepass.stamp"
+
+FOLDER = ".pp4"  # inside the build folder
+
+
+def of_build(builddir: str | os.PathLike) -> Path:
+    return Path(builddir) / FOLDER
+
+
+def part(state_dir: str | os.PathLike, name: str) -> Path:
+    return Path(state_dir) / name
