@@ -13,6 +13,7 @@ from pp4.execution.root import Root
 from pp4.execution.run import run
 from pp4.reuse import inputsets, observed
 from pp4.reuse.actionkey import FileHasher
+from pp4.store import hashed
 from pp4.toolchain.limits import Limits
 
 LOG = """\
@@ -138,7 +139,7 @@ def test_a_damaged_set_is_never_read_and_verify_removes_it(tmp_path):
     raw[3] ^= 0x01
     path.write_bytes(bytes(raw))
     assert inputsets.read(d, sid) is None
-    assert inputsets.verify(d, repair=True)[0][2] is True and not path.exists()
+    assert hashed.verify(d, repair=True)[0][2] is True and not path.exists(), "what `pp4.store verify` runs"
 
 
 def test_commands_are_mapped_into_the_root_except_what_the_user_wrote(tmp_path):

@@ -438,7 +438,7 @@ def test_a_cuda_unit_whose_object_names_an_anonymous_namespace_is_shared_across_
         out = {}
         for name in ("anon.cu.o", "plain.cu.o"):
             rel = f"build/pp4_anon/obj/src/{name}"
-            out[name] = (known.get(rel)["status"], (work / rel).read_bytes())
+            out[name] = (known.get(rel).status, (work / rel).read_bytes())
         return out
 
     first = build(tree(tmp_path / "a"), tmp_path / "work-a")

@@ -296,7 +296,7 @@ def test_gc_collects_the_manifest_entries_and_input_sets_of_evicted_actions(stor
     go, a manifest left empty goes, a set no remaining entry names goes once it is an hour old (a
     writer names a set only after writing it), and what a live entry names stays."""
     from pp4.store import hashed
-    from pp4.store.manifests import Manifests
+    from pp4.store.manifests import ManifestEntry, Manifests
 
     sets = {}
     for name in ("shared", "old-only", "young-only"):
@@ -309,9 +309,9 @@ def test_gc_collects_the_manifest_entries_and_input_sets_of_evicted_actions(stor
         os.utime(store.record_path(k), (1000 + i, 1000 + i))  # keys[0] is the least recently used
     manifests = Manifests(store.root)
     m_evicted, m_mixed = "a" * 64, "b" * 64
-    manifests.add(m_evicted, {"action_key": keys[0], "input_sets": [sets["shared"], sets["old-only"]]}, 8, lambda e: True)
-    manifests.add(m_mixed, {"action_key": keys[0], "input_sets": [sets["young-only"]]}, 8, lambda e: True)
-    manifests.add(m_mixed, {"action_key": keys[1], "input_sets": [sets["shared"]]}, 8, lambda e: True)
+    manifests.add(m_evicted, ManifestEntry(keys[0], [sets["shared"], sets["old-only"]]), 8, lambda e: True)
+    manifests.add(m_mixed, ManifestEntry(keys[0], [sets["young-only"]]), 8, lambda e: True)
+    manifests.add(m_mixed, ManifestEntry(keys[1], [sets["shared"]]), 8, lambda e: True)
     hour_ago = time.time() - 7200
     for name in ("shared", "old-only"):
         os.utime(hashed.path_of(store.root / "inputsets", sets[name]), (hour_ago, hour_ago))
@@ -320,7 +320,7 @@ def test_gc_collects_the_manifest_entries_and_input_sets_of_evicted_actions(stor
 
     assert (result.records_evicted, result.manifest_entries_removed, result.manifests_removed) == (1, 2, 1)
     assert not manifests.path(m_evicted).exists()
-    assert [e["action_key"] for e in manifests.read(m_mixed)] == [keys[1]]
+    assert [e.action_key for e in manifests.read(m_mixed)] == [keys[1]]
     assert result.input_sets_removed == 1, "only the hour-old set no entry names"
     assert hashed.read(store.root / "inputsets", sets["old-only"]) is None
     assert hashed.read(store.root / "inputsets", sets["shared"]) is not None, "a live entry names it"

@@ -9,15 +9,15 @@ import sys
 import time
 
 from pp4.store import hashed
-from pp4.store.manifests import Manifests
+from pp4.store.manifests import ManifestEntry, Manifests
 
 MKEY = "ab" + "0" * 62
 
 
 def test_verify_names_a_manifest_whose_content_changed(tmp_path):
     m = Manifests(tmp_path)
-    m.add(MKEY, {"action_key": "1" * 64, "inputs": []}, keep=16, still_good=lambda e: True)
-    assert m.read(MKEY) == [{"action_key": "1" * 64, "inputs": []}]
+    m.add(MKEY, ManifestEntry("1" * 64, ["a" * 64]), keep=16, still_good=lambda e: True)
+    assert m.read(MKEY) == [ManifestEntry("1" * 64, ("a" * 64,))]
     assert m.verify(repair=False) == []
     path = m.path(MKEY)
     doc = json.loads(path.read_text())
@@ -31,8 +31,19 @@ def test_verify_names_a_manifest_whose_content_changed(tmp_path):
 def test_entries_are_kept_newest_last_and_filtered(tmp_path):
     m = Manifests(tmp_path)
     for i in range(5):
-        m.add(MKEY, {"action_key": str(i)}, keep=3, still_good=lambda e: e["action_key"] != "1")
-    assert [e["action_key"] for e in m.read(MKEY)] == ["2", "3", "4"]
+        m.add(MKEY, ManifestEntry(str(i), []), keep=3, still_good=lambda e: e.action_key != "1")
+    m.add(MKEY, ManifestEntry("3", ["b" * 64]), keep=3, still_good=lambda e: True)  # the same action again: moved last
+    assert [e.action_key for e in m.read(MKEY)] == ["2", "4", "3"]
+
+
+def test_entries_that_are_not_entries_read_as_none(tmp_path):
+    m = Manifests(tmp_path)
+    m.add(MKEY, ManifestEntry("1" * 64, ["a" * 64]), keep=16, still_good=lambda e: True)
+    doc = json.loads(m.path(MKEY).read_text())
+    doc["entries"] = [{"action_key": 7, "input_sets": []}, "x", {"action_key": "2" * 64, "input_sets": "a"},
+                      *doc["entries"]]
+    m.path(MKEY).write_text(json.dumps(doc))
+    assert m.read(MKEY) == [ManifestEntry("1" * 64, ("a" * 64,))]
 
 
 def test_gc_removes_only_the_locks_no_process_holds(tmp_path):

@@ -24,7 +24,10 @@ import sys
 import time
 from pathlib import Path
 
+import attrs
+
 from pp4 import interrupt
+from pp4 import statedir
 from pp4.certify import pin
 from pp4.files import canonical_json, sha256_and_size, write_whole
 from pp4.execution import depfile
@@ -35,6 +38,31 @@ from pp4.reuse.actionkey import FileHasher
 
 class CertificateError(Exception):
     pass
+
+
+# What a certificate keeps of an object's event: how it was made and from what; not how the
+# wrapper found it (by the prepass or not, why the newest entry missed, how long a restore took).
+EVENT_FIELDS = ("status", "action_key", "not_stored", "reused_from", "root", "input_sets", "mounts", "command",
+                "compile_duration_s", "tier", "fetched_from", "executed_on")
+
+
+@attrs.frozen
+class CertificateObject:
+    """One object of a certificate: the compile configure planned (actions.json) and its event."""
+    output: str
+    target: str
+    source: str
+    argv: list = attrs.field(hash=False)
+    env: dict = attrs.field(hash=False)
+    object_sha256: str
+    object_size: int
+    event: events.CompileEvent
+
+    def to_json(self) -> dict:
+        made = self.event.to_json()
+        return {"output": self.output, "target": self.target, "source": self.source, "argv": self.argv,
+                "env": self.env, "object_sha256": self.object_sha256, "object_size": self.object_size,
+                **{k: made[k] for k in EVENT_FIELDS}}
 
 
 def record_path(certificate: Path) -> Path:
@@ -57,18 +85,6 @@ def read(certificate: Path) -> tuple[dict, str]:
                                f"(delete it first, so that ninja writes it again)") from None
 
 
-def object_observations(doc: dict, obj: dict) -> list[tuple[str, str]]:
-    """Every observation of one object, as (path on the machine that certified it, state)."""
-    mapping = Root.from_mounts(obj["mounts"]) if obj.get("mounts") else None
-    out = []
-    for sid in obj.get("input_sets", []):
-        for path, state in doc["input_sets"][sid]:
-            real = mapping.real(path) if mapping is not None else path
-            if real is not None:
-                out.append((real, state))
-    return out
-
-
 def document(config_path: Path, actions_path: Path, builddir: Path, targets: set[str] | None = None) -> dict:
     """The certificate's document for every object of ``targets`` (None: all): what each event
     recorded, checked against the object's bytes now. CertificateError lists what cannot be certified."""
@@ -80,25 +96,18 @@ def document(config_path: Path, actions_path: Path, builddir: Path, targets: set
     known = events.Events(state_dir)
     for action in actions:
         ev = known.get(action["output"])
-        if not isinstance(ev, dict):
+        if ev is None:
             problems.append(f"{action['output']}: no record of how it was built (neither "
                             f"{events.event_path(state_dir, action['output'])} nor an entry in "
                             f"{events.batch_path(state_dir)})")
             continue
         sha, size = sha256_and_size(action["output"])
-        if sha != ev.get("object_sha256"):
+        if sha != ev.object_sha256:
             problems.append(f"{action['output']}: sha256 {sha} differs from the one recorded when it was built")
-        objects.append({
-            "output": action["output"], "target": action["target"], "source": action["source"],
-            "status": ev["status"], "action_key": ev.get("action_key"), "not_stored": ev.get("not_stored"),
-            "reused_from": ev.get("reused_from"), "root": ev.get("root"),
-            "input_sets": ev.get("input_sets", []), "mounts": ev.get("mounts"), "command": ev.get("command"),
-            "object_sha256": sha, "object_size": size, "argv": action["argv"], "env": action.get("env", {}),
-            "compile_duration_s": ev.get("compile_duration_s"),
-            "tier": ev.get("tier") or ("local" if ev["status"] == "reused" else None),
-            "fetched_from": ev.get("fetched_from"), "executed_on": ev.get("executed_on"),
-        })
-        for sid in ev.get("input_sets", []):
+        objects.append(CertificateObject(output=action["output"], target=action["target"], source=action["source"],
+                                         argv=action["argv"], env=action.get("env", {}), object_sha256=sha,
+                                         object_size=size, event=ev).to_json())
+        for sid in ev.input_sets:
             if sid not in sets:
                 sets[sid] = inputsets.read(sets_dir, sid)
                 if sets[sid] is None:
@@ -175,7 +184,7 @@ def write(config_path: Path, actions_path: Path, out: Path) -> str:
 
 
 def _modules(actions: list[dict], builddir: Path, state_dir: str) -> list[dict]:
-    hasher = FileHasher(Path(state_dir) / "hashes.json")
+    hasher = FileHasher(statedir.part(state_dir, statedir.HASHES))
     states = observed.States(hasher)
     out = []
     for target in sorted({a["target"] for a in actions}):

@@ -1,8 +1,48 @@
-"""`python -m pp4.reuse`: the per-compile wrapper and the prepass (pp4/reuse/wrapper.py)."""
+"""`python -m pp4.reuse`, both run by ninja:
+
+    python -m pp4.reuse CONFIG [--env NAME=VALUE]... -- COMPILER ARGS...   one compile (pp4/reuse/edge.py)
+    python -m pp4.reuse --prepass CONFIG ACTIONS STAMP                    all compiles of the build at once
+                                                                          (pp4/reuse/prepass.py)
+"""
+
+from __future__ import annotations
 
 import sys
+from pathlib import Path
 
-from pp4.reuse.wrapper import main
+from pp4 import interrupt
+from pp4.reuse import actionkey
+from pp4.reuse.edge import compile_one
+from pp4.reuse.wrapper import ReuseConfig
+from pp4.toolchain import compilerenv
+from pp4.toolchain.compilers import CompilerError
+
+
+@interrupt.command("pp4.reuse")
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if argv and argv[0] == "--prepass":
+            if len(argv) != 4:
+                print("usage: python -m pp4.reuse --prepass CONFIG ACTIONS STAMP", file=sys.stderr)
+                return 2
+            from pp4.reuse.prepass import prepass  # not imported by the compile edges
+
+            return prepass(ReuseConfig.load(argv[1]), Path(argv[2]), Path(argv[3]))
+        env, rest = compilerenv.parse_env_args(argv[1:])
+        if not argv or len(rest) < 2 or rest[0] != "--":
+            print("usage: python -m pp4.reuse CONFIG [--env NAME=VALUE]... -- COMPILER ARGS...", file=sys.stderr)
+            return 2
+        if "PATH" not in env:
+            print("pp4.reuse: error: no --env PATH=...: a compile runs only in the environment configure chose; "
+                  "run it as build.ninja does, with the action's \"env\" from actions.json as --env NAME=VALUE",
+                  file=sys.stderr)
+            return 2
+        return compile_one(ReuseConfig.load(argv[0]), env, rest[1:])
+    except (actionkey.CommandError, CompilerError) as e:
+        print(f"pp4.reuse: error: {e}", file=sys.stderr)
+        return 2
+
 
 if __name__ == "__main__":
     sys.exit(main())

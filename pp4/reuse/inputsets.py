@@ -79,8 +79,9 @@ class SetChecker:
         self._bodies: dict[tuple[str, object], str] = {}
 
     def load(self, directory: str | Path, sid: str) -> list[list[str]] | None:
-        """The set's (path as observed, state) pairs."""
-        if sid not in self._sets:
+        """The set's (path as observed, state) pairs. A missing set is looked for again next time:
+        the store may fetch it from its remote tier meanwhile."""
+        if self._sets.get(sid) is None:
             data, entries = _read(directory, sid)
             self._bytes[sid] = data
             self._sets[sid] = entries
@@ -94,22 +95,16 @@ class SetChecker:
             raise ValueError(f"input set {sid} is missing or damaged in {directory}")
         write_canonical(to, sid, data)
 
-    def forget(self, sid: str) -> None:
-        """Read a set again next time (it was just written where it was missing)."""
-        self._sets.pop(sid, None)
-        self._bytes.pop(sid, None)
-        for memo in (self._match, self._files, self._bodies):
-            for key in [k for k in memo if k[0] == sid]:
-                del memo[key]
-
     def matches(self, directory: str | Path, sid: str, mapping) -> bool:
         """mapping: a hashable object with real(path) (pp4.execution.root.Root), or None when the
         paths are this machine's."""
         key = (sid, mapping)
         if key not in self._match:
             entries = self.load(directory, sid)
+            if entries is None:
+                return False  # not remembered: the set may be fetched meanwhile
             to_real = mapping.real if mapping is not None else (lambda p: p)
-            self._match[key] = entries is not None and holds(entries, to_real, self.states)
+            self._match[key] = holds(entries, to_real, self.states)
         return self._match[key]
 
     def loaded(self) -> int:
@@ -141,7 +136,6 @@ class SetChecker:
         return found
 
 
-def verify(directory: str | Path, repair: bool) -> list[tuple[str, str, bool]]:
-    """Damaged sets in a directory: (path, what is wrong, removed). A removed set only turns the
-    entries that name it into misses."""
-    return hashed.verify(directory, repair)
+def collect(directory: str | Path, keep: set[str], older_than_s: float) -> int:
+    """Remove the sets nothing names (not in keep) once they are older_than_s: how many went."""
+    return hashed.collect(directory, keep, older_than_s)

@@ -25,7 +25,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
 
 CACHE = "/etc/ld.so.cache"
 PREFIX = "ld:"
@@ -43,6 +42,8 @@ def _read(path: str, identity: tuple) -> dict[str, tuple[str, ...]] | None:
     program = ldconfig()
     if program is None:
         return None
+    import subprocess  # here, not at the top: only a compile that looked for a library asks
+
     try:
         proc = subprocess.run([program, "-p", "-C", path], capture_output=True, text=True,
                               errors="surrogateescape", timeout=60)

@@ -13,9 +13,11 @@ from pathlib import Path
 from pp4 import interrupt
 from pp4.sizes import human_bytes, parse_size
 from pp4.store import hashed
+from pp4.store.layout import SETS_FOLDER
 from pp4.store.local import Store, default_store_dir
 from pp4.store.manifests import Manifests
-from pp4.store.records import GcResult, StoreError, StoreStats, VerifyReport
+from pp4.store.records import StoreError
+from pp4.store.reports import GcResult, StoreStats, VerifyReport
 
 EXIT_OK = 0
 EXIT_DAMAGE = 1
@@ -184,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         manifest_damage = Manifests(root).verify(args.repair)
         for path, detail, repaired in manifest_damage:
             print(f"  DAMAGE manifest-invalid: {path}: {detail} [{'repaired' if repaired else 'left in place'}]")
-        set_damage = hashed.verify(root / "inputsets", args.repair)
+        set_damage = hashed.verify(root / SETS_FOLDER, args.repair)
         for path, detail, repaired in set_damage:
             print(f"  DAMAGE inputset-invalid: {path}: {detail} [{'removed' if repaired else 'left in place'}]")
         return EXIT_OK if report.ok and not manifest_damage and not set_damage else EXIT_DAMAGE

@@ -30,28 +30,25 @@ import errno
 import fcntl
 import hashlib
 import json
-import logging
 import os
-import secrets
 import shutil
 import time
 from pathlib import Path
-from typing import Iterator, NoReturn
+from typing import TYPE_CHECKING, Iterator, NoReturn
 
 from pp4 import paths
 from pp4.files import canonical_json, fsync_dir, sha256_and_size
 from pp4.sizes import parse_size
-from pp4.store import usage
-from pp4.store import verify as verification
 from pp4.store.layout import unlink_quietly, write_all
 from pp4.store.records import (
-    _ACTION_KEY_RE, ActionRecord, CorruptObject, GcResult, ObjectMissing, StoreError, StoreStats,
-    VerifyReport, _InvalidRecord, decode_record, encode_record
+    ACTION_KEY_RE, ActionRecord, CorruptObject, ObjectMissing, StoreError, InvalidRecord, decode_record, encode_record
 )
+
+if TYPE_CHECKING:
+    from pp4.store.reports import GcResult, StoreStats, VerifyReport
 
 __all__ = ["Store", "default_max_bytes", "default_store_dir"]
 
-log = logging.getLogger(__name__)
 
 DEFAULT_MAX_BYTES = 20 * 1024**3
 HASH_CHUNK_BYTES = 1 << 20
@@ -115,7 +112,7 @@ def _json_roundtrip(payload: dict) -> dict:
 
 def _require_action_key(action_key: str) -> None:
     # The key becomes a file name: anything but lowercase hex could escape the store.
-    if not (isinstance(action_key, str) and _ACTION_KEY_RE.fullmatch(action_key)):
+    if not (isinstance(action_key, str) and ACTION_KEY_RE.fullmatch(action_key)):
         raise ValueError(f"action key must be 16-128 lowercase hex characters, got {action_key!r}")
 
 
@@ -138,8 +135,8 @@ class Store:
         self._objects_dir = self.root / "objects"
         self._actions_dir = self.root / "actions"
         self._tmp_dir = self.root / "tmp"
-        self._lock_path = self.root / "lock"
-        self._gc_lock_path = self.root / "gc.lock"
+        self.lock_path = self.root / "lock"
+        self.gc_lock_path = self.root / "gc.lock"
         self._usage_path = self.root / "usage"
         self._usage_log_path = self.root / "usage.log"
         self._ensure_layout()
@@ -169,9 +166,9 @@ class Store:
             except OSError as exc:
                 raise self.os_error(exc, "creating the store layout") from exc
         # A read-only but complete store still serves lookups, so a lock file we cannot create is not fatal here.
-        if not self._lock_path.exists():
+        if not self.lock_path.exists():
             with contextlib.suppress(OSError):
-                os.close(os.open(self._lock_path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
+                os.close(os.open(self.lock_path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
 
     def os_error(self, exc: OSError, doing: str) -> StoreError:
         where = exc.filename or self.root
@@ -189,7 +186,7 @@ class Store:
         return StoreError(f"{doing} in the pp4 store at {self.root} failed: {exc}")
 
     @contextlib.contextmanager
-    def _store_writes(self, doing: str) -> Iterator[None]:
+    def store_writes(self, doing: str) -> Iterator[None]:
         """Turn OSErrors from writing into the store into StoreErrors that say what to do."""
         try:
             yield
@@ -197,10 +194,10 @@ class Store:
             raise self.os_error(exc, doing) from exc
 
     @contextlib.contextmanager
-    def _flock(self, path: Path, mode: int) -> Iterator[None]:
+    def flock(self, path: Path, mode: int) -> Iterator[None]:
         # A fresh descriptor per use: flock locks belong to the open file description, which
         # a forked child would otherwise share (and could unlock for its parent).
-        with self._store_writes("opening the store lock"):
+        with self.store_writes("opening the store lock"):
             fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
             fcntl.flock(fd, mode)
@@ -209,7 +206,7 @@ class Store:
             os.close(fd)  # releases the lock; the kernel does the same if we are killed
 
     @contextlib.contextmanager
-    def _try_flock(self, path: Path) -> Iterator[bool]:
+    def try_flock(self, path: Path) -> Iterator[bool]:
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
         except OSError:
@@ -225,10 +222,10 @@ class Store:
         finally:
             os.close(fd)
 
-    def _new_tmp_file(self, suffix: str) -> tuple[int, Path]:
+    def new_tmp_file(self, suffix: str) -> tuple[int, Path]:
         # pid + random: unique across processes, and O_EXCL makes sure.
-        path = self._tmp_dir / f"{os.getpid()}-{secrets.token_hex(8)}{suffix}"
-        with self._store_writes("creating a staging file"):
+        path = self._tmp_dir / f"{os.getpid()}-{os.urandom(8).hex()}{suffix}"
+        with self.store_writes("creating a staging file"):
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         return fd, path
 
@@ -255,7 +252,7 @@ class Store:
             raise StoreError(f"cannot read action record {path}: {exc}. Check permissions, or set PP4_STORE_DIR to another store.") from exc
         try:
             record = decode_record(data, expected_key=action_key)
-        except _InvalidRecord:
+        except InvalidRecord:
             return None  # never trust it; verify removes it
         if _size_or_none(self.object_path(record.object_sha256)) != record.object_size:
             return None
@@ -272,13 +269,15 @@ class Store:
         Steps, each made visible by one atomic operation (see docs/store.md):
         stage object in tmp/ -> link into objects/ -> stage record in tmp/ -> rename into actions/.
         """
+        from pp4.store import usage  # here, not at the top: a compile edge that restores never needs it
+
         _require_action_key(action_key)
         payload = _json_roundtrip(payload)  # reject non-JSON payloads before touching the disk
         staged_object, sha256, size = self._stage_object(Path(object_path))
         staged_record: Path | None = None
         try:
             self._pause_for_test("object-tmp-written")
-            with self._flock(self._lock_path, fcntl.LOCK_SH):
+            with self.flock(self.lock_path, fcntl.LOCK_SH):
                 added_bytes = self._place_object(staged_object, sha256, size)
                 staged_object = None  # _place_object linked-and-unlinked or renamed it
                 self._pause_for_test("object-placed")
@@ -287,7 +286,7 @@ class Store:
                 staged_record = self._stage_bytes(data, ".json")
                 self._pause_for_test("record-tmp-written")
                 destination = self.record_path(action_key)
-                with self._store_writes("publishing an action record"):
+                with self.store_writes("publishing an action record"):
                     destination.parent.mkdir(exist_ok=True)
                     # Last writer wins; both candidates are complete, valid records.
                     os.replace(staged_record, destination)
@@ -306,11 +305,11 @@ class Store:
         size = 0
         buffer = bytearray(HASH_CHUNK_BYTES)
         view = memoryview(buffer)
-        # Opened first and outside _store_writes: a bad source path is the caller's error, not the store's.
+        # Opened first and outside store_writes: a bad source path is the caller's error, not the store's.
         with open(source, "rb", buffering=0) as src:
-            fd, staged = self._new_tmp_file(".obj")
+            fd, staged = self.new_tmp_file(".obj")
             try:
-                with self._store_writes("writing an object"):
+                with self.store_writes("writing an object"):
                     while n := src.readinto(buffer):
                         hasher.update(view[:n])
                         write_all(fd, view[:n])
@@ -325,9 +324,9 @@ class Store:
         return staged, hasher.hexdigest(), size
 
     def _stage_bytes(self, data: bytes, suffix: str) -> Path:
-        fd, staged = self._new_tmp_file(suffix)
+        fd, staged = self.new_tmp_file(suffix)
         try:
-            with self._store_writes("writing an action record"):
+            with self.store_writes("writing an action record"):
                 write_all(fd, data)
                 # No fsync: a record torn by power loss fails its checksum and is a miss, so
                 # durability here would buy nothing but a few milliseconds per put.
@@ -342,7 +341,7 @@ class Store:
     def _place_object(self, staged: Path, sha256: str, size: int) -> int:
         """Publish a staged object under its hash unless an intact copy is there; returns bytes added."""
         destination = self.object_path(sha256)
-        with self._store_writes("publishing an object"):
+        with self.store_writes("publishing an object"):
             destination.parent.mkdir(exist_ok=True)
             try:
                 # link, not rename: it refuses to replace, so an existing object's inode (maybe
@@ -377,7 +376,7 @@ class Store:
         """
         dest = Path(dest)
         source = self.object_path(record.object_sha256)
-        staged = dest.with_name(f".{dest.name}.{os.getpid()}-{secrets.token_hex(6)}.pp4tmp")
+        staged = dest.with_name(f".{dest.name}.{os.getpid()}-{os.urandom(6).hex()}.pp4tmp")
         try:
             linked = allow_link and self._link_fresh(source, staged)
             if linked:
@@ -458,7 +457,7 @@ class Store:
         with contextlib.suppress(OSError):
             try:
                 current = decode_record(record_path.read_bytes(), expected_key=record.action_key)
-            except _InvalidRecord:
+            except InvalidRecord:
                 current = None
             if current is None or current.object_sha256 == record.object_sha256:
                 os.unlink(record_path)
@@ -469,12 +468,18 @@ class Store:
         """Evict least-recently-used entries until the store is at most max_bytes (default: its
         bound); also remove invalid records, records whose object is gone, unreferenced objects
         and staging files older than an hour."""
+        from pp4.store import usage
+
         return usage.gc(self, max_bytes)
 
     def stats(self) -> StoreStats:
         """Counts and sizes from a directory scan; no lock, no hashing."""
+        from pp4.store import usage
+
         return usage.stats(self)
 
     def verify(self, repair: bool = True) -> VerifyReport:
         """Rehash every object and check every record; with repair, remove what is broken."""
+        from pp4.store import verify as verification
+
         return verification.verify(self, repair)

@@ -4,8 +4,8 @@ the per-key locks that let the same unit of two variants compile once.
     <store>/manifests/<2 hex>/<manifest key>.json   {"manifest_key", "entries", "sha256"}
     <store>/locks/<2 hex>/<manifest key>            flock'd while a compile of that key runs
 
-The store owns these files. An entry is {"action_key": <key of an action record>, "input_sets":
-[<names of input sets under <store>/inputsets>], ...}: gc keeps the entries whose action record is
+The store owns these files. An entry (ManifestEntry) is {"action_key": <key of an action record>,
+"input_sets": [<names of input sets under <store>/inputsets>]}: gc keeps the entries whose action record is
 still there, and the sets they name. Whether an entry may stand in for a compile is pp4.reuse's
 question (which also checks, on every lookup, that an entry's action key follows from its inputs). Each manifest carries the sha256 of
 its canonical content, so `pp4.store verify` finds a changed byte on its own. A manifest that is
@@ -22,7 +22,37 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
 
+import attrs
+
 from pp4.files import canonical_json, write_whole
+
+
+MANIFEST_ENTRIES = 16  # the most recent observation sets kept per command, locally and remotely
+
+
+@attrs.frozen
+class ManifestEntry:
+    """One earlier compile of a command: the action record it stored and the input sets it observed.
+    Whether it may stand in for a compile is pp4.reuse's question (its predicates)."""
+    action_key: str
+    input_sets: tuple[str, ...] = attrs.field(converter=tuple)
+
+    @classmethod
+    def parse(cls, doc) -> "ManifestEntry | None":
+        """An entry as JSON holds it; None when it is not one (read as no entry: a miss)."""
+        if not isinstance(doc, dict):
+            return None
+        key, sets = doc.get("action_key"), doc.get("input_sets")
+        if not (isinstance(key, str) and isinstance(sets, list) and all(isinstance(s, str) for s in sets)):
+            return None
+        return cls(key, sets)
+
+    def to_json(self) -> dict:
+        return {"action_key": self.action_key, "input_sets": list(self.input_sets)}
+
+
+def parse_entries(docs) -> list[ManifestEntry]:
+    return [e for d in docs if (e := ManifestEntry.parse(d)) is not None]
 
 
 def _checksum(mkey: str, entries: list) -> str:
@@ -37,22 +67,22 @@ class Manifests:
     def path(self, mkey: str) -> Path:
         return self.folder / mkey[:2] / f"{mkey}.json"
 
-    def read(self, mkey: str) -> list[dict]:
-        """The entries; the checksum is left to verify, because every lookup checks each entry it
-        uses on its own (its action key must follow from its inputs), which a checksum adds
-        nothing to and would cost a JSON encoding per lookup."""
+    def read(self, mkey: str) -> list[ManifestEntry]:
+        """The entries, oldest first; the checksum is left to verify, because every lookup checks
+        each entry it uses on its own (its action key must follow from its inputs), which a
+        checksum adds nothing to and would cost a JSON encoding per lookup."""
         entries, _ = self._load(self.path(mkey), mkey, check_sum=False)
-        return entries or []
+        return parse_entries(entries or [])
 
-    def add(self, mkey: str, entry: dict, keep: int, still_good: Callable[[dict], bool]) -> None:
-        """Append an entry, keeping the last `keep` and only the older ones still_good accepts.
-        Two writers at once may lose one entry, which is only a future miss. OSError when the
-        store cannot be written (full, read-only): the caller decides how to say so."""
-        entries = [e for e in self.read(mkey) if still_good(e)]
-        entries = (entries + [entry])[-keep:]
-        self._write(mkey, entries)
+    def add(self, mkey: str, entry: ManifestEntry, keep: int, still_good: Callable[[ManifestEntry], bool]) -> None:
+        """Append an entry, keeping the last `keep` and only the older ones still_good accepts (and
+        none with the same action key). Two writers at once may lose one entry, which is only a
+        future miss. OSError when the store cannot be written (full, read-only): the caller
+        decides how to say so."""
+        entries = [e for e in self.read(mkey) if e.action_key != entry.action_key and still_good(e)]
+        self._write(mkey, [e.to_json() for e in (entries + [entry])[-keep:]])
 
-    def _write(self, mkey: str, entries: list) -> None:
+    def _write(self, mkey: str, entries: list[dict]) -> None:
         doc = {"manifest_key": mkey, "entries": entries, "sha256": _checksum(mkey, entries)}
         write_whole(self.path(mkey), json.dumps(doc))
 

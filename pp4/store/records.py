@@ -1,5 +1,5 @@
-"""What the store says and keeps about one compile action: its record (checksummed JSON), the
-errors it raises, and the reports of gc, stats and verify."""
+"""What the store says and keeps about one compile action: its record (checksummed JSON) and the
+errors it raises. (The reports of gc, stats and verify: pp4/store/reports.py.)"""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import attrs
 from pp4.files import canonical_json
 
 RECORD_FORMAT = 1
-_ACTION_KEY_RE = re.compile(r"[0-9a-f]{16,128}")
-_SHA256_RE = re.compile(r"[0-9a-f]{64}")
+ACTION_KEY_RE = re.compile(r"[0-9a-f]{16,128}")
+SHA256_RE = re.compile(r"[0-9a-f]{64}")
 
 
 # ---------------------------------------------------------------- errors
@@ -38,7 +38,7 @@ class ObjectMissing(StoreError):
     """
 
 
-class _InvalidRecord(Exception):
+class InvalidRecord(Exception):
     """A record file that must not be trusted; the message says why."""
 
 
@@ -57,55 +57,6 @@ class ActionRecord:
     created: float
 
 
-@attrs.frozen
-class StoreStats:
-    root: str
-    entries: int  # action records
-    objects: int
-    bytes: int  # objects + records; what the bound limits
-    bound: int
-    tmp_files: int
-
-
-@attrs.frozen
-class GcResult:
-    root: str
-    bound: int
-    bytes_before: int
-    bytes_after: int
-    records_evicted: int
-    objects_evicted: int
-    invalid_records_removed: int
-    orphan_objects_removed: int
-    tmp_files_removed: int
-    manifest_entries_removed: int = 0  # entries whose action record is gone
-    manifests_removed: int = 0  # manifests left with no entry
-    input_sets_removed: int = 0  # sets no remaining entry names
-
-
-@attrs.frozen
-class Damage:
-    path: str
-    kind: str
-    detail: str
-    repaired: bool
-
-
-@attrs.frozen
-class VerifyReport:
-    root: str
-    objects_checked: int
-    records_checked: int
-    damage: tuple[Damage, ...]
-    orphan_objects: int  # harmless leftovers of interrupted puts; gc removes them
-    stale_tmp_files: int
-    repair: bool
-
-    @property
-    def ok(self) -> bool:
-        return not self.damage
-
-
 def _canonical_json(value: Any) -> str:
     return canonical_json(value).decode()
 
@@ -122,36 +73,36 @@ def encode_record(record: ActionRecord) -> bytes:
 
 
 def decode_record(data: bytes, expected_key: str | None = None) -> ActionRecord:
-    """Parse and check a record; raises _InvalidRecord (internal) for anything not trustworthy."""
+    """Parse and check a record; raises InvalidRecord (internal) for anything not trustworthy."""
     try:
         body = json.loads(data)
     except (ValueError, RecursionError) as exc:
-        raise _InvalidRecord(f"not valid JSON ({exc})") from None
+        raise InvalidRecord(f"not valid JSON ({exc})") from None
     if not isinstance(body, dict):
-        raise _InvalidRecord("not a JSON object")
+        raise InvalidRecord("not a JSON object")
     stored_checksum = body.pop("checksum", None)
     if not isinstance(stored_checksum, str):
-        raise _InvalidRecord("no checksum field")
+        raise InvalidRecord("no checksum field")
     try:
         actual_checksum = _checksum(body)
     except ValueError as exc:
-        raise _InvalidRecord(f"cannot canonicalize ({exc})") from None
+        raise InvalidRecord(f"cannot canonicalize ({exc})") from None
     if actual_checksum != stored_checksum:
-        raise _InvalidRecord(f"checksum mismatch: stored {stored_checksum[:16]}..., content hashes to {actual_checksum[:16]}...")
+        raise InvalidRecord(f"checksum mismatch: stored {stored_checksum[:16]}..., content hashes to {actual_checksum[:16]}...")
     if body.get("format") != RECORD_FORMAT:
-        raise _InvalidRecord(f"unknown record format {body.get('format')!r}")
+        raise InvalidRecord(f"unknown record format {body.get('format')!r}")
     key, sha, size = body.get("action_key"), body.get("object_sha256"), body.get("object_size")
     payload, created = body.get("payload"), body.get("created")
-    if not (isinstance(key, str) and _ACTION_KEY_RE.fullmatch(key)):
-        raise _InvalidRecord(f"bad action_key {key!r}")
+    if not (isinstance(key, str) and ACTION_KEY_RE.fullmatch(key)):
+        raise InvalidRecord(f"bad action_key {key!r}")
     if expected_key is not None and key != expected_key:
-        raise _InvalidRecord(f"record is for action {key}, but is filed under {expected_key}")
-    if not (isinstance(sha, str) and _SHA256_RE.fullmatch(sha)):
-        raise _InvalidRecord(f"bad object_sha256 {sha!r}")
+        raise InvalidRecord(f"record is for action {key}, but is filed under {expected_key}")
+    if not (isinstance(sha, str) and SHA256_RE.fullmatch(sha)):
+        raise InvalidRecord(f"bad object_sha256 {sha!r}")
     if not (type(size) is int and size >= 0):
-        raise _InvalidRecord(f"bad object_size {size!r}")
+        raise InvalidRecord(f"bad object_size {size!r}")
     if not isinstance(payload, dict):
-        raise _InvalidRecord("payload is not a JSON object")
+        raise InvalidRecord("payload is not a JSON object")
     if not (isinstance(created, (int, float)) and not isinstance(created, bool)):
-        raise _InvalidRecord(f"bad created {created!r}")
+        raise InvalidRecord(f"bad created {created!r}")
     return ActionRecord(key, sha, size, payload, float(created))

@@ -21,9 +21,8 @@ import attrs
 from pp4.store import hashed
 from pp4.store.layout import SETS_FOLDER, iter_shard_files, unlink_quietly, write_all
 from pp4.store.manifests import Manifests
-from pp4.store.records import (
-    _ACTION_KEY_RE, ActionRecord, GcResult, StoreError, StoreStats, _InvalidRecord, decode_record
-)
+from pp4.store.records import ACTION_KEY_RE, ActionRecord, StoreError, InvalidRecord, decode_record
+from pp4.store.reports import GcResult, StoreStats
 
 if TYPE_CHECKING:
     from pp4.store.local import Store
@@ -73,10 +72,10 @@ def evict_if_over_bound(store: Store) -> None:
     if estimate is not None and estimate <= store.max_bytes and log_bytes < USAGE_LOG_FOLD_BYTES:
         return
     try:
-        with store._try_flock(store._gc_lock_path) as got_it:
+        with store.try_flock(store.gc_lock_path) as got_it:
             if not got_it:
                 return  # another process is already collecting
-            with store._flock(store._lock_path, fcntl.LOCK_EX):
+            with store.flock(store.lock_path, fcntl.LOCK_EX):
                 _collect(store, trigger_bytes=store.max_bytes, target_bytes=int(store.max_bytes * AUTO_EVICT_LOW_WATER))
     except (OSError, StoreError) as exc:
         # The put itself succeeded; a failed eviction must not turn it into an error.
@@ -91,12 +90,12 @@ def gc(store: Store, max_bytes: int | None = None) -> GcResult:
     bound = store.max_bytes if max_bytes is None else int(max_bytes)
     if bound < 0:
         raise ValueError(f"max_bytes must not be negative, got {bound}")
-    with store._flock(store._gc_lock_path, fcntl.LOCK_EX), store._flock(store._lock_path, fcntl.LOCK_EX):
+    with store.flock(store.gc_lock_path, fcntl.LOCK_EX), store.flock(store.lock_path, fcntl.LOCK_EX):
         return _collect(store, trigger_bytes=bound, target_bytes=bound)
 
 def _collect(store: Store, trigger_bytes: int, target_bytes: int) -> GcResult:
     """Must run under the exclusive lock: then no put is between publishing an object and its record."""
-    with store._store_writes("collecting garbage"):
+    with store.store_writes("collecting garbage"):
         tmp_removed = _remove_stale_tmp(store, time.time() - STALE_TMP_SECONDS)
         # Lock-free removers still exist (materialize discarding a corrupt entry), so
         # every stat and unlink here tolerates a file that has just gone.
@@ -167,11 +166,11 @@ def _collect(store: Store, trigger_bytes: int, target_bytes: int) -> GcResult:
 
 def _read_record_entry(store: Store, entry: os.DirEntry) -> ActionRecord | None:
     key = entry.name[: -len(".json")] if entry.name.endswith(".json") else None
-    if key is None or not _ACTION_KEY_RE.fullmatch(key) or Path(entry.path).parent.name != key[:2]:
+    if key is None or not ACTION_KEY_RE.fullmatch(key) or Path(entry.path).parent.name != key[:2]:
         return None
     try:
         return decode_record(Path(entry.path).read_bytes(), expected_key=key)
-    except (_InvalidRecord, FileNotFoundError):
+    except (InvalidRecord, FileNotFoundError):
         return None
 
 def _remove_stale_tmp(store: Store, older_than: float) -> int:
@@ -193,7 +192,7 @@ def stale_tmp_entries(store: Store, older_than: float) -> list[os.DirEntry]:
 def _reset_usage(store: Store, total: int) -> None:
     # usage first, then truncate the log: a crash between them double-counts, which only
     # makes the next put recount early.
-    fd, staged = store._new_tmp_file(".usage")
+    fd, staged = store.new_tmp_file(".usage")
     try:
         write_all(fd, f"{total}\n".encode())
         os.fchmod(fd, 0o644)

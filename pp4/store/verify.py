@@ -13,9 +13,8 @@ from typing import TYPE_CHECKING, Iterator
 
 from pp4.files import sha256_fd
 from pp4.store.layout import iter_shard_files, unlink_quietly
-from pp4.store.records import (
-    _ACTION_KEY_RE, _SHA256_RE, ActionRecord, Damage, StoreError, VerifyReport, _InvalidRecord, decode_record
-)
+from pp4.store.records import ACTION_KEY_RE, SHA256_RE, ActionRecord, StoreError, InvalidRecord, decode_record
+from pp4.store.reports import Damage, VerifyReport
 from pp4.store.usage import STALE_TMP_SECONDS, stale_tmp_entries
 
 if TYPE_CHECKING:
@@ -36,7 +35,7 @@ def verify(store: Store, repair: bool = True) -> VerifyReport:
     objects_checked = 0
     for entry in iter_shard_files(store._objects_dir):
         name = entry.name
-        if not (_SHA256_RE.fullmatch(name) and Path(entry.path).parent.name == name[:2]):
+        if not (SHA256_RE.fullmatch(name) and Path(entry.path).parent.name == name[:2]):
             suspects.append(entry.path)
             continue
         try:
@@ -88,11 +87,11 @@ def _record_problem(
     """((kind, detail) or None, the record if it parsed) for one record file's bytes."""
     name, shard = Path(path).name, Path(path).parent.name
     key = name[: -len(".json")] if name.endswith(".json") else ""
-    if not (_ACTION_KEY_RE.fullmatch(key) and shard == key[:2]):
+    if not (ACTION_KEY_RE.fullmatch(key) and shard == key[:2]):
         return ("stray-file", "not named <action key>.json in its <2 hex> shard"), None
     try:
         record = decode_record(data, expected_key=key)
-    except _InvalidRecord as exc:
+    except InvalidRecord as exc:
         return ("record-invalid", str(exc)), None
     object_file = store.object_path(record.object_sha256)
     try:
@@ -110,7 +109,7 @@ def _judge_again(store: Store, path: str, bad_objects: dict[str, tuple[int, str]
     p = Path(path)
     if p.parent.parent == store._objects_dir:
         name = p.name
-        if not (_SHA256_RE.fullmatch(name) and p.parent.name == name[:2]):
+        if not (SHA256_RE.fullmatch(name) and p.parent.name == name[:2]):
             return ("stray-file", "not named <sha256> in its <2 hex> shard") if p.exists() else None
         try:
             inode = os.stat(p).st_ino
@@ -129,7 +128,7 @@ def _judge_again(store: Store, path: str, bad_objects: dict[str, tuple[int, str]
 def _lock_for_verify(store: Store, repair: bool) -> Iterator[None]:
     with contextlib.ExitStack() as stack:
         try:
-            stack.enter_context(store._flock(store._lock_path, fcntl.LOCK_EX))
+            stack.enter_context(store.flock(store.lock_path, fcntl.LOCK_EX))
         except StoreError:
             if repair:
                 raise

@@ -24,21 +24,20 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import sys
 import time
 from pathlib import Path
 from urllib.parse import quote, unquote, urlsplit
 
 from pp4 import backoff
+from pp4 import statedir
 from pp4.files import canonical_json
-from pp4.store.records import ActionRecord, _InvalidRecord, decode_record, encode_record
+from pp4.store.manifests import MANIFEST_ENTRIES, ManifestEntry, parse_entries
+from pp4.store.records import SHA256_RE, ActionRecord, InvalidRecord, decode_record, encode_record
 from pp4.store.remote import REDACTED, RemoteStorage, RemoteUnavailable, open_remote, redact
 
 MODES = ("read", "readwrite")
-_SHA256 = re.compile(r"[0-9a-f]{64}")
 RETRY_S = backoff.RETRY_S
-MANIFEST_ENTRIES = 16
 
 
 class RemoteTier:
@@ -47,7 +46,7 @@ class RemoteTier:
             raise ValueError(f"remote store mode {mode!r}: read or readwrite")
         self.storage = storage
         self.mode = mode
-        self.folder = Path(state_dir) / "remote"
+        self.folder = statedir.part(state_dir, statedir.REMOTE)
         self.refused = 0
 
     @classmethod
@@ -55,7 +54,7 @@ class RemoteTier:
         """The tier a build's pp4.json names, or None (none configured, or down a moment ago)."""
         if not config:
             return None
-        folder = Path(state_dir) / "remote"
+        folder = statedir.part(state_dir, statedir.REMOTE)
         if _recently_down(folder):
             return None
         try:
@@ -74,7 +73,7 @@ class RemoteTier:
 
     # -- reading ---------------------------------------------------------------------------
 
-    def entries(self, mkey: str) -> list:
+    def entries(self, mkey: str) -> list[ManifestEntry]:
         data = self._get(f"man/{mkey}")
         if data is None:
             return []
@@ -82,10 +81,10 @@ class RemoteTier:
         if entries is None:
             self.refuse(f"man/{mkey}", NOT_A_MANIFEST)
             return []
-        return entries
+        return parse_entries(entries)
 
     def input_set(self, sid: str) -> bytes | None:
-        if not (isinstance(sid, str) and _SHA256.fullmatch(sid)):
+        if not (isinstance(sid, str) and SHA256_RE.fullmatch(sid)):
             self.refuse("man/", f"an entry names an input set {str(sid)[:40]!r}, not a sha256")
             return None
         data = self._get(f"set/{sid}")
@@ -102,7 +101,7 @@ class RemoteTier:
             return None
         try:
             record = decode_record(data, expected_key=action_key)
-        except _InvalidRecord as e:
+        except InvalidRecord as e:
             self.refuse(f"act/{action_key}", str(e))
             return None
         blob = self._get(f"obj/{record.object_sha256}")
@@ -116,8 +115,8 @@ class RemoteTier:
 
     # -- writing ---------------------------------------------------------------------------
 
-    def publish(self, mkey: str, entry: dict, sets: dict[str, bytes], record: ActionRecord, object_path: str,
-                keep) -> bool:
+    def publish(self, mkey: str, entry: ManifestEntry, sets: dict[str, bytes], record: ActionRecord,
+                object_path: str, keep) -> bool:
         """Put one compile's results, the manifest entry last. keep(entry) says which of the remote
         manifest's present entries to keep beside the new one. True when all of it is there."""
         if not self.writes:
@@ -129,9 +128,9 @@ class RemoteTier:
                 self.storage.put(f"set/{sid}", data)
             self.storage.put(f"obj/{record.object_sha256}", Path(object_path).read_bytes())
             self.storage.put(f"act/{record.action_key}", encode_record(record))
-            kept = [e for e in self.entries(mkey) if keep(e)]
+            kept = [e for e in self.entries(mkey) if e.action_key != entry.action_key and keep(e)]
             # Read, merge, write: two writers at once may lose one entry (a later miss, never a wrong hit).
-            doc = {"entries": (kept + [entry])[-MANIFEST_ENTRIES:]}
+            doc = {"entries": [e.to_json() for e in (kept + [entry])[-MANIFEST_ENTRIES:]]}
             self.storage.put(f"man/{mkey}", canonical_json(doc))
             return True
         except RemoteUnavailable as e:
@@ -177,7 +176,7 @@ def settings(url: str, mode: str, expire_days: float | None, state_dir: str | Pa
         raise ValueError(f"--remote-store-mode {mode}: read or readwrite")
     if expire_days is not None and not 0 < expire_days <= 3650:
         raise ValueError(f"--remote-expire-days {expire_days}: more than 0 and at most 3650")
-    folder = Path(state_dir) / "remote"
+    folder = statedir.part(state_dir, statedir.REMOTE)
     secret = folder / "secret"
     parts = urlsplit(url)
     try:
@@ -201,7 +200,7 @@ def url_with_secret(url: str, state_dir: str | Path) -> str:
     if parts.password != REDACTED:
         return url
     try:
-        password = (Path(state_dir) / "remote" / "secret").read_text()
+        password = (statedir.part(state_dir, statedir.REMOTE) / "secret").read_text()
     except OSError:
         password = os.environ.get("PP4_REMOTE_PASSWORD", "")
     port = f":{parts.port}" if parts.port else ""
@@ -238,7 +237,7 @@ def damage(key: str, data: bytes) -> str | None:
     if kind == "act":
         try:
             decode_record(data, expected_key=name)
-        except _InvalidRecord as e:
+        except InvalidRecord as e:
             return str(e)
         return None
     return None if manifest_entries(data) is not None else NOT_A_MANIFEST
@@ -247,7 +246,7 @@ def damage(key: str, data: bytes) -> str | None:
 def refusals(state_dir: str | Path) -> list[str]:
     """The lines of a build's refused.log (the certificate counts them)."""
     try:
-        return (Path(state_dir) / "remote" / "refused.log").read_text().splitlines()
+        return (statedir.part(state_dir, statedir.REMOTE) / "refused.log").read_text().splitlines()
     except OSError:
         return []
 

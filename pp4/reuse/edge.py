@@ -1,0 +1,74 @@
+"""What one compile edge of build.ninja runs (`python -m pp4.reuse CONFIG --env ... -- COMPILER ARGS`):
+claim the object the prepass restored, else look it up in the store (pp4/reuse/wrapper.py), else
+compile it in the fixed root, observed (here or on a cluster node), and store it. Every path ends
+with the object's event."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from pp4.reuse import actionkey, events
+from pp4.reuse.notices import env_notices, machine_notices, notify_once
+from pp4.reuse.wrapper import MARKER_SUFFIX, Action, ReuseConfig, Reuser, time_problem
+
+
+def compile_one(cfg: ReuseConfig, env: dict[str, str], argv: list[str]) -> int:
+    args = actionkey.parse_compile(argv)
+    marker = Path(args.output + MARKER_SUFFIX)
+    if marker.exists():  # the prepass of this build restored it already
+        marker.unlink()
+        return 0
+    notify_once(cfg.state_dir, env_notices(cfg.folded))
+    reuser = Reuser(cfg)
+    t0 = time.monotonic()
+    action = reuser.action(args, env)
+    hit = reuser.lookup(action)
+    if hit is not None and reuser.materialize(hit, action):
+        events.write(cfg.state_dir, reuser.hit_event(action, hit, time.monotonic() - t0, via="wrapper"))
+        reuser.hasher.save()
+        return 0
+    try:
+        with reuser.compile_lock(action) as waited:
+            if waited:  # the same command was compiling elsewhere (another build folder, another variant)
+                hit = reuser.lookup(action)
+                if hit is not None and reuser.materialize(hit, action):
+                    events.write(cfg.state_dir,
+                                 reuser.hit_event(action, hit, time.monotonic() - t0, via="wrapper, after the same compile"))
+                    return 0
+            return _compile(cfg, reuser, action)
+    finally:
+        reuser.hasher.save()
+
+
+def _compile(cfg: ReuseConfig, reuser: Reuser, action: Action) -> int:
+    args = action.args
+    out = Path(args.output)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if out.exists() or out.is_symlink():
+        out.unlink()  # never write through a link that may share its inode with a stored object
+    if cfg.executor:  # imported only then: every compile's wrapper starts without it
+        from pp4.reuse.cluster.executor import ClusterExecutor
+
+        cluster = ClusterExecutor.from_config(cfg.executor, cfg.state_dir)
+        done = cluster.run(action, cfg.root_for(args.source), cfg.limits, reuser.states) if cluster else None
+        if done is not None:
+            reuser.write_depfile(action, done.observations)
+            stored = reuser.store_compile(action, done.observations, time_problem(done.time_macros, action.env),
+                                          done.duration_s)
+            reuser.event(action, status="compiled", compile_duration_s=done.duration_s, executed_on=done.node, **stored)
+            return 0
+    from pp4.execution.run import run  # here, not at the top: an edge that restores never runs a compiler
+
+    ran = run(list(args.argv), action.env, cfg.limits, cfg.runs_dir(), action.root)
+    sys.stderr.buffer.write(ran.root.shown(ran.stderr) if ran.root is not None else ran.stderr)
+    sys.stderr.flush()
+    notify_once(cfg.state_dir, machine_notices(reuser.root_problem, ran))
+    if ran.returncode != 0:
+        return ran.returncode
+    pairs, problem = reuser.observations(action, ran)
+    reuser.write_depfile(action, pairs, ran)
+    stored = reuser.store_compile(action, pairs, problem, ran.seconds)
+    reuser.event(action, status="compiled", compile_duration_s=round(ran.seconds, 3), missed=reuser.missed, **stored)
+    return 0
