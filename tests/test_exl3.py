@@ -96,7 +96,7 @@ def test_corrupted_cache_entry_is_refused(tmp_path, source_lock, cached_wheel):
     entry.write_bytes(bytes(data))
     with pytest.raises(exl3.Exl3Error, match=r"the cache entry is corrupt\. Delete it and run again\."):
         exl3.fetch_sources(cache_root, tmp_path / "dest")
-    assert not exl3.is_complete(tmp_path / "dest" / "stock")
+    assert not (tmp_path / "dest" / "stock" / exl3.STAMP_NAME).is_file()
 
 
 def test_wheel_directory_works_without_an_index(tmp_path, source_lock, cached_wheel, stock_root):
@@ -147,10 +147,10 @@ def test_interrupted_unpack_is_not_taken_as_complete(tmp_path, shared_cache, mon
     monkeypatch.setattr(exl3, "write_if_changed", dies_midway)
     with pytest.raises(KeyboardInterrupt):
         exl3.fetch_sources(shared_cache, dest)
-    assert not exl3.is_complete(tree)
+    assert not (tree / exl3.STAMP_NAME).is_file()
     monkeypatch.setattr(exl3, "write_if_changed", real)
     root = exl3.fetch_sources(shared_cache, dest)
-    assert exl3.is_complete(tree)
+    assert (tree / exl3.STAMP_NAME).is_file()
     assert len(exl3.select_sources(root)) == 194
 
     # Damage after completion (an edited file, a stray unit): the stamp no longer holds, the next run repairs.
@@ -235,7 +235,7 @@ def test_extension_records(stock_root, sources_dir, toolchain):
 def test_facc_patch_applies_to_the_pinned_sources(stock_root, tmp_path):
     stock_key = exl3.sources_sha256(stock_root)
     root = exl3.facc_sources(stock_root, tmp_path)
-    assert root == tmp_path / "facc" / exl3.EXT_DIR_NAME and exl3.is_complete(tmp_path / "facc")
+    assert root == tmp_path / "facc" / exl3.EXT_DIR_NAME and (tmp_path / "facc" / exl3.STAMP_NAME).is_file()
     assert exl3.sources_sha256(stock_root) == stock_key, "the stock sources were changed"
     files = content_snapshot(root)
     assert files.keys() == content_snapshot(stock_root).keys()
@@ -264,15 +264,13 @@ def test_reapplying_the_patch_touches_nothing(stock_root, tmp_path):
     exl3.facc_sources(stock_root, tmp_path)
     exl3.exl3_extension("facc", stock_root, work_dir=tmp_path)
     assert content_snapshot(tmp_path) == before
-    # In place on a tree: the first run changes the five files, the second none.
-    tree = _copy_tree(stock_root, tmp_path / "inplace" / exl3.EXT_DIR_NAME).parent
-    assert unidiff.apply_patch(exl3.FACC_PATCH, tree) == [
+    # What facc_sources applies: the patch to the stock files, in memory; it changes the five files.
+    files = {f"{exl3.EXT_DIR_NAME}/{r}": (stock_root / r).read_bytes() for r in content_snapshot(stock_root)}
+    patched = unidiff.apply_patch_to_files(exl3.FACC_PATCH, files)
+    assert sorted(p for p in patched if patched[p] != files[p]) == [
         "exllamav3_ext/hgemm_f16acc.cu", "exllamav3_ext/quant/exl3_gemm_inner.cuh",
         "exllamav3_ext/quant/exl3_gemv_kernel.cuh", "exllamav3_ext/quant/exl3_moe_coop_kernel.cuh",
         "exllamav3_ext/turing/fa75.cu"]
-    once = content_snapshot(tree)
-    assert unidiff.apply_patch(exl3.FACC_PATCH, tree) == []
-    assert content_snapshot(tree) == once
 
 
 def test_a_broken_hunk_gives_the_exact_error(stock_root, tmp_path):
@@ -290,27 +288,23 @@ def test_a_broken_hunk_gives_the_exact_error(stock_root, tmp_path):
     with pytest.raises(unidiff.PatchError) as e:
         exl3.facc_sources(changed, tmp_path / "work")
     assert str(e.value) == expected
-    assert not exl3.is_complete(tmp_path / "work" / "facc")
-    before = content_snapshot(changed.parent)
+    assert not (tmp_path / "work" / "facc" / exl3.STAMP_NAME).is_file()
+    files = {f"{exl3.EXT_DIR_NAME}/{r}": (changed / r).read_bytes() for r in content_snapshot(changed)}
     with pytest.raises(unidiff.PatchError) as e:
-        unidiff.apply_patch(exl3.FACC_PATCH, changed.parent)
+        unidiff.apply_patch_to_files(exl3.FACC_PATCH, files)
     assert str(e.value) == expected
-    assert content_snapshot(changed.parent) == before, "a failing patch must write nothing"
 
 
 def test_patch_offsets_are_allowed_fuzz_is_not(tmp_path):
-    (tmp_path / "t").mkdir()
-    target = tmp_path / "t" / "f.txt"
-    target.write_text("".join(f"line {i}\n" for i in range(1, 21)))
+    text = "".join(f"line {i}\n" for i in range(1, 21))
     patch = tmp_path / "p.patch"
     patch.write_text("--- a/f.txt\n+++ b/f.txt\n@@ -9,3 +9,3 @@\n line 9\n-line 10\n+LINE 10\n line 11\n")
-    target.write_text("extra\nextra\n" + target.read_text())  # the hunk now sits two lines lower
-    assert unidiff.apply_patch(patch, tmp_path / "t") == ["f.txt"]
-    assert "LINE 10\n" in target.read_text() and "line 10\n" not in target.read_text()
-    assert unidiff.apply_patch(patch, tmp_path / "t") == []
-    target.write_text(target.read_text().replace("line 11\n", "line eleven\n").replace("LINE 10", "line 10"))
+    moved = "extra\nextra\n" + text  # the hunk now sits two lines lower
+    assert unidiff.apply_patch_to_files(patch, {"f.txt": moved.encode()}) == {
+        "f.txt": moved.replace("line 10\n", "LINE 10\n").encode()}
+    fuzzed = moved.replace("line 11\n", "line eleven\n")
     with pytest.raises(unidiff.PatchError, match=rf"^{patch}: hunk 1 of f.txt \(at line 9\) does not apply"):
-        unidiff.apply_patch(patch, tmp_path / "t")
+        unidiff.apply_patch_to_files(patch, {"f.txt": fuzzed.encode()})
     patch.write_text("--- a/f.txt\n+++ b/f.txt\n@@ -9,3 +9,3 @@\n line 9\n-line 10\n")
     with pytest.raises(unidiff.PatchError, match="hunk 1 of f.txt ends early"):
         unidiff.parse_patch(patch)

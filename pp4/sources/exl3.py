@@ -36,7 +36,8 @@ import attrs
 
 from pp4 import paths
 from pp4.files import locked, sha256_file, write_if_changed
-from pp4.sources.extensions import PACKAGE_DIR, SOURCE_SUFFIXES, Extension
+from pp4.paths import SOURCE_SUFFIXES
+from pp4.sources.extensions import PACKAGE_DIR, Extension
 from pp4.sources.unidiff import apply_patch_to_files, shown
 from pp4.toolchain.locks import WheelPin, checked_pins, read_lock
 from pp4.toolchain.wheelcache import WheelError, ensure_wheels
@@ -193,11 +194,6 @@ def _holds(path: Path, data: bytes) -> bool:
         return path.stat().st_size == len(data) and path.read_bytes() == data
     except OSError:
         return False
-
-
-def is_complete(tree: Path) -> bool:
-    """A tree made here (dest_dir/stock or dest_dir/facc) whose last sync finished."""
-    return (tree / STAMP_NAME).is_file()
 
 
 # ------------------------------------------------------------------------------------------------

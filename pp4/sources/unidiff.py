@@ -10,7 +10,6 @@ from pathlib import Path
 import attrs
 
 from pp4 import paths
-from pp4.files import write_if_changed
 
 
 class PatchError(ValueError):
@@ -174,29 +173,3 @@ def apply_patch_to_files(patch: Path, files: dict[str, bytes]) -> dict[str, byte
             raise _not_applying(patch, fp.path, failed)
         out[fp.path] = b"".join(new)
     return out
-
-
-def apply_patch(patch: Path, tree: Path) -> list[str]:
-    """Apply a patch to the files below tree, in place; returns the files it changed.
-
-    Strict: every hunk must match exactly (an offset is allowed, fuzz is not). Idempotent: a file
-    that already holds the patched text is left alone (the whole patch reverses cleanly on it), so a
-    second run changes nothing. Nothing is written unless every file's hunks apply.
-    """
-    pending: dict[Path, bytes] = {}
-    for fp in parse_patch(patch):
-        target = tree / fp.path
-        try:
-            lines = _lines(target.read_bytes())
-        except FileNotFoundError:
-            raise PatchError(f"{shown(patch)}: {fp.path} does not exist below {tree}; update the patch") from None
-        already, _ = _apply_hunks(lines, fp.hunks, reverse=True)
-        if already is not None:
-            continue  # holds the patched text already
-        new, failed = _apply_hunks(lines, fp.hunks)
-        if new is None:
-            raise _not_applying(patch, fp.path, failed)
-        pending[target] = b"".join(new)
-    for target, data in pending.items():
-        write_if_changed(target, data)
-    return sorted(p.relative_to(tree).as_posix() for p in pending)
