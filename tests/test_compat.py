@@ -35,7 +35,9 @@ def test_nvcc_release_other_than_torch_names_both_and_the_fix(toolchain, shared_
 def test_mixed_headers_are_refused(toolchain, shared_cache, tmp_path):
     """A 13.0 nvcc whose include/ holds 12.8 runtime headers (the seed notes' 'mixed toolkit')."""
     mixed = tmp_path / "mixed"
-    shutil.copytree(toolchain.prefix, mixed, symlinks=True, copy_function=os.link)
+    # A copy, not hard links: a link changes the ctime of the shared toolchain's files, which makes any
+    # compile running meanwhile (another test worker's) unstorable ("changed while it was compiled").
+    shutil.copytree(toolchain.prefix, mixed, symlinks=True)
     header = mixed / "include" / "cuda_runtime_api.h"
     text = header.read_text()
     header.unlink()

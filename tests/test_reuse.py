@@ -146,7 +146,9 @@ def test_different_nvcc(tree, toolchain):
     C++ unit runs no nvcc: it reads the toolkit's headers, the same bytes at another path, mounted
     at /pp4/toolchain in the fixed root, so it is shared, and is the object a compile there gives."""
     other = tree.base / "other-cuda"
-    shutil.copytree(toolchain.prefix, other, symlinks=True, copy_function=os.link)
+    # A copy, not hard links: a link changes the ctime of the shared toolchain's files, which makes any
+    # compile running meanwhile (another test worker's) unstorable ("changed while it was compiled").
+    shutil.copytree(toolchain.prefix, other, symlinks=True)
     profile = other / "bin" / "nvcc.profile"
     text = profile.read_text()
     profile.unlink()
