@@ -2,16 +2,13 @@
 # What the fixed root and the observer cost EXL3 compiles on the H200 machine, one call: the same
 # EXL3 units (every UNIT_STRIDE-th of the 194, by source path) compiled with --no-reuse by pp4 at
 # 001f450 (carried in .carry/old: plain compiles, no root, no observer) and by this checkout (in the
-# root, observed), alternating the order, side by side. CPU is ninja's whole process tree.
+# root, observed), alternating the order, side by side. CPU is ninja's whole process tree. Then the
+# launch alone (bench/observe_overhead.py --units 0), before the builds.
 # Usage (device tool, carry .whl and .carry): bash bench/h200_overhead.sh [UNIT_STRIDE]
 set -uo pipefail
-REPO=$(cd "$(dirname "$0")/.." && pwd)
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+source "$(dirname "$0")/device_setup.sh"
 STRIDE=${1:-4}
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-  "$REPO"/.whl/ninja-*.whl || exit 1
-export PYTHONUNBUFFERED=1
-NINJA=$(PYTHONPATH=/tmp/site python3 -c 'import ninja,os;print(os.path.join(ninja.BIN_DIR,"ninja"))')
+device_wheels ninja || exit 1
 for who in old new; do
   src=$REPO; [ $who = old ] && src=$REPO/.carry/old
   mkdir -p /tmp/ov-$who && cd /tmp/ov-$who
@@ -25,6 +22,9 @@ acts = sorted(json.load(open("build/actions.json"))["actions"], key=lambda a: a[
 print(" ".join(a["output"] for a in acts[::int(sys.argv[1])]))
 PY
 echo "units: $(wc -w < /tmp/units.txt)" | tee "$OUT/overhead.txt"
+# The launch alone: /bin/true started plainly, in the root, and in the root observed (median of 50),
+# first: it comes back even when the call is cut short.
+(cd /tmp/ov-new && PYTHONPATH=/tmp/site:$REPO python3 "$REPO/bench/observe_overhead.py" build --units 0 2>&1 | tee -a "$OUT/overhead.txt")
 for who in new old; do
   cd /tmp/ov-$who
   src=$REPO; [ $who = old ] && src=$REPO/.carry/old
@@ -34,7 +34,8 @@ for who in new old; do
   tail -1 "$OUT/overhead.txt"
 done
 cd /tmp/ov-new && python3 - <<'PY' | tee -a "$OUT/overhead.txt"
-import glob, json
+import collections, glob, json
 evs = [json.load(open(f)) for f in glob.glob("build/.pp4/events/*.json")]
-print("new: events", len(evs), "not observed:", sum(1 for e in evs if (e.get("not_stored") or "").startswith("it was not observed")))
+why = collections.Counter((e.get("not_stored") or "stored").split(":")[0][:80] for e in evs)
+print("new: events", len(evs), "not stored, by reason:", dict(why))
 PY

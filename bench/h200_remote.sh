@@ -9,11 +9,9 @@
 # /usr/local/cuda (nvcc 13.0) through --cuda-home.
 # Usage (device tool): bash bench/h200_remote.sh    (writes into $OUT)
 set -uo pipefail
-REPO=$(cd "$(dirname "$0")/.." && pwd)
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-  "$REPO"/.whl/ninja-*.whl "$REPO"/.whl/redis-*.whl || exit 1
-export PYTHONPATH=/tmp/site:$REPO PYTHONUNBUFFERED=1
+source "$(dirname "$0")/device_setup.sh"
+device_wheels ninja redis || exit 1
+export PYTHONPATH=/tmp/site:$REPO
 RS=$REPO/.whl/redis-server
 chmod +x "$RS"/redis-server "$RS"/redis-cli
 mkdir -p /tmp/redis
@@ -54,8 +52,8 @@ known = Events("/tmp/w2/pp4/build/.pp4")
 tiers = {}
 for a in json.loads(Path("/tmp/w2/pp4/build/actions.json").read_text())["actions"]:
     if a["target"] == "exl3":
-        ev = known.get(a["output"]) or {}
-        key = f"{ev.get('status')}/{ev.get('tier')}"
+        ev = known.get(a["output"])
+        key = f"{ev.status}/{ev.tier}" if ev else "no event"
         tiers[key] = tiers.get(key, 0) + 1
 print("checkout 2 objects by status/tier:", tiers)
 print("checkout 2 refused.log:", (Path("/tmp/w2/pp4/build/.pp4/remote/refused.log").read_text()
@@ -63,5 +61,5 @@ print("checkout 2 refused.log:", (Path("/tmp/w2/pp4/build/.pp4/remote/refused.lo
 EOF
 # Restored objects against real compiles in checkout 2: the audit compiles some again from their
 # stored commands and compares them byte for byte (up to nvcc's pid digits).
-cd /tmp/w2/pp4 && $(python3 -c 'import ninja,os;print(os.path.join(ninja.BIN_DIR,"ninja"))') build/certificate.json.gz >/dev/null 2>&1
+cd /tmp/w2/pp4 && "$NINJA" build/certificate.json.gz >/dev/null 2>&1
 timeout 150 python3 -m pp4.certify.audit build/certificate.json.gz --recompile 4 --objects 2>&1 | tail -8 | tee "$OUT/audit.txt"

@@ -5,12 +5,9 @@
 # the root: every object's and the module's sha256 side by side. Uses /usr/local/cuda (nvcc 13.0)
 # through --cuda-home. Usage (device tool, carry .whl): bash bench/h200_root_check.sh
 set -uo pipefail
-REPO=$(cd "$(dirname "$0")/.." && pwd)
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-  "$REPO"/.whl/ninja-*.whl || exit 1
-export PYTHONPATH=/tmp/site:$REPO PYTHONUNBUFFERED=1
-NINJA=$(python3 -c 'import ninja,os;print(os.path.join(ninja.BIN_DIR,"ninja"))')
+source "$(dirname "$0")/device_setup.sh"
+device_wheels ninja || exit 1
+export PYTHONPATH=/tmp/site:$REPO
 { uname -a; nproc; id; python3 --version; cc --version | head -1
   python3 -c '
 from pp4.execution import observe, root

@@ -9,7 +9,8 @@ observer's included.
     python bench/observe_overhead.py BUILD_DIR [--units N] [--match UNIT,UNIT] [--rounds R] [--json OUT]
 
 BUILD_DIR is a configured build folder (its actions.json and pp4.json); run it from the folder
-configure ran in. Also times the launch alone: /bin/true started plainly and in the root, 50 times.
+configure ran in. Also times the launch alone: /bin/true started plainly and in the root, 50 times
+(--units 0: only that).
 """
 
 from __future__ import annotations
@@ -101,8 +102,9 @@ def main() -> int:
             print(f"{r['unit']:40} plain {pc:7.2f} CPU-s | root+pp4-observe {rc:7.2f} CPU-s ({rc / pc:.3f}x)"
                   + (f" | root+strace {sc:7.2f} CPU-s ({sc / pc:.3f}x)" if sc else "") + f", {n} paths", flush=True)
     plain_cpu, root_cpu = sum(r["plain_cpu"] for r in rows), sum(r["root_cpu"] for r in rows)
-    print(f"total: plain {plain_cpu:.2f} CPU-s, root+pp4-observe {root_cpu:.2f} CPU-s: {root_cpu / plain_cpu:.4f}x")
-    if all(r["strace_cpu"] for r in rows):
+    if rows:  # --units 0 times the launch alone
+        print(f"total: plain {plain_cpu:.2f} CPU-s, root+pp4-observe {root_cpu:.2f} CPU-s: {root_cpu / plain_cpu:.4f}x")
+    if rows and all(r["strace_cpu"] for r in rows):
         strace_cpu = sum(r["strace_cpu"] for r in rows)
         print(f"total: root+strace {strace_cpu:.2f} CPU-s: {strace_cpu / plain_cpu:.4f}x")
     launches = {}

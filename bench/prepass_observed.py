@@ -27,7 +27,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from pp4.reuse import events, inputsets  # noqa: E402
+from pp4.reuse import events, inputsets, prepass  # noqa: E402
 from pp4.reuse import wrapper as reuse  # noqa: E402
 from pp4.reuse.actionkey import parse_compile  # noqa: E402
 
@@ -45,7 +45,7 @@ def main() -> int:
     action = next(a for a in json.loads((args.template / "actions.json").read_text())["actions"]
                   if a["source"].endswith(args.match))
     ev = known.get(action["output"])
-    template = [p for sid in ev["input_sets"]
+    template = [p for sid in ev.input_sets
                 for p in inputsets.read(Path(tconf["reuse"]["state_dir"]) / "inputsets", sid)]
     work = Path(tempfile.mkdtemp(prefix="prepass-observed-", dir=args.template))
     src, build = work / "src", work / "build"
@@ -90,7 +90,7 @@ def main() -> int:
         for a in actions:
             Path(a["output"]).unlink()
         cpu0, t0 = time.process_time(), time.monotonic()
-        reuse.prepass(cfg, actions_file, build / ".pp4" / "prepass.stamp")
+        prepass.prepass(cfg, actions_file, build / ".pp4" / "prepass.stamp")
         runs.append((time.process_time() - cpu0, time.monotonic() - t0))
         assert all(Path(a["output"]).exists() for a in actions)
         for a in actions:

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The reuse prepass on the 264-unit bench on the H200 machine, one call: this checkout's prepass with
+# P2P's real observation sets (bench/prepass_observed.py, on a P2P build made here first) against
+# the rule before observation at 001f450 (carried in .carry/old) on its own bench
+# (bench/prepass_scale.py), alternating, twice each, side by side.
+# Usage (device tool, carry .whl and .carry): bash bench/h200_prepass.sh    (writes into $OUT)
+set -uo pipefail
+source "$(dirname "$0")/device_setup.sh"
+device_wheels ninja || exit 1
+mkdir -p /tmp/pp && cd /tmp/pp
+PYTHONPATH=/tmp/site:$REPO python3 "$REPO/configure.py" --arch 9.0 --ext p2p --cuda-home /usr/local/cuda -j 16 \
+  --store /tmp/pp/store > configure.log 2>&1 || { tail -5 configure.log; exit 1; }
+PYTHONPATH=/tmp/site:$REPO $NINJA p2p > ninja.log 2>&1 || { tail -20 ninja.log; exit 1; }
+for round in 1 2; do
+  echo "round $round" | tee -a "$OUT/prepass.txt"
+  (cd /tmp/pp && PYTHONPATH=/tmp/site:$REPO python3 "$REPO/bench/prepass_observed.py" build --units 264 --rounds 3) 2>&1 \
+    | tail -3 | sed 's/^/now: /' | tee -a "$OUT/prepass.txt"
+  (cd /tmp && PYTHONPATH=/tmp/site:$REPO/.carry/old python3 "$REPO/.carry/old/bench/prepass_scale.py" --units 264 --rounds 3) 2>&1 \
+    | tail -3 | sed 's/^/001f450: /' | tee -a "$OUT/prepass.txt"
+done
