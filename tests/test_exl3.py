@@ -258,6 +258,26 @@ def test_facc_patch_applies_to_the_pinned_sources(stock_root, tmp_path):
         assert all((copy / r).read_bytes() == (root / r).read_bytes() for r in content_snapshot(root))
 
 
+def test_the_default_configuration_survives_a_deleted_build_folder(tmp_path, toolchain, cached_wheel):
+    """The README's configure (every target; the facc sources are made inside the build folder):
+    after `rm -rf build`, ninja runs configure again, which makes them anew, instead of stopping at
+    "missing and no known rule to make it"."""
+    import sys
+
+    from test_specs_build import ninja_bin, run
+
+    # The pinned wheel comes from the shared cache (cached_wheel), as on a second configure.
+    run([sys.executable, str(paths.REPO_ROOT / "configure.py"), "--arch", "9.0", "--store", str(tmp_path / "store")],
+        tmp_path)
+    facc = tmp_path / "build" / "exl3-src" / "facc" / exl3.EXT_DIR_NAME
+    assert facc.is_dir()
+    shutil.rmtree(tmp_path / "build")
+    again = run([ninja_bin(), "build.ninja"], tmp_path, check=False)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "CONFIGURE" in again.stdout and facc.is_dir()
+    assert run([ninja_bin(), "-n", "build.ninja"], tmp_path).stdout.strip().endswith("no work to do.")
+
+
 def test_reapplying_the_patch_touches_nothing(stock_root, tmp_path):
     exl3.facc_sources(stock_root, tmp_path)
     before = content_snapshot(tmp_path)

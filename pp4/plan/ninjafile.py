@@ -171,6 +171,11 @@ def render(settings: BuildSettings, rules: str, plans: list[ModulePlan],
     _build(w, "compile_commands.json", "compdb", implicit=["build.ninja"])
     _build(w, "compdb", "phony", "compile_commands.json")
     _build(w, ["build.ninja", *settings.generator_outputs], "configure", implicit=list(settings.generator_inputs))
+    # An input of configure that is gone (the sources configure unpacks into a deleted build folder,
+    # a removed spec or source folder) makes ninja run configure again, which makes it anew or says
+    # what is wrong, instead of stopping at "missing and no known rule to make it".
+    for path in settings.generator_inputs:
+        _build(w, path, "phony")
     w.newline()
     _build(w, "wheel", "phony", [f"wheel-{p.extension.target}" for p in plans])
     _build(w, "all", "phony", [p.extension.target for p in plans] + [cert])
