@@ -1,21 +1,24 @@
 """A user's spec built end to end: two modules in one spec in its own folder (sources through
 `../`, a C source, macros), one target built alone, `ninja certify` auditing only what is built
-and compiling nothing, a deleted build folder rebuilt by plain `ninja`."""
+and compiling nothing, a wheel of one module, a deleted build folder rebuilt by plain `ninja`.
+
+C and C++ only (a compile takes a second), so it is part of the quick suite: the path every build
+takes (configure, the reuse edge and its store, the prepass, links, pins, the certificate, the
+audit, the wheel) runs in `pytest -m "not slow"`."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
+import hashlib
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
-import pytest
 from conftest import REPO
-
-pytestmark = pytest.mark.slow
 
 TWO = REPO / "tests" / "fixtures" / "twomodules"
 
@@ -70,6 +73,18 @@ def test_a_spec_in_its_own_folder_builds_one_target_certifies_what_is_built_and_
     assert [Path(o).name for o in compiled(everything.stdout)] == ["other.cpp.o"]
     doc = run([ninja_bin(), "certify"], work).stdout
     assert "certificate build/certificate.json.gz: sha256" in doc and "3 objects" in doc and "not built yet" not in doc
+
+    # The wheel of one module: the module's bytes at its import path, and the certificate beside it.
+    packed = run([ninja_bin(), "wheel-pp4_answer"], work)
+    assert compiled(packed.stdout) == []
+    (wheel,) = (work / "dist").glob("pp4_answer-*.whl")
+    built = next((work / "build" / "pp4_answer").glob("pp4_answer*.so"))
+    with zipfile.ZipFile(wheel) as zf:
+        names = zf.namelist()
+        inside = f"pp4_answer/{built.name}"  # beside the loader that checks it (docs/wheels.md)
+        assert inside in names and "pp4_answer/pp4-certificate.json.gz" in names, names
+        assert hashlib.sha256(zf.read(inside)).digest() == hashlib.sha256(built.read_bytes()).digest()
+        assert any(n.endswith(".dist-info/RECORD") for n in names)
 
     shutil.rmtree(work / "build")  # what many users do; ninja must configure again by itself
     again = run([ninja_bin()], work)
