@@ -75,17 +75,32 @@ def test_edited_project_header(tree):
     assert tree.build() == ALL_REUSED  # back to the old bytes: the old objects are valid again
 
 
+def private_torch(base: Path) -> Path:
+    """A folder to put first on PYTHONPATH holding a torch package of its own: every entry of the
+    installed torch linked, except include/, a tree of links to each header, so that one header can
+    be replaced there. Tests run two at a time: an edit of the installed torch's headers would
+    change what every other test's compiles read."""
+    import torch
+
+    real = Path(torch.__file__).parent
+    (base / "torch").mkdir(parents=True)
+    for entry in real.iterdir():
+        if entry.name != "include":
+            (base / "torch" / entry.name).symlink_to(entry)
+    run(["cp", "-rs", str(real / "include"), str(base / "torch" / "include")], base)
+    return base
+
+
 def test_edited_torch_header(tree):
     """A header under torch/include (pybind11's, which ops.cpp includes): edited, then restored."""
-    import torch  # noqa: F401 - only to locate it
-    header = Path(torch.__file__).parent / "include" / "pybind11" / "options.h"
-    original, st = header.read_bytes(), header.stat()
-    try:
-        header.write_bytes(original + b"\n// edited by pp4's reuse test\n")
-        assert tree.build() == {"ops.cpp.o": "compiled", "scale.cu.o": "reused", "shift.cu.o": "reused"}
-    finally:
-        header.write_bytes(original)
-        os.utime(header, ns=(st.st_atime_ns, st.st_mtime_ns))
+    site = private_torch(tree.base / "torch-site")
+    header = site / "torch" / "include" / "pybind11" / "options.h"
+    original = header.read_bytes()
+    header.unlink()  # the link to the installed header goes; a file of its own takes its place
+    header.write_bytes(original + b"\n// edited by pp4's reuse test\n")
+    assert tree.build(env=dict(os.environ, PYTHONPATH=str(site))) == \
+        {"ops.cpp.o": "compiled", "scale.cu.o": "reused", "shift.cu.o": "reused"}
+    header.write_bytes(original)
     # The certificate holds the edited header's hash in an observation set: the audit, which checks
     # each set once, must name it now that the bytes are back.
     proc = run([sys.executable, "-m", "pp4.certify.audit", "build/certificate.json.gz"], tree.work,
