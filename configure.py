@@ -296,7 +296,8 @@ def remote_settings(args, builddir: Path) -> dict | None:
         raise ConfigureError(str(e)) from None
     problem = tier.reachable(settings["url"], statedir.of_build(builddir), settings["ttl"])
     if problem:
-        print(f"configure: warning: {problem}; builds will try it and go on locally while it does not answer")
+        print(f"configure: warning: {problem}; builds will try it and go on locally while it does not answer "
+              f"({tier.STOP_TRYING})")
     else:
         print(f"configure: remote store {settings['url']} ({settings['mode']}) answers")
     return settings

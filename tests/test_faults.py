@@ -329,7 +329,8 @@ def test_store_on_a_full_filesystem(seed, tmp_path):
         # user is told why and what to do.
         assert "pp4.reuse: warning: disk full while writing " in out and " in the pp4 store at " in out, out
         assert ("Free space on that filesystem, shrink the store with `python -m pp4.store gc --max-bytes 5G`, "
-                "or set PP4_STORE_DIR to a directory on a filesystem with room. "
+                "or use another store: re-run configure with --store DIR (or, without --store, set PP4_STORE_DIR) "
+                "on a filesystem with room. "
                 "(the object was built; it is just not stored)") in out
         assert statuses(work) == ALL_COMPILED
         ops = next(o for o in certificate(work)["objects"] if o["output"].endswith("ops.cpp.o"))
@@ -439,8 +440,8 @@ def test_read_only_store(seed, tmp_path, content):
         out = ninja(work).stdout
         if content == "empty":
             assert (f"pp4.reuse: warning: the pp4 store directory {store} is not writable (Read-only file system: "
-                    f"{store}) while creating the store layout. Fix its permissions, or set PP4_STORE_DIR to a "
-                    "writable directory. (building without reuse: every object is compiled, none stored)") in out, out
+                    f"{store}) while creating the store layout. Fix its permissions, or use another store: re-run "
+                    "configure with --store DIR (or, without --store, set PP4_STORE_DIR) that you can write. (building without reuse: every object is compiled, none stored)") in out, out
             assert statuses(work) == ALL_COMPILED
             assert all("is not writable" in o["not_stored"] for o in certificate(work)["objects"])
         else:  # lookups need no write: everything is reused

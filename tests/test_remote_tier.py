@@ -154,6 +154,9 @@ def test_a_dead_slow_full_or_locked_server_costs_one_warning_and_the_build_goes_
     assert obj["status"] == "compiled"
     warnings = [ln for ln in out.splitlines() if "pp4.reuse: warning" in ln]
     assert len(warnings) == 1 and "Connection refused" in warnings[0] and "local store alone" in warnings[0], out
+    assert warnings[0].endswith("to stop trying it, re-run configure without --remote-store)"), out
+    told = [ln for ln in out.splitlines() if ln.startswith("configure: warning")]
+    assert len(told) == 1 and told[0].endswith("(to stop trying it, re-run configure without --remote-store)"), out
 
     # A wrong password: refused by the server, said once, built locally; the password is in no file.
     locked = Server(tmp_path / "locked", "--requirepass", PASSWORD)

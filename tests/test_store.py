@@ -550,7 +550,7 @@ def test_read_only_filesystem_gives_clear_store_error(tmp_path: Path) -> None:
     for message, directory in ((result["put_error"], mnt / "store"), (result["create_error"], mnt / "fresh")):
         assert str(directory) in message
         assert "not writable" in message
-        assert "PP4_STORE_DIR" in message
+        assert "re-run configure with --store DIR (or, without --store, set PP4_STORE_DIR)" in message
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root ignores directory permissions; the tmpfs test covers this")

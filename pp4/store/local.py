@@ -73,6 +73,10 @@ _NO_HARDLINK_ERRNOS = {
 
 # ---------------------------------------------------------------- configuration
 
+# How a user points pp4 at another store. --store wins over $PP4_STORE_DIR, so advice to set the
+# variable alone would change nothing for a build configured with --store.
+ANOTHER_STORE = "use another store: re-run configure with --store DIR (or, without --store, set PP4_STORE_DIR)"
+
 
 def default_store_dir() -> Path:
     """$PP4_STORE_DIR, else <cache dir>/store (pp4.paths.cache_dir)."""
@@ -157,7 +161,7 @@ class Store:
 
     def _ensure_layout(self) -> None:
         if self.root.exists() and not self.root.is_dir():
-            raise StoreError(f"the pp4 store path {self.root} exists but is not a directory; remove it or set PP4_STORE_DIR to a directory")
+            raise StoreError(f"the pp4 store path {self.root} exists but is not a directory; remove it or {ANOTHER_STORE}")
         for directory in (self._objects_dir, self._actions_dir, self._tmp_dir):
             if directory.is_dir():
                 continue
@@ -176,12 +180,12 @@ class Store:
             return StoreError(
                 f"disk full while {doing} in the pp4 store at {self.root} ({exc.strerror}: {where}). "
                 f"Free space on that filesystem, shrink the store with `python -m pp4.store gc --max-bytes 5G`, "
-                f"or set PP4_STORE_DIR to a directory on a filesystem with room."
+                f"or {ANOTHER_STORE} on a filesystem with room."
             )
         if exc.errno in _NOT_WRITABLE_ERRNOS:
             return StoreError(
                 f"the pp4 store directory {self.root} is not writable ({exc.strerror}: {where}) while {doing}. "
-                f"Fix its permissions, or set PP4_STORE_DIR to a writable directory."
+                f"Fix its permissions, or {ANOTHER_STORE} that you can write."
             )
         return StoreError(f"{doing} in the pp4 store at {self.root} failed: {exc}")
 
@@ -249,7 +253,7 @@ class Store:
         except (FileNotFoundError, NotADirectoryError):
             return None
         except OSError as exc:
-            raise StoreError(f"cannot read action record {path}: {exc}. Check permissions, or set PP4_STORE_DIR to another store.") from exc
+            raise StoreError(f"cannot read action record {path}: {exc}. Check permissions, or {ANOTHER_STORE}.") from exc
         try:
             record = decode_record(data, expected_key=action_key)
         except InvalidRecord:

@@ -251,6 +251,10 @@ def refusals(state_dir: str | Path) -> list[str]:
         return []
 
 
+# What a user does to stop a build trying a remote that will not come back.
+STOP_TRYING = "to stop trying it, re-run configure without --remote-store"
+
+
 def _recently_down(folder: Path) -> bool:
     return backoff.recently_down(folder, RETRY_S)
 
@@ -259,4 +263,4 @@ def _mark_down(folder: Path, reason: str) -> None:
     """Record that the remote failed; the first process to record it says so."""
     if backoff.mark_down(folder, reason, RETRY_S):
         print(f"pp4.reuse: warning: {reason}; going on with the local store alone (the remote store is tried "
-              f"again after {RETRY_S:.0f} s)", file=sys.stderr)
+              f"again after {RETRY_S:.0f} s; {STOP_TRYING})", file=sys.stderr)
