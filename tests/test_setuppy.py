@@ -3,6 +3,7 @@ exactly as the project declares them; nothing built or installed; failures named
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 
@@ -36,6 +37,27 @@ def test_every_extension_is_recorded_as_the_project_declares_it(basic):
                              "architectures",)  # ... and said so
     assert cpu.spec_files == (BASIC / "setup.py",)  # configure runs again when setup.py changes
     validate(list(basic.extensions))
+
+
+@pytest.mark.parametrize("options, said", [
+    ("no_python_abi_suffix=True", "BuildExtension.with_options(no_python_abi_suffix=True) is not followed: pp4 "
+                                  "names each module with Python's ABI suffix"),
+    ("no_python_abi_suffix=False, use_ninja=False", None),
+    ("no_python_abi_suffix=True, foo='bar'", "BuildExtension.with_options(foo='bar') is not followed by pp4"),
+])
+def test_build_ext_options_pp4_does_not_follow_are_said(tmp_path, toolchain, options, said):
+    project = tmp_path / "basic"
+    shutil.copytree(BASIC, project)
+    setup_py = project / "setup.py"
+    text = setup_py.read_text()
+    assert '"build_ext": BuildExtension}' in text
+    setup_py.write_text(text.replace('"build_ext": BuildExtension}', f'"build_ext": BuildExtension.with_options({options})}}'))
+    notices = setuppy.read(project, toolchain.prefix, ["9.0"]).notices
+    ours = [n for n in notices if "BuildExtension.with_options" in n]
+    if said is None:
+        assert ours == [], notices
+    else:
+        assert any(said in n and n.startswith(f"{setup_py}: ") for n in ours), notices
 
 
 def test_reading_a_setup_py_builds_and_installs_nothing(basic):

@@ -100,6 +100,13 @@ try:
     torch.cuda.is_available = lambda: True
     cpp_extension.CUDAExtension = _factory("cuda")
     cpp_extension.CppExtension = _factory("cpp")
+    _with_options = cpp_extension.BuildExtension.with_options.__func__
+
+    def _recorded_options(cls, **options):
+        result.setdefault("build_ext_options", {}).update({k: repr(v) for k, v in options.items()})
+        return _with_options(cls, **options)
+
+    cpp_extension.BuildExtension.with_options = classmethod(_recorded_options)
 except ImportError:
     pass
 
@@ -178,12 +185,24 @@ def read(setup_py: Path, toolchain_prefix: Path, archs: list[str], python: str =
     if not report["extensions"]:
         raise ExtensionError(f"{setup_py} declares no CUDAExtension or CppExtension (ext_modules is empty here): "
                              "nothing for pp4 to build")
-    exts, notices = [], []
+    exts, notices = [], list(build_ext_notices(setup_py, report.get("build_ext_options") or {}))
     for rec in report["extensions"]:
         ext, notes = to_extension(rec, setup_py)
         exts.append(ext)
         notices += notes
     return ReadSetup(setup_py, tuple(exts), tuple(notices))
+
+
+def build_ext_notices(setup_py: Path, options: dict[str, str]) -> list[str]:
+    """What pp4 does not follow of `BuildExtension.with_options(...)`, one notice each."""
+    notices = []
+    if options.get("no_python_abi_suffix") not in (None, "False"):
+        notices.append(f"{setup_py}: BuildExtension.with_options(no_python_abi_suffix=True) is not followed: pp4 names "
+                       "each module with Python's ABI suffix (NAME.cpython-...so), as plain BuildExtension does; "
+                       "`import NAME` finds it, but code that opens NAME.so by its file name must use that name")
+    for name in sorted(set(options) - {"no_python_abi_suffix", "use_ninja"}):
+        notices.append(f"{setup_py}: BuildExtension.with_options({name}={options[name]}) is not followed by pp4")
+    return notices
 
 
 def to_extension(rec: dict, setup_py: Path) -> tuple[Extension, list[str]]:
