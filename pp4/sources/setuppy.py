@@ -100,6 +100,9 @@ try:
     torch.cuda.is_available = lambda: True
     cpp_extension.CUDAExtension = _factory("cuda")
     cpp_extension.CppExtension = _factory("cpp")
+except ImportError:
+    pass
+try:  # BuildExtension.with_options(...): what the project asks of build_ext, for configure's notices
     _with_options = cpp_extension.BuildExtension.with_options.__func__
 
     def _recorded_options(cls, **options):
@@ -107,7 +110,7 @@ try:
         return _with_options(cls, **options)
 
     cpp_extension.BuildExtension.with_options = classmethod(_recorded_options)
-except ImportError:
+except (NameError, AttributeError):  # no torch here, or a torch without it
     pass
 
 sys.argv = [setup_py, "build_ext"]
