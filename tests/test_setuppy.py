@@ -3,6 +3,8 @@ exactly as the project declares them; nothing built or installed; failures named
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 import subprocess
 import sys
@@ -73,8 +75,11 @@ def test_the_written_spec_builds_the_same_extensions(basic, tmp_path):
     text = spec.read_text()
     assert "# " + basic.notices[0] in text  # what pp4 changed stays visible in the spec
     again = from_spec(spec)
-    keys = ("target", "module", "kind", "define_macros", "undef_macros", "libraries", "cxx_flags", "cuda_flags",
-            "ld_flags")
+    # Kept outside the project, the spec still names its folder as the root: the same object names,
+    # the same commands in the fixed root, the same store keys as the --setup-py build.
+    assert f'root = "{os.path.relpath(BASIC, spec.parent)}"' in text
+    keys = ("target", "module", "kind", "root", "define_macros", "undef_macros", "libraries", "cxx_flags",
+            "cuda_flags", "ld_flags")
     for a, b in zip(basic.extensions, again):
         assert {k: getattr(a, k) for k in keys} == {k: getattr(b, k) for k in keys}
         assert (a.source_paths(), a.include_paths(), a.library_paths()) == (b.source_paths(), b.include_paths(),
@@ -107,6 +112,19 @@ def test_configure_reads_it_and_writes_the_spec(tmp_path):
     assert "basic_cpu._C (cpp, 1 sources), basic_cuda (cuda, 2 sources)" in proc.stdout
     assert (tmp_path / "specs" / "basic.toml").is_file()
     assert "build build/basic_cpu._C/_C" in (tmp_path / "build.ninja").read_text()
+    # Built from that spec (kept outside the project), in another folder: the same compile commands
+    # and object names, so each finds what the --setup-py build stored.
+    other = tmp_path / "from-spec"
+    other.mkdir()
+    proc = subprocess.run([sys.executable, str(REPO / "configure.py"), "--arch", "9.0", "--ext-spec",
+                           str(tmp_path / "specs" / "basic.toml")], cwd=other, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+    def actions(work):
+        doc = json.loads((work / "build" / "actions.json").read_text())
+        return [(a["output"], a["argv"]) for a in doc["actions"]]
+
+    assert actions(other) == actions(tmp_path) and len(actions(tmp_path)) == 3
 
 
 def test_a_source_added_where_setup_py_globs_makes_ninja_read_it_again(tmp_path):

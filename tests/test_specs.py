@@ -49,6 +49,9 @@ def test_fields_outside_the_extension_tables_are_refused(tmp_path):
     ('name = "x"\nsources = ["a.cpp"]\ndefine_macros = ["1BAD"]\n', r"'1BAD' is not a macro name"),
     ('name = "x"\nsources = ["a.cpp"]\nkind = "rocm"\n', r'`kind` is \'rocm\'; it is "cuda" or "cpp"'),
     ('sources = ["a.cpp"]\n', r"needs at least `name` and `sources`"),
+    ('name = "x"\nsources = ["a.cpp"]\nroot = "sub"\n', r"the source a.cpp is outside `root` \(.*/sub\); the root must hold"),
+    ('name = "x"\nsources = ["a.cpp"]\nroot = "/"\n', r"`root` is /: pp4 hashes every source below the root"),
+    ('name = "x"\nsources = ["a.cpp"]\nroot = 3\n', r"`root` must be a folder \(a string\), not 3"),
 ])
 def test_bad_fields_are_refused_by_name(tmp_path, text, message):
     (tmp_path / "a.cpp").write_text("")
@@ -104,6 +107,13 @@ def test_objects_stay_under_the_build_folder_wherever_the_sources_are(tmp_path, 
     link = list(mp.link_flags)
     assert link[-2:] == [f"-L{tmp_path / 'proj' / 'src'}", "-lm"]
     assert not {"-lc10_cuda", "-ltorch_cuda", "-lcudart"} & set(link)  # kind cpp: no CUDA libraries
+
+
+def test_a_named_root_names_the_objects_from_there(tmp_path):
+    (tmp_path / "proj" / "csrc").mkdir(parents=True)
+    (tmp_path / "proj" / "csrc" / "a.cpp").write_text("")
+    (ext,) = from_spec(spec(tmp_path / "elsewhere", 'name = "x"\nroot = "../proj"\nsources = ["../proj/csrc/a.cpp"]\n'))
+    assert ext.root == tmp_path / "proj" and ext.sources == ("csrc/a.cpp",)
 
 
 def test_the_root_never_widens_to_the_file_system_or_home(tmp_path):

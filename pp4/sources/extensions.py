@@ -37,8 +37,8 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 COMPILED_SUFFIXES = {".c": "cxx", ".cc": "cxx", ".cpp": "cxx", ".cxx": "cxx", ".cu": "cuda"}
 KINDS = ("cuda", "cpp")
 FLAVORS = ("jit", "setuptools")
-SPEC_FIELDS = ("name", "target", "kind", "flavor", "sources", "include_dirs", "define_macros", "undef_macros", "libraries",
-               "library_dirs", "cxx_flags", "cuda_flags", "ld_flags")
+SPEC_FIELDS = ("name", "target", "kind", "flavor", "root", "sources", "include_dirs", "define_macros", "undef_macros",
+               "libraries", "library_dirs", "cxx_flags", "cuda_flags", "ld_flags")
 # nvcc options that choose GPU architectures: configure's --arch is the one place that does.
 _ARCH_OPTIONS = ("-gencode", "--generate-code", "-arch", "--gpu-architecture", "-code", "--gpu-code")
 _MODULE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -159,7 +159,10 @@ def from_fields(doc: dict, spec_dir: Path, spec_file: Path, where: str, provenan
     sources = strings("sources")
     include_dirs = strings("include_dirs")
     library_dirs = strings("library_dirs")
-    root = project_root(spec_dir, [p for p in (*sources, *include_dirs, *library_dirs) if not os.path.isabs(p)])
+    if "root" in doc:
+        root = given_root(doc["root"], spec_dir, sources, where)
+    else:
+        root = project_root(spec_dir, [p for p in (*sources, *include_dirs, *library_dirs) if not os.path.isabs(p)])
 
     def from_root(paths: tuple[str, ...]) -> tuple[str, ...]:
         return tuple(p if os.path.isabs(p) else os.path.relpath(_under(spec_dir, p), root) for p in paths)
@@ -198,6 +201,23 @@ def project_root(spec_dir: Path, relative: list[str]) -> Path:
     system's root or the home folder (the pin hashes every source file below the root)."""
     shared = Path(os.path.commonpath([str(spec_dir), *(str(_under(spec_dir, p).parent) for p in relative)]))
     return spec_dir if shared in (Path(shared.anchor), Path.home()) else shared
+
+
+def given_root(value, spec_dir: Path, sources: tuple[str, ...], where: str) -> Path:
+    """A spec's `root`: the folder objects are named from and the pin covers, as a spec written by
+    `--write-spec` names its project's folder, so that the spec builds the same commands wherever it
+    is kept. Every source must be inside it; never the file system's root or the home folder."""
+    if not isinstance(value, str) or not value:
+        raise ExtensionError(f"extension spec {where}: `root` must be a folder (a string), not {value!r}")
+    root = Path(os.path.normpath(_under(spec_dir, value)))
+    if root in (Path(root.anchor), Path.home()):
+        raise ExtensionError(f"extension spec {where}: `root` is {root}: pp4 hashes every source below the root; "
+                             "name the project's folder")
+    outside = [s for s in sources if os.path.relpath(_under(spec_dir, s), root).startswith("..")]
+    if outside:
+        raise ExtensionError(f"extension spec {where}: the source {outside[0]} is outside `root` ({root}); "
+                             "the root must hold every source")
+    return root
 
 
 def parse_macro(item, where: str) -> tuple[str, str | None]:

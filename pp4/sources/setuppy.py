@@ -258,6 +258,9 @@ def spec_text(read_setup: ReadSetup, spec_path: Path) -> str:
         lines += ["", "[[extension]]"]
         values = {
             "name": ext.module, "target": ext.target, "kind": ext.kind, "flavor": ext.flavor,
+            # The project's folder, named: a spec kept elsewhere then builds the same commands (and
+            # finds the same objects in the store) as --setup-py, instead of a root above both.
+            "root": os.path.relpath(ext.root, spec_dir),
             "sources": [os.path.relpath(p, spec_dir) for p in ext.source_paths()],
             "include_dirs": [os.path.relpath(p, spec_dir) for p in ext.include_paths()],
             "define_macros": [[n] if v is None else [n, v] for n, v in ext.define_macros],
