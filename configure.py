@@ -473,6 +473,9 @@ def main(argv: list[str]) -> int:
     print(f"configure: compilers: nvcc {chosen.nvcc} with host compiler {chosen.ccbin}; C++ {chosen.cxx}")
     print(f"configure: {len(plans)} module(s): " + ", ".join(f"{p.extension.target} ({len(p.steps)} units)" for p in plans))
     print(f"configure: {cost_line(plans, ordered, table, jobs)}")
+    by_target = target_costs(ordered, table)
+    if by_target:
+        print(f"configure: {by_target}")
     print(f"configure: {jobs} job(s) on CPUs {_cpu_text(cpus)}, nice +{args.nice}"
           + (f", {args.max_memory} address space per compile" if args.max_memory else ""))
     print(f"configure: build.ninja {'written' if changed else 'unchanged'}; run `ninja`"
@@ -498,6 +501,18 @@ def cost_line(plans: list[plan.ModulePlan], ordered, table: dict[str, int], jobs
             f"about {_duration(max(slots))} on {jobs} job(s); the longest unit {os.path.relpath(s.source, p.extension.root)} "
             f"about {_duration(longest)}. Objects found in the store cost a copy instead. Times are per-unit "
             "figures from this build's log, else from the H200 machine: a slower CPU takes longer")
+
+
+def target_costs(ordered, table: dict[str, int]) -> str | None:
+    """The CPU each target costs cold, for a build of fewer than all of them (`ninja p2p`, or a
+    `ninja wheel-TARGET`): None for a single target."""
+    cpu: dict[str, float] = {}
+    for p, s in ordered:
+        cpu[p.extension.target] = cpu.get(p.extension.target, 0.0) + plan.expected_ms(p, s, table) / 1000
+    if len(cpu) < 2:
+        return None
+    costliest = sorted(cpu.items(), key=lambda tc: -tc[1])
+    return "by target, cold: " + ", ".join(f"{t} about {_duration(c)} of CPU" for t, c in costliest)
 
 
 def _duration(seconds: float) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -110,6 +111,10 @@ def test_configure_reads_it_and_writes_the_spec(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "configure: notice: " in proc.stdout and "-gencode=arch=compute_80,code=sm_80 are dropped" in proc.stdout
     assert "basic_cpu._C (cpp, 1 sources), basic_cuda (cuda, 2 sources)" in proc.stdout
+    # What building one of them costs, for `ninja basic_cuda` or `ninja wheel-basic_cuda` alone.
+    line = re.search(r"^configure: by target, cold: (.*)$", proc.stdout, re.M)
+    assert line and sorted(re.findall(r"(\S+) about \d+ s of CPU", line.group(1))) == ["basic_cpu._C", "basic_cuda"], \
+        proc.stdout
     assert (tmp_path / "specs" / "basic.toml").is_file()
     assert "build build/basic_cpu._C/_C" in (tmp_path / "build.ninja").read_text()
     # Built from that spec (kept outside the project), in another folder: the same compile commands
