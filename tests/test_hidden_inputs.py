@@ -206,6 +206,31 @@ def test_time_macros_however_spelled_are_never_stored(base, how):
     assert now["u.cpp.o"][1] != tag
 
 
+def test_a_native_cpu_flag_is_keyed_on_what_the_compiler_makes_of_this_cpu(base):
+    """gcc reads the CPU for -march=native with an instruction, not a file: the observer cannot see
+    it, so the object is keyed on what the compiler's driver makes of the CPU here (its `-###`
+    spells out -march=<this CPU> and the cache sizes): a store shared with a machine whose CPU reads
+    otherwise never hands this object over there."""
+    case = Case(base, {"u.cpp": tagged('"x"', head="")}, spec(["-march=native"]))
+    first_build(case, "x")  # stored, and restored in a fresh folder: the reading holds here
+    work = base / f"work-src-{case.n}"
+    found = set()
+    for path in (work / "build" / ".pp4").rglob("*.json"):
+        try:
+            doc = json.loads(path.read_text())
+        except ValueError:
+            continue
+        if isinstance(doc, list):
+            found |= {tuple(p) for p in doc if isinstance(p, list) and len(p) == 2 and str(p[1]).startswith("native:")}
+    (compiler, recorded), = found
+    said = subprocess.run([compiler, "-###", "-E", "-x", "c", os.devnull, "-march=native"], capture_output=True,
+                          env={"PATH": os.defpath, "LC_ALL": "C"})
+    (cc1,) = [ln for ln in said.stderr.splitlines() if b"/cc1" in ln]
+    assert b"-march=" in cc1 and b"-march=native" not in cc1  # the CPU spelled out
+    reading = hashlib.sha256(said.stdout + said.stderr + str(said.returncode).encode()).hexdigest()
+    assert recorded == f"native:-march=native:{reading}"
+
+
 def test_mmd_in_the_flags_still_sees_system_headers(base):
     sysinc = base / "sysinc"
     sysinc.mkdir()

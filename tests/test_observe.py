@@ -158,3 +158,18 @@ def test_commands_are_mapped_into_the_root_except_what_the_user_wrote(tmp_path):
     shown = root.shown(b"/pp4/src/a.cpp:3:1: error: expected ';' before '}' token\n")
     assert shown == f"{os.path.realpath(src)}/a.cpp:3:1: error: expected ';' before '}}' token\n".encode(), \
         "messages point at the files a user edits"
+
+
+@pytest.mark.parametrize("argv, flags, compiler", [
+    (["/usr/bin/c++", "-O2", "-march=native", "-c", "a.cpp"], ["-march=native"], "/usr/bin/c++"),
+    (["/t/nvcc", "-ccbin", "/usr/bin/gcc", "-Xcompiler", "-fPIC,-mtune=native", "-c", "a.cu"], ["-mtune=native"],
+     "/usr/bin/gcc"),
+    (["/t/nvcc", "-ccbin=/opt/gcc", "--compiler-options=-mcpu=native", "-Xcompiler=-march=native"],
+     ["-march=native", "-mcpu=native"], "/opt/gcc"),
+    (["/usr/bin/c++", "-march=x86-64-v3", "-DNAME=native", "-c", "a.cpp"], [], None),
+])
+def test_native_cpu_options_are_found_however_passed(argv, flags, compiler):
+    from pp4.reuse import nativecpu
+
+    assert nativecpu.flags_in(argv) == flags
+    assert (nativecpu.host_compiler(argv) if flags else None) == compiler

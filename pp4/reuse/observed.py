@@ -11,6 +11,8 @@ whether the kernel found something there. After the compile each such path gets 
     !<errno>        the kernel refused (EACCES, ELOOP, ...)
     ld:<sha256>:... the loader's cache, by what it resolves for the names the compile could look up
                     (pp4/reuse/loadercache.py), not by its bytes
+    native:...      on the host compiler's path, for a command with `-march=native` or its kin: what
+                    the compiler makes of this machine's CPU (pp4/reuse/nativecpu.py)
 
 and a path reached without following its last link (lstat, readlink: what realpath() does, once
 per folder of every header) gets `L` before its kind alone, `Lf` for a regular file (its content is
@@ -26,7 +28,7 @@ import hashlib
 import os
 import stat
 
-from pp4.reuse import loadercache
+from pp4.reuse import loadercache, nativecpu
 from pp4.reuse.actionkey import FileHasher
 
 ABSENT, FOLDER, FILE, SPECIAL, NOFOLLOW, LINK, LISTING = "-", "d", "f", "s", "L", "@", "ls:"
@@ -82,8 +84,17 @@ class States:
             self._memo[key] = found
         return found
 
+    def native(self, compiler: str, flags: list[str]) -> str:
+        key = (compiler, nativecpu.PREFIX + " ".join(flags))
+        found = self._memo.get(key)
+        if found is None:
+            found = self._memo[key] = nativecpu.state(compiler, flags)
+        return found
+
     def now(self, path: str, recorded: str) -> str:
         """The state of a path now, of the kind a recorded state is."""
+        if recorded.startswith(nativecpu.PREFIX):
+            return self.native(path, nativecpu.flags_of(recorded))
         if recorded.startswith(LISTING):
             return self.listing(path)
         if recorded.startswith(loadercache.PREFIX):
@@ -117,6 +128,8 @@ def differences(pairs, to_real, states: States) -> list[str]:
 
 
 def describe(state: str) -> str:
+    if state.startswith(nativecpu.PREFIX):
+        return f"this CPU as the compiler reads it for {' '.join(nativecpu.flags_of(state))} ({state[-64:][:12]})"
     if state.startswith(loadercache.PREFIX):
         return f"the loader's cache resolving {len(loadercache.names_in(state))} names to {state[3:15]}"
     s = state[1:] if state.startswith(NOFOLLOW) else state
@@ -184,6 +197,7 @@ def from_run(ran, outputs: set[str], states: States) -> tuple[list[list[str]], s
         if real is not None and os.path.normpath(folder) not in produced:
             pairs[(folder, LISTING)] = states.listing(real)
     _loader_cache(ran, pairs)
+    _native_cpu(ran, pairs, states)
     changed = changed_during(ran, [(p, s) for (p, _), s in pairs.items()])
     if changed:
         return [], f"{changed} changed while it was compiled"
@@ -203,6 +217,16 @@ def _loader_cache(ran, pairs: dict) -> None:
     found = loadercache.state(real, loadercache.names_for(seen, table))
     if found is not None:
         pairs[key] = found
+
+
+def _native_cpu(ran, pairs: dict, states: States) -> None:
+    """A command that asks for this machine's CPU (`-march=native`): keyed on what its host compiler
+    makes of the CPU, which the compiler reads with an instruction, not a file."""
+    flags = nativecpu.flags_in(ran.command)
+    compiler = nativecpu.host_compiler(ran.command) if flags else None
+    real = ran.real(compiler) if compiler else None
+    if real is not None:
+        pairs[(compiler, nativecpu.PREFIX)] = states.native(real, flags)
 
 
 def by_folder(pairs: list[list[str]]) -> list[list[list[str]]]:
