@@ -33,6 +33,7 @@ from pp4.files import write_if_changed  # noqa: E402
 from pp4.plan import modules as plan  # noqa: E402
 from pp4.plan import ninjafile  # noqa: E402
 from pp4.plan.torchflags import setuptools_flags, torch_build_flags  # noqa: E402
+from pp4.report import progress  # noqa: E402
 from pp4.sizes import parse_size  # noqa: E402
 from pp4.execution import root as fixed_root  # noqa: E402
 from pp4.execution import cluster  # noqa: E402
@@ -439,6 +440,10 @@ def main(argv: list[str]) -> int:
     write_if_changed(config_file, json.dumps(config, indent=1, sort_keys=True) + "\n")
     actions_file = builddir / "actions.json"
     write_if_changed(actions_file, json.dumps({"actions": compile_actions(plans, chosen, envs)}, indent=1) + "\n")
+    # Apart from actions.json: the estimates change with every build's log, the commands do not.
+    write_if_changed(statedir.part(statedir.of_build(builddir), statedir.ESTIMATES),
+                     progress.estimates_doc(jobs, {str(s.object): round(plan.expected_ms(p, s, table) / 1000, 1)
+                                                   for p, s in ordered}))
     for p in plans:
         write_if_changed(builddir / p.extension.target / "plan.json",
                          json.dumps(plan_record(p, tc, root), indent=1, sort_keys=True) + "\n")

@@ -11,10 +11,13 @@ here and nowhere else; each writer gets its path from `part()`.
     remote/              the remote tier's password, refusals, back-off          pp4/store/remote/tier.py
     cluster/             the cluster's back-off                                  pp4/reuse/cluster/executor.py
     prepass.stamp        the prepass's stamp and dependency file, for ninja       pp4/plan/ninjafile.py
+    estimates.json       each object's estimated CPU seconds, and the jobs        configure.py
+    progress.lock        held by the ninja run's progress reporter               pp4/report/progress.py
+    progress.log         the run's progress lines                                 pp4/report/progress.py
 
 Bounds: events and sets are collected by every prepass (pp4/reuse/wrapper.py: the events of
 outputs the build no longer has, the sets no event names); hashes.json bounds itself; notices are
-removed with their ninja run; the rest are one file each.
+removed with their ninja run; progress.log holds one run's lines; the rest are one file each.
 """
 
 from __future__ import annotations
@@ -30,6 +33,9 @@ COMPILERS = "compilers.json"
 REMOTE = "remote"
 CLUSTER = "cluster"
 PREPASS_STAMP = "prepass.stamp"
+ESTIMATES = "estimates.json"
+PROGRESS_LOCK = "progress.lock"
+PROGRESS_LOG = "progress.log"
 
 FOLDER = ".pp4"  # inside the build folder
 
