@@ -9,7 +9,6 @@ import sys
 import time
 from pathlib import Path
 
-from pp4.report import progress
 from pp4.reuse import actionkey, events
 from pp4.reuse.notices import env_notices, machine_notices, notify_once
 from pp4.reuse.wrapper import MARKER_SUFFIX, Action, ReuseConfig, Reuser, time_problem
@@ -21,6 +20,8 @@ def compile_one(cfg: ReuseConfig, env: dict[str, str], argv: list[str]) -> int:
     if marker.exists():  # the prepass of this build restored it already
         marker.unlink()
         return 0
+    from pp4.report import progress  # here: an edge whose object the prepass restored has no run to report
+
     progress.ensure_running(cfg.state_dir)
     notify_once(cfg.state_dir, env_notices(cfg.folded))
     reuser = Reuser(cfg)

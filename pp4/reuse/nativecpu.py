@@ -22,7 +22,6 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import subprocess
 
 PREFIX = "native:"
 _NATIVE = re.compile(r"^-m(arch|tune|cpu)=native$")
@@ -56,6 +55,8 @@ def host_compiler(argv) -> str | None:
 
 def state(compiler: str, flags: list[str]) -> str:
     """What the compiler at this (real) path makes of the flags on this machine."""
+    import subprocess  # here: most compiles have no native option, and every edge imports this module
+
     try:
         proc = subprocess.run([compiler, "-###", "-E", "-x", "c", os.devnull, *flags], capture_output=True,
                               env={"PATH": os.defpath, "LC_ALL": "C"}, timeout=60)
