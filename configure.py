@@ -417,7 +417,10 @@ def main(argv: list[str]) -> int:
                                     sys.prefix)
     plans = [plan.module_plan(e, torch, tc, archs, builddir, root, log, supported, chosen, folded, setuptools)
              for e in exts]
-    ordered = plan.longest_first(plans, table)
+    # The shipped table and the text estimate are the H200's: scaled by how this machine compared
+    # on the units this build has timed, once there are enough of them.
+    scale, scaled_on = plan.machine_scale(plans, table)
+    ordered = plan.longest_first(plans, table, scale)
     identifier = compilers.Identifier(statedir.part(statedir.of_build(builddir), statedir.COMPILERS), compile_tmpdir(builddir))
     tool_files = {lang: tuple(identifier.files(chosen, lang, envs[lang])) for lang in ("cuda", "cxx")}
     identifier.save()
@@ -442,7 +445,7 @@ def main(argv: list[str]) -> int:
     write_if_changed(actions_file, json.dumps({"actions": compile_actions(plans, chosen, envs)}, indent=1) + "\n")
     # Apart from actions.json: the estimates change with every build's log, the commands do not.
     write_if_changed(statedir.part(statedir.of_build(builddir), statedir.ESTIMATES),
-                     progress.estimates_doc(jobs, {str(s.object): round(plan.expected_ms(p, s, table) / 1000, 1)
+                     progress.estimates_doc(jobs, {str(s.object): round(plan.expected_ms(p, s, table, scale) / 1000, 1)
                                                    for p, s in ordered}))
     for p in plans:
         write_if_changed(builddir / p.extension.target / "plan.json",
@@ -477,8 +480,8 @@ def main(argv: list[str]) -> int:
     print(f"configure: {report.summary()}")
     print(f"configure: compilers: nvcc {chosen.nvcc} with host compiler {chosen.ccbin}; C++ {chosen.cxx}")
     print(f"configure: {len(plans)} module(s): " + ", ".join(f"{p.extension.target} ({len(p.steps)} units)" for p in plans))
-    print(f"configure: {cost_line(plans, ordered, table, jobs)}")
-    by_target = target_costs(ordered, table)
+    print(f"configure: {cost_line(plans, ordered, table, jobs, scale, scaled_on)}")
+    by_target = target_costs(ordered, table, scale)
     if by_target:
         print(f"configure: {by_target}")
     print(f"configure: {jobs} job(s) on CPUs {_cpu_text(cpus)}, nice +{args.nice}"
@@ -488,10 +491,12 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def cost_line(plans: list[plan.ModulePlan], ordered, table: dict[str, int], jobs: int) -> str:
+def cost_line(plans: list[plan.ModulePlan], ordered, table: dict[str, int], jobs: int, scale: float = 1.0,
+              scaled_on: int = 0) -> str:
     """What a cold build costs: CPU time, the wall time of ninja's order on `jobs` slots (each unit
     starts on the first free slot, as ninja starts them), the longest unit."""
-    times = [(p, s, plan.expected_ms(p, s, table) / 1000, plan.measured_ms(p, s, table) is not None) for p, s in ordered]
+    times = [(p, s, plan.expected_ms(p, s, table, scale) / 1000, plan.measured_ms(p, s, table) is not None)
+             for p, s in ordered]
     if not times:
         return "nothing to compile"
     slots = [0.0] * jobs
@@ -505,15 +510,19 @@ def cost_line(plans: list[plan.ModulePlan], ordered, table: dict[str, int], jobs
     return (f"a cold build: {len(times)} compiles ({source}), about {_duration(sum(t for _, _, t, _ in times))} of CPU, "
             f"about {_duration(max(slots))} on {jobs} job(s); the longest unit {os.path.relpath(s.source, p.extension.root)} "
             f"about {_duration(longest)}. Objects found in the store cost a copy instead. Times are per-unit "
-            "figures from this build's log, else from the H200 machine: a slower CPU takes longer")
+            "figures from this build's log, else the H200 machine's " +
+            (f"times {scale:.2f} (the median of this machine's time over the H200's on the {scaled_on} units both "
+             "have timed)" if scaled_on >= plan.MIN_UNITS_FOR_SCALE else
+             f"as measured there (scaled to this machine once {plan.MIN_UNITS_FOR_SCALE} of its units are timed "
+             f"here; {scaled_on} are): a slower CPU takes longer"))
 
 
-def target_costs(ordered, table: dict[str, int]) -> str | None:
+def target_costs(ordered, table: dict[str, int], scale: float = 1.0) -> str | None:
     """The CPU each target costs cold, for a build of fewer than all of them (`ninja p2p`, or a
     `ninja wheel-TARGET`): None for a single target."""
     cpu: dict[str, float] = {}
     for p, s in ordered:
-        cpu[p.extension.target] = cpu.get(p.extension.target, 0.0) + plan.expected_ms(p, s, table) / 1000
+        cpu[p.extension.target] = cpu.get(p.extension.target, 0.0) + plan.expected_ms(p, s, table, scale) / 1000
     if len(cpu) < 2:
         return None
     costliest = sorted(cpu.items(), key=lambda tc: -tc[1])

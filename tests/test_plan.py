@@ -130,6 +130,32 @@ def test_longest_first_uses_log_then_table_then_the_estimate(tmp_path):
     assert (root / "big.cpp").stat().st_size > 100 * (root / "tiny.cu").stat().st_size
 
 
+def test_the_h200_figures_are_scaled_by_how_this_machine_compared(tmp_path):
+    """Three units timed here and in the shipped table took 2x, 3x and 4x: the table's figure for
+    a unit not timed here, and the text estimate, are scaled by the median, 3x; a unit's own log
+    figure stands."""
+    root = tmp_path / "src"
+    root.mkdir()
+    names = ("a.cu", "b.cu", "c.cu", "d.cu", "e.cu")
+    for name in names:
+        (root / name).write_text("__global__ void k() {}\n")
+    ext = Extension(target="t", module="t", root=root, sources=names)
+
+    def step(name, ms):
+        return plan.CompileStep("cuda", root / name, Path(f"build/t/obj/{name}.o"), ms)
+
+    table = {"t/a.cu": 1000, "t/b.cu": 1000, "t/c.cu": 1000, "t/d.cu": 10_000}
+    timed = plan.ModulePlan(ext, Path("m.so"), (), (), (), (step("a.cu", 2000), step("b.cu", 3000), step("c.cu", 4000),
+                                                            step("d.cu", None), step("e.cu", None)))
+    assert plan.machine_scale([timed], table) == (3.0, 3)
+    d, e = timed.steps[3], timed.steps[4]
+    assert plan.expected_ms(timed, d, table, 3.0) == 30_000
+    assert abs(plan.expected_ms(timed, e, table, 3.0) - 3 * plan.expected_ms(timed, e, table)) <= 2  # rounding
+    assert plan.expected_ms(timed, timed.steps[0], table, 3.0) == 2000
+    fewer = plan.ModulePlan(ext, Path("m.so"), (), (), (), (step("a.cu", 2000), step("b.cu", 3000), step("d.cu", None)))
+    assert plan.machine_scale([fewer], table) == (1.0, 2)
+
+
 def test_ninja_log_is_read(tmp_path):
     log = tmp_path / ".ninja_log"
     log.write_text("# ninja log v6\n0\t1500\t123\tbuild/t/obj/a.cu.o\tdeadbeef\n2000\t2100\t124\tbuild/t/m.so\tabc\n")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import statistics
 from pathlib import Path
 
 import attrs
@@ -194,26 +195,49 @@ def _setuptools_compile_flags(ext: Extension, torch: TorchBuildFlags, toolchain:
     return cxx + _env_dirs(folded), cuda
 
 
-def longest_first(plans: list[ModulePlan], table: dict[str, int]) -> list[tuple[ModulePlan, CompileStep]]:
+def longest_first(plans: list[ModulePlan], table: dict[str, int], scale: float = 1.0) -> list[tuple[ModulePlan, CompileStep]]:
     """All compile steps, longest expected first: ninja starts ready edges in the order they are written.
 
     A step's expected time is its measured duration (the previous .ninja_log, else the shipped
     table, looked up by the source path relative to its extension root), else the estimate from
-    its text (pp4/plan/estimate.py).
+    its text (pp4/plan/estimate.py); the table's and the estimate's times are the H200 machine's,
+    times `scale` (machine_scale).
     """
     return [(p, s) for p, s, _ in sorted(
-        ((p, s, expected_ms(p, s, table)) for p in plans for s in p.steps),
+        ((p, s, expected_ms(p, s, table, scale)) for p in plans for s in p.steps),
         # Durations are bucketed (steps of about 19%) and ties keep source order, so the jitter of
         # re-measured compiles does not reshuffle build.ninja after every build.
         key=lambda i: (-_bucket(i[2]), str(i[1].source)))]
 
 
-def expected_ms(plan: ModulePlan, step: CompileStep, table: dict[str, int]) -> int:
-    """Measured, else estimated (pp4/plan/estimate.py)."""
+def expected_ms(plan: ModulePlan, step: CompileStep, table: dict[str, int], scale: float = 1.0) -> int:
+    """This build's log, else the table's or the text's estimate (pp4/plan/estimate.py), which are
+    the H200 machine's, times scale (machine_scale)."""
+    if step.expected_ms is not None:
+        return step.expected_ms
     known = measured_ms(plan, step, table)
     if known is not None:
-        return known
-    return round(1000 * estimate_seconds(step.source, tuple(plan.extension.include_paths())))
+        return round(known * scale)
+    return round(1000 * scale * estimate_seconds(step.source, tuple(plan.extension.include_paths())))
+
+
+# Fewer units timed here than this, and the H200's figures stand as they are.
+MIN_UNITS_FOR_SCALE = 3
+
+
+def machine_scale(plans: list[ModulePlan], table: dict[str, int]) -> tuple[float, int]:
+    """How much longer this machine takes than the H200 machine the shipped table was measured on:
+    the median ratio over the units this build's log and the table both time, and how many there
+    were; (1.0, n) when fewer than MIN_UNITS_FOR_SCALE."""
+    ratios = []
+    for p in plans:
+        for s in p.steps:
+            theirs = measured_ms(p, attrs.evolve(s, expected_ms=None), table) if s.expected_ms is not None else None
+            if theirs:
+                ratios.append(s.expected_ms / theirs)
+    if len(ratios) < MIN_UNITS_FOR_SCALE:
+        return 1.0, len(ratios)
+    return statistics.median(ratios), len(ratios)
 
 
 def measured_ms(plan: ModulePlan, step: CompileStep, table: dict[str, int]) -> int | None:
