@@ -178,8 +178,15 @@ def write(config_path: Path, actions_path: Path, out: Path) -> str:
     objects = doc["objects"]
     reused = sum(o["status"] == "reused" for o in objects)
     remote = sum(o.get("tier") == "remote" for o in objects)
+    # Said here, once a build: a compile that was not stored is compiled again by the next build
+    # folder, and the reason (a time macro, no observer, an input changed during the compile) is
+    # what the user can act on.
+    unstored = [o for o in objects if o["status"] == "compiled" and o.get("not_stored")]
+    why = f", {len(unstored)} not stored: {unstored[0]['output']}: {unstored[0]['not_stored']}" if unstored else ""
+    if len(unstored) > 1:
+        why += " (each one's reason: build/certificate.json.gz, `not_stored`)"
     print(f"certificate {out}: sha256 {digest} ({len(objects)} objects: {reused} reused"
-          + (f" ({remote} from the remote store)" if remote else "") + f", {len(objects) - reused} compiled)")
+          + (f" ({remote} from the remote store)" if remote else "") + f", {len(objects) - reused} compiled{why})")
     return digest
 
 
