@@ -63,6 +63,12 @@ def test_a_spec_in_its_own_folder_builds_one_target_certifies_what_is_built_and_
     assert sorted(compiled(one.stdout)) == ["build/pp4_answer/obj/csrc/answer.cpp.o", "build/pp4_answer/obj/csrc/twice.c.o"]
     assert call(work, "pp4_answer", "[m.answer(), m.twice(21), m.greeting]") == [42, 42, "hello"]
 
+    # The wheels of what is built: pp4_answer's, and pp4_other named as not built; nothing compiled.
+    packed = run([ninja_bin(), "wheel-built"], work)
+    assert compiled(packed.stdout) == [] and "not built, so not packed: pp4_other" in packed.stdout, packed.stdout
+    assert [w.name.split("-")[0] for w in (work / "dist").glob("*.whl")] == ["pp4_answer"]
+    assert not list((work / "build" / "pp4_other").rglob("*.o"))
+
     audit = run([ninja_bin(), "certify"], work)
     assert compiled(audit.stdout) == [], "ninja certify compiled something"
     assert "audited what is built, pp4_answer" in audit.stdout and "not built yet: pp4_other" in audit.stdout

@@ -329,4 +329,5 @@ def _named(ext: Extension) -> str:
     return f"{ext.target} ({specs[0]})" if specs else ext.target
 
 
-RESERVED_TARGETS = {"all", "toolchain", "certify", "compdb", "build.ninja", "clean"}
+# build.ninja's own targets; "built" too, whose wheel target would be `wheel-built`.
+RESERVED_TARGETS = {"all", "toolchain", "certify", "compdb", "build.ninja", "clean", "wheel", "wheel-built", "built"}

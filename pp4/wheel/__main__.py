@@ -6,6 +6,13 @@ It writes DIST_DIR/<distribution>-<version>-<tag>.whl, only when its bytes chang
 (build/TARGET/wheel.json: the wheel's name and sha256), which is what ninja tracks since the wheel's
 name holds the source key. The wheel the stamp named before is removed when this one replaces it
 and its bytes are still the ones pp4 wrote.
+
+`ninja wheel-built` runs
+
+    python -m pp4.wheel --built CONFIG ACTIONS DIST_DIR
+
+which packs the modules that are built (module, pin and every object on disk) as they are, builds
+nothing, and names the configured modules that are not built.
 """
 
 from __future__ import annotations
@@ -16,11 +23,13 @@ import sys
 from pathlib import Path
 
 from pp4 import interrupt
-from pp4.certify.certificate import CertificateError
+from pp4.certify.certificate import CertificateError, built_targets
 from pp4.certify.pin import PinError
 from pp4.files import sha256_file, write_if_changed
 from pp4.sizes import human_bytes
 from pp4.wheel.contents import WheelError, build
+
+STAMP_NAME = "wheel.json"  # build/TARGET/wheel.json, as build.ninja names it (pp4/plan/ninjafile.py)
 
 
 def replace_old(stamp: Path, new_wheel: Path) -> None:
@@ -33,15 +42,9 @@ def replace_old(stamp: Path, new_wheel: Path) -> None:
         old_wheel.unlink()
 
 
-@interrupt.command("pp4.wheel")
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if len(argv) != 5:
-        print("usage: python -m pp4.wheel CONFIG ACTIONS TARGET DIST_DIR STAMP", file=sys.stderr)
-        return 2
-    config, actions, target, dist_dir, stamp = argv[0], argv[1], argv[2], Path(argv[3]), Path(argv[4])
+def pack(config: Path, actions: Path, target: str, dist_dir: Path, stamp: Path) -> int:
     try:
-        wheel = build(Path(config), Path(actions), Path(config).parent, target)
+        wheel = build(config, actions, config.parent, target)
     except (WheelError, CertificateError, PinError) as e:
         print(f"pp4.wheel: error: {e}", file=sys.stderr)
         return 1
@@ -53,6 +56,33 @@ def main(argv: list[str] | None = None) -> int:
                                         "distribution": wheel.distribution, "version": wheel.version}, indent=1) + "\n")
     print(f"wheel {path}: {human_bytes(len(wheel.data))}, sha256 {digest}" + ("" if written else " (unchanged)"))
     return 0
+
+
+def pack_built(config: Path, actions: Path, dist_dir: Path) -> int:
+    builddir = config.parent
+    built, missing = built_targets(builddir, actions)
+    failed = 0
+    for target in built:
+        failed |= pack(config, actions, target, dist_dir, builddir / target / STAMP_NAME)
+    if missing:
+        print(f"pp4.wheel: not built, so not packed: {', '.join(missing)} (`ninja wheel` builds and packs every "
+              f"configured module; `ninja wheel-TARGET` one)")
+    if not built:
+        print("pp4.wheel: no module is built yet: nothing packed")
+    return failed
+
+
+@interrupt.command("pp4.wheel")
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--built"] and len(argv) == 4:
+        return pack_built(Path(argv[1]), Path(argv[2]), Path(argv[3]))
+    if len(argv) != 5:
+        print("usage: python -m pp4.wheel CONFIG ACTIONS TARGET DIST_DIR STAMP\n"
+              "       python -m pp4.wheel --built CONFIG ACTIONS DIST_DIR", file=sys.stderr)
+        return 2
+    config, actions, target, dist_dir, stamp = argv[0], argv[1], argv[2], Path(argv[3]), Path(argv[4])
+    return pack(Path(config), Path(actions), target, dist_dir, stamp)
 
 
 if __name__ == "__main__":
