@@ -34,7 +34,7 @@ from pp4.plan import modules as plan  # noqa: E402
 from pp4.plan import ninjafile  # noqa: E402
 from pp4.plan.torchflags import setuptools_flags, torch_build_flags  # noqa: E402
 from pp4.report import progress  # noqa: E402
-from pp4.sizes import parse_size  # noqa: E402
+from pp4.sizes import human_duration, parse_size  # noqa: E402
 from pp4.execution import root as fixed_root  # noqa: E402
 from pp4.execution import cluster  # noqa: E402
 from pp4.sources import exl3  # noqa: E402
@@ -507,9 +507,9 @@ def cost_line(plans: list[plan.ModulePlan], ordered, table: dict[str, int], jobs
     measured = sum(m for *_, m in times)
     source = (f"{measured} timed before" if measured == len(times) else
               f"{measured} timed before, {len(times) - measured} estimated from their text (pp4/plan/estimate.py)")
-    return (f"a cold build: {len(times)} compiles ({source}), about {_duration(sum(t for _, _, t, _ in times))} of CPU, "
-            f"about {_duration(max(slots))} on {jobs} job(s); the longest unit {os.path.relpath(s.source, p.extension.root)} "
-            f"about {_duration(longest)}. Objects found in the store cost a copy instead. Times are per-unit "
+    return (f"a cold build: {len(times)} compiles ({source}), about {human_duration(sum(t for _, _, t, _ in times))} of CPU, "
+            f"about {human_duration(max(slots))} on {jobs} job(s); the longest unit {os.path.relpath(s.source, p.extension.root)} "
+            f"about {human_duration(longest)}. Objects found in the store cost a copy instead. Times are per-unit "
             "figures from this build's log, else the H200 machine's " +
             (f"times {scale:.2f} (the median of this machine's time over the H200's on the {scaled_on} units both "
              "have timed)" if scaled_on >= plan.MIN_UNITS_FOR_SCALE else
@@ -526,15 +526,7 @@ def target_costs(ordered, table: dict[str, int], scale: float = 1.0) -> str | No
     if len(cpu) < 2:
         return None
     costliest = sorted(cpu.items(), key=lambda tc: -tc[1])
-    return "by target, cold: " + ", ".join(f"{t} about {_duration(c)} of CPU" for t, c in costliest)
-
-
-def _duration(seconds: float) -> str:
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 5400:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
+    return "by target, cold: " + ", ".join(f"{t} about {human_duration(c)} of CPU" for t, c in costliest)
 
 
 def _cpu_text(cpus: tuple[int, ...]) -> str:

@@ -1,4 +1,5 @@
-"""Sizes as people write them: "48G", "512M", "1.5GiB", "1048576", read and written. Powers of 1024."""
+"""Sizes as people write them: "48G", "512M", "1.5GiB", "1048576", read and written. Powers of 1024.
+And durations as people read them: "45 s", "12 min", "2.4 h"."""
 
 from __future__ import annotations
 
@@ -27,3 +28,11 @@ def human_bytes(n: int) -> str:
             return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     raise AssertionError("unreachable")
+
+
+def human_duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"

@@ -215,7 +215,7 @@ def expected_ms(plan: ModulePlan, step: CompileStep, table: dict[str, int], scal
     the H200 machine's, times scale (machine_scale)."""
     if step.expected_ms is not None:
         return step.expected_ms
-    known = measured_ms(plan, step, table)
+    known = table_ms(plan, step, table)
     if known is not None:
         return round(known * scale)
     return round(1000 * scale * estimate_seconds(step.source, tuple(plan.extension.include_paths())))
@@ -232,7 +232,7 @@ def machine_scale(plans: list[ModulePlan], table: dict[str, int]) -> tuple[float
     ratios = []
     for p in plans:
         for s in p.steps:
-            theirs = measured_ms(p, attrs.evolve(s, expected_ms=None), table) if s.expected_ms is not None else None
+            theirs = table_ms(p, s, table) if s.expected_ms is not None else None
             if theirs:
                 ratios.append(s.expected_ms / theirs)
     if len(ratios) < MIN_UNITS_FOR_SCALE:
@@ -241,10 +241,14 @@ def machine_scale(plans: list[ModulePlan], table: dict[str, int]) -> tuple[float
 
 
 def measured_ms(plan: ModulePlan, step: CompileStep, table: dict[str, int]) -> int | None:
-    """This build's last duration of the step, else the shipped table's (by the source's path below
-    its extension root, the target's entry first); None when neither has it."""
-    if step.expected_ms is not None:
-        return step.expected_ms
+    """This build's last duration of the step, else the shipped table's (table_ms); None when
+    neither has it."""
+    return step.expected_ms if step.expected_ms is not None else table_ms(plan, step, table)
+
+
+def table_ms(plan: ModulePlan, step: CompileStep, table: dict[str, int]) -> int | None:
+    """The shipped table's duration of the step (by the source's path below its extension root,
+    the target's entry first), measured on the H200 machine; None when it has none."""
     rel = os.path.relpath(step.source, plan.extension.root)
     return table.get(f"{plan.extension.target}/{rel}", table.get(rel))
 

@@ -23,7 +23,8 @@ import stat
 import sys
 import time
 
-from pp4 import statedir
+from pp4 import ninjarun, statedir
+from pp4.sizes import human_duration
 
 INTERVAL_ENV = "PP4_PROGRESS_S"
 DEFAULT_INTERVAL_S = 60.0
@@ -47,7 +48,7 @@ def ensure_running(state_dir: str) -> None:
         os.close(fd)
         return  # this run's reporter holds it
     os.close(fd)  # the reporter takes the lock itself; a second one started meanwhile finds it taken
-    ninja = _ninja_ancestor()
+    ninja = ninjarun.ninja_ancestor()
     if ninja is None:  # run by hand, not by ninja: nobody to report to
         return
     import subprocess  # here: every compile edge imports this module, one a run starts the reporter
@@ -55,41 +56,6 @@ def ensure_running(state_dir: str) -> None:
     subprocess.Popen([sys.executable, "-m", "pp4.report.progress", str(state_dir), str(ninja)],
                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                      start_new_session=True, close_fds=True)
-
-
-def _stat_fields(pid: int) -> list[str] | None:
-    try:
-        text = open(f"/proc/{pid}/stat").read()
-    except OSError:
-        return None
-    return text[text.rindex(")") + 2:].split()  # after "pid (comm) "
-
-
-def _ninja_ancestor() -> int | None:
-    pid = os.getppid()
-    for _ in range(4):  # the edge's shell, then ninja
-        try:
-            if open(f"/proc/{pid}/comm").read().strip() == "ninja":
-                return pid
-        except OSError:
-            return None
-        fields = _stat_fields(pid)
-        if fields is None:
-            return None
-        pid = int(fields[1])
-    return None
-
-
-def _started(pid: int) -> float | None:
-    """When a running process started, in seconds since the epoch; None once it has ended (a
-    zombie that its parent has not reaped yet counts as ended)."""
-    fields = _stat_fields(pid)
-    if fields is None or fields[0] in ("Z", "X"):
-        return None
-    ticks = int(fields[19])  # starttime, field 22
-    with open("/proc/stat") as f:
-        boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
-    return boot + ticks / os.sysconf("SC_CLK_TCK")
 
 
 def _outlet(ninja: int) -> tuple[str | None, bool]:
@@ -137,14 +103,6 @@ def _say(path: str, text: str) -> bool:
         os.close(fd)
 
 
-def _duration(seconds: float) -> str:
-    if seconds < 90:
-        return f"{seconds:.0f} s"
-    if seconds < 5400:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
-
-
 def line(work: str, state_dir: str, estimates: dict, since: float, now: float) -> str:
     """The progress line. This run compiled or restored an object when its compile edge's event
     is newer than ninja's start (pp4/reuse/events.py), or when the prepass restored it in this run
@@ -186,7 +144,7 @@ def line(work: str, state_dir: str, estimates: dict, since: float, now: float) -
     clock = time.strftime("%H:%M", time.localtime(now + eta))
     return (f"pp4: progress {time.strftime('%H:%M:%S', time.localtime(now))}: {len(built)} of {len(objects)} "
             f"objects built (this run: {len(compiled & built)} compiled, {len(restored & built)} restored), about "
-            f"{_duration(left)} of CPU left by the estimate, done in about {_duration(eta)} ({clock})")
+            f"{human_duration(left)} of CPU left by the estimate, done in about {human_duration(eta)} ({clock})")
 
 
 def report(state_dir: str, ninja: int) -> int:
@@ -195,7 +153,7 @@ def report(state_dir: str, ninja: int) -> int:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         return 0  # another edge started this run's reporter first
-    since = _started(ninja)
+    since = ninjarun.started(ninja)
     if since is None:
         return 0
     try:
@@ -212,10 +170,10 @@ def report(state_dir: str, ninja: int) -> int:
     log_path = statedir.part(state_dir, statedir.PROGRESS_LOG)
     open(log_path, "w").close()  # this run's lines only
     next_at = time.time() + interval
-    while _started(ninja) == since:  # ninja still runs (the same process, not a reused pid)
+    while ninjarun.started(ninja) == since:  # ninja still runs (the same process, not a reused pid)
         time.sleep(min(1.0, interval))
         now = time.time()
-        if now < next_at or _started(ninja) != since:
+        if now < next_at or ninjarun.started(ninja) != since:
             continue
         next_at = now + interval
         text = line(work, state_dir, estimates, since, now)

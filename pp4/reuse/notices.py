@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pp4 import statedir
+from pp4 import ninjarun, statedir
 from pp4.toolchain import compilerenv
 
 if TYPE_CHECKING:
@@ -23,7 +23,7 @@ def notify_once(state_dir: str, lines: list[str]) -> None:
     this machine cannot do (the fixed root, the observer)."""
     if not lines:
         return
-    run_id = _ninja_run()
+    run_id = ninjarun.run_id()
     if run_id is not None:
         marks = statedir.part(state_dir, statedir.NOTICES)
         tag = hashlib.sha256("\n".join(lines).encode()).hexdigest()[:12]
@@ -54,19 +54,3 @@ def machine_notices(root_problem: str | None, ran: "Ran") -> list[str]:
         lines.append(f"compiles are not observed ({ran.trace_problem}): they still run, but nothing new is stored "
                      "(docs/reuse.md)")
     return lines
-
-
-def _ninja_run() -> str | None:
-    """pid-starttime of the ninja process this one runs under, if any."""
-    pid = os.getppid()
-    for _ in range(4):
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        except OSError:
-            return None
-        name = stat[stat.index("(") + 1:stat.rindex(")")]
-        fields = stat[stat.rindex(")") + 2:].split()
-        if name == "ninja":
-            return f"{pid}-{fields[19]}"
-        pid = int(fields[1])
-    return None

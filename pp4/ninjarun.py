@@ -1,0 +1,49 @@
+"""The ninja run a process belongs to: the ninja among its nearest ancestors (an edge's command
+runs under ninja's shell), known by pid and start time, so that a reused pid is never taken for it.
+Read from /proc; None wherever it cannot be read."""
+
+from __future__ import annotations
+
+import os
+
+
+def _stat(pid: int) -> tuple[str, list[str]] | None:
+    """(command name, the fields after it) of /proc/PID/stat."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            text = f.read()
+    except OSError:
+        return None
+    return text[text.index("(") + 1:text.rindex(")")], text[text.rindex(")") + 2:].split()
+
+
+def ninja_ancestor() -> int | None:
+    pid = os.getppid()
+    for _ in range(4):  # the edge's shell, then ninja
+        found = _stat(pid)
+        if found is None:
+            return None
+        name, fields = found
+        if name == "ninja":
+            return pid
+        pid = int(fields[1])
+    return None
+
+
+def run_id() -> str | None:
+    """pid-starttime of the ninja run this process is part of."""
+    pid = ninja_ancestor()
+    found = _stat(pid) if pid is not None else None
+    return f"{pid}-{found[1][19]}" if found else None
+
+
+def started(pid: int) -> float | None:
+    """When a running process started, in seconds since the epoch; None once it has ended (a
+    zombie that its parent has not reaped yet counts as ended)."""
+    found = _stat(pid)
+    if found is None or found[1][0] in ("Z", "X"):
+        return None
+    ticks = int(found[1][19])  # starttime, field 22
+    with open("/proc/stat") as f:
+        boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+    return boot + ticks / os.sysconf("SC_CLK_TCK")
