@@ -3,6 +3,8 @@ it wrote it, states of paths now, sets named by content, commands mapped into th
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import os
 import subprocess
 
@@ -93,6 +95,95 @@ def test_a_static_program_and_every_child_are_seen(tmp_path):
     assert ran.trace.reads[(str(tmp_path / "data"), True)] == "ok"
     assert ran.trace.reads[(str(tmp_path / "child"), True)] == "ENOENT"
     assert "/bin/cat" in ran.trace.executed
+
+
+def realpath_of(function):
+    """name -> (result or None, errno or 0, what a PATH_MAX buffer holds afterwards) of one C
+    realpath, with a NULL buffer and with a PATH_MAX one."""
+    function.restype, function.argtypes = ctypes.c_void_p, [ctypes.c_char_p, ctypes.c_char_p]
+
+    def call(name: str | None):
+        answers = []
+        for buffered in (False, True):
+            buf = ctypes.create_string_buffer(os.pathconf("/", "PC_PATH_MAX")) if buffered else None
+            ctypes.set_errno(0)
+            got = function(name.encode() if name is not None else None, buf)
+            err = ctypes.get_errno() if not got else 0
+            answers.append((ctypes.string_at(got).decode() if got else None, errno.errorcode.get(err, err),
+                            buf.value.decode() if buffered else None))
+        return answers
+    return call
+
+
+@pytest.fixture
+def preload():
+    if observe.unavailable():
+        pytest.skip(observe.unavailable())
+    return ctypes.CDLL(str(observe.preload_path()), use_errno=True)
+
+
+def test_the_preloads_realpath_answers_as_the_c_librarys(tmp_path, monkeypatch, preload):
+    """observer_realpath.c's realpath against glibc's own (the oracle) on every kind of name: links
+    absolute and relative, chains, loops, dangling links, '.', '..', missing and non-folder
+    components, trailing slashes, relative names, too many links."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    ours, theirs = realpath_of(preload.realpath), realpath_of(libc.realpath)
+    t = tmp_path
+    (t / "d" / "e").mkdir(parents=True)
+    (t / "d" / "f").write_text("x")
+    links = {"abs": str(t / "d"), "rel": "d/e/..", "chain": "rel", "file": "d/f", "loop1": "loop2", "loop2": "loop1",
+             "self": "self", "dangling": "nowhere/x", "up": "..", "dotted": "./d/./e", "to_root": "/",
+             "d/e/back": "../../d", "slashes": "d//e//"}
+    for name, target in links.items():
+        os.symlink(target, t / name)
+    for i in range(45):  # a chain of 41 links fails (ELOOP), one of 40 resolves
+        os.symlink(f"c{i + 1}" if i < 44 else "d", t / f"c{i}")
+    monkeypatch.chdir(t)
+    names = ["", ".", "..", "/", "//", "/..", "/../..", "d", "d/", "d/.", "d/..", "d/f", "d/f/", "d/f/.", "d/f/..",
+             "d/f/x", "d//e///", "./d/./e/../f", "missing", "missing/", "missing/..", "d/missing", "d/missing/..",
+             "c4", "c5", "c5/", "c3/e", *links, *(f"{name}/" for name in links), *(f"{name}/." for name in links),
+             *(f"{name}/../d" for name in links), "abs/e/back/f", "chain/f/", "file/", "file/..", "dangling/..",
+             "x" * 300, "/" + "a/" * 3000]
+    names += [str(t / n) for n in names if n and not n.startswith("/")]
+    for name in names:
+        assert ours(name) == theirs(name), name
+    assert ours(None) == theirs(None)
+
+
+def test_the_preload_forgets_links_its_process_changes(tmp_path, preload):
+    """Answers are remembered per process; a link this process changes through the C library is
+    looked at again."""
+    ours = realpath_of(preload.realpath)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    link = str(tmp_path / "l")
+    assert preload.symlink(str(tmp_path / "a").encode(), link.encode()) == 0
+    assert ours(link)[0][0] == str(tmp_path / "a")
+    assert preload.unlink(link.encode()) == 0 and preload.symlink(str(tmp_path / "b").encode(), link.encode()) == 0
+    assert ours(link)[0][0] == str(tmp_path / "b")
+
+
+def test_the_preload_changes_what_is_observed_in_number_only(tmp_path):
+    """A compile observed with the preload asks about far fewer paths call by call, and observes the
+    same paths with the same answers; the preload itself is not among them."""
+    if observe.unavailable():
+        pytest.skip(observe.unavailable())
+    (tmp_path / "inc").mkdir()
+    (tmp_path / "inc" / "h.h").write_text("#include <vector>\n#include <map>\n")
+    (tmp_path / "a.cpp").write_text('#include <h.h>\n#include <string>\nint f() { return 1; }\n')
+    traces, lines = [], []
+    for prefix in ([str(observe.observer_path())], observe.command("")[:-1]):
+        log = tmp_path / "log"
+        cmd = [*prefix, str(log), "g++", "-isystem", str(tmp_path / "inc"), "-c", str(tmp_path / "a.cpp"),
+               "-o", str(tmp_path / "a.o")]
+        subprocess.run(cmd, check=True, cwd=tmp_path)
+        text = log.read_text()
+        lines.append(len(text.splitlines()))
+        trace = observe.parse(text)
+        traces.append({k: v for k, v in trace.reads.items() if not k[0].startswith(("/tmp/cc", str(tmp_path / "a.o")))})
+    assert traces[0] == traces[1]
+    assert lines[1] < lines[0] / 2, lines
+    assert not any("realpath" in p for p, _ in traces[1])
 
 
 def test_states_name_what_is_there_now(tmp_path):

@@ -35,6 +35,7 @@ from pp4.files import locked
 from pp4.paths import cache_dir
 
 SOURCE = Path(__file__).with_name("observer.c")
+PRELOAD_SOURCE = Path(__file__).with_name("observer_realpath.c")
 UNSEEN = ("/proc", "/sys", "/dev")
 
 # Calls that read a path, and whether they follow a final link (the log's 'n' flag can say not).
@@ -70,33 +71,44 @@ def compiler() -> str | None:
 
 @functools.lru_cache(maxsize=1)
 def _source_digest() -> str:
-    return hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
+    h = hashlib.sha256()
+    for source in (SOURCE, PRELOAD_SOURCE):
+        h.update(hashlib.sha256(source.read_bytes()).digest())
+    return h.hexdigest()[:16]
 
 
 def observer_path() -> Path:
-    """Where this version of observer.c is built: named by its source's hash (read once per
+    """Where this version of observer.c is built: named by its sources' hash (read once per
     process, not once per command)."""
     return cache_dir() / "observer" / _source_digest() / "pp4-observe"
 
 
+def preload_path() -> Path:
+    """observer_realpath.c built as a library, beside pp4-observe."""
+    return observer_path().with_name("pp4-observe-realpath.so")
+
+
 def build() -> Path:
-    """pp4-observe, compiled now unless it already is; OSError or ObserverError saying why not."""
-    target = observer_path()
-    if target.is_file() and os.access(target, os.X_OK):
+    """pp4-observe and its preload, compiled now unless they already are; OSError or ObserverError
+    saying why not."""
+    target, preload = observer_path(), preload_path()
+    if all(p.is_file() and os.access(p, os.R_OK) for p in (target, preload)):
         return target
     cc = compiler()
     if cc is None:
         raise ObserverError("no C compiler (cc or gcc) is on PATH to build pp4-observe")
     with locked(target.parent):
-        if target.is_file():
+        if target.is_file() and preload.is_file():
             return target
         with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
-            out = Path(scratch) / "pp4-observe"
-            proc = subprocess.run([cc, "-O2", "-o", str(out), str(SOURCE)], capture_output=True, text=True)
-            if proc.returncode != 0:
-                first = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[0]
-                raise ObserverError(f"{cc} cannot build pp4-observe from {SOURCE}: {first}")
-            os.replace(out, target)
+            for source, out, flags in ((PRELOAD_SOURCE, preload, ["-shared", "-fPIC"]), (SOURCE, target, [])):
+                built = Path(scratch) / out.name
+                proc = subprocess.run([cc, "-O2", *flags, "-o", str(built), str(source), "-ldl"],
+                                      capture_output=True, text=True)
+                if proc.returncode != 0:
+                    first = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[0]
+                    raise ObserverError(f"{cc} cannot build {out.name} from {source}: {first}")
+                os.replace(built, out)  # the preload first: pp4-observe's presence says both are built
     return target
 
 
@@ -113,14 +125,14 @@ def unavailable() -> str | None:
     if os.environ.get("PP4_NO_OBSERVER"):
         return "PP4_NO_OBSERVER is set"
     try:
-        observer = build()
+        build()
     except (OSError, ObserverError) as e:
         return str(e)
     true = shutil.which("true", path="/bin:/usr/bin") or "/bin/true"
     with tempfile.TemporaryDirectory() as scratch:
         log = os.path.join(scratch, "log")
         try:
-            proc = subprocess.run([str(observer), log, true], capture_output=True, text=True, timeout=30)
+            proc = subprocess.run([*command(log), true], capture_output=True, text=True, timeout=30)
         except (OSError, subprocess.TimeoutExpired) as e:
             return f"pp4-observe cannot run ({e})"
         if proc.returncode != 0:
@@ -137,7 +149,7 @@ def unavailable() -> str | None:
 
 def command(log: str) -> list[str]:
     """The prefix that runs a command under the observer, writing its log to `log`."""
-    return [str(observer_path()), log]
+    return [str(observer_path()), "--preload", str(preload_path()), log]
 
 
 def _unescape(field: str) -> str:

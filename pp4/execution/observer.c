@@ -1,6 +1,6 @@
 /* pp4-observe: every path a command and all its children asked the kernel about, and what was there.
 
-       pp4-observe LOG COMMAND [ARG...]
+       pp4-observe [--preload LIB] LOG COMMAND [ARG...]
 
    Built by pp4 with the host C compiler (pp4/execution/observe.py). A seccomp filter, inherited
    by every process the command starts (static programs included, since it acts on system calls,
@@ -22,7 +22,12 @@
    every argument. On a g++ unit of torch's headers (24,600 calls, 84% of them glibc realpath's
    readlink) that is about a third of strace's added CPU (bench/observe_overhead.py). It needs
    Linux 5.8 (notifications that let the call go on, and a hang-up when the last process is gone)
-   and no ptrace permission. */
+   and no ptrace permission. Where the kernel offers it (6.6), the supervisor and the caller trade
+   the processor they are on instead of waking each other on two.
+
+   --preload LIB goes into the command's LD_PRELOAD: observer_realpath.c, which makes each process
+   ask the kernel about a folder once where glibc's realpath asks again for every name under it.
+   The loader's opening of LIB is not logged: it is pp4's, not the command's. */
 
 #define _GNU_SOURCE
 #include <errno.h>
@@ -146,6 +151,7 @@ struct seen {
 };
 
 static FILE *out;
+static const char *preload;
 
 /* A NUL-terminated string from the caller, page by page (a read across into an unmapped page
    fails as a whole). NULL when it cannot be read or is longer than PATH_MAX. */
@@ -270,6 +276,7 @@ static void write_field(const char *s) {
 }
 
 static void write_call(const struct seen *c, int error) {
+    if (preload && c->path && !strcmp(c->path, preload) && !c->path2) return;
     fprintf(out, "%d\t%s\t%d\t%s\t", c->pid, c->call->name, error, c->flags);
     if (c->path) write_field(c->path);
     if (c->path2) { putc('\t', out); write_field(c->path2); }
@@ -322,8 +329,13 @@ static int receive_fd(int sock) {
 }
 
 int main(int argc, char **argv) {
+    if (argc > 2 && !strcmp(argv[1], "--preload")) {
+        preload = argv[2];
+        argv += 2;
+        argc -= 2;
+    }
     if (argc < 3) {
-        fprintf(stderr, "usage: pp4-observe LOG COMMAND [ARG...]\n");
+        fprintf(stderr, "usage: pp4-observe [--preload LIB] LOG COMMAND [ARG...]\n");
         return 125;
     }
     out = fopen(argv[1], "w");
@@ -341,6 +353,13 @@ int main(int argc, char **argv) {
         }
         if (send_fd(pair[1], listener)) _exit(125);
         close(listener);
+        if (preload) {
+            const char *was = getenv("LD_PRELOAD");
+            char *both = malloc(strlen(preload) + (was ? strlen(was) + 2 : 1));
+            if (!both) _exit(125);
+            sprintf(both, "%s%s%s", preload, was && *was ? ":" : "", was ? was : "");
+            setenv("LD_PRELOAD", both, 1);
+        }
         execvp(argv[2], argv + 2);
         fprintf(stderr, "pp4-observe: cannot run %s: %s\n", argv[2], strerror(errno));
         _exit(127);
@@ -353,6 +372,13 @@ int main(int argc, char **argv) {
         waitpid(child, &status, 0);
         return WIFEXITED(status) && WEXITSTATUS(status) ? WEXITSTATUS(status) : 125;
     }
+#ifndef SECCOMP_IOCTL_NOTIF_SET_FLAGS
+#define SECCOMP_IOCTL_NOTIF_SET_FLAGS SECCOMP_IOW(4, __u64)
+#endif
+#ifndef SECCOMP_USER_NOTIF_FD_SYNC_WAKE_UP
+#define SECCOMP_USER_NOTIF_FD_SYNC_WAKE_UP (1UL << 0)
+#endif
+    ioctl(listener, SECCOMP_IOCTL_NOTIF_SET_FLAGS, SECCOMP_USER_NOTIF_FD_SYNC_WAKE_UP); /* EINVAL before 6.6 */
     struct seccomp_notif_sizes sizes;
     if (syscall(SYS_seccomp, SECCOMP_GET_NOTIF_SIZES, 0, &sizes)) { perror("pp4-observe: seccomp"); return 125; }
     struct seccomp_notif *req = calloc(1, sizes.seccomp_notif);
