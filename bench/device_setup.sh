@@ -16,3 +16,9 @@ device_wheels() {
   NINJA=/tmp/site/bin/ninja
   [ -x "$NINJA" ] || NINJA=$(PYTHONPATH=/tmp/site python3 -c 'import ninja,os;print(os.path.join(ninja.BIN_DIR,"ninja"))')
 }
+
+# The toolkit the bench scripts compile with: the device machine's own /usr/local/cuda (nvcc 13.0,
+# matching its torch) unless BENCH_CUDA names another folder; BENCH_CUDA=pinned uses pp4's pinned
+# wheels (a dry run of a script on a machine without /usr/local/cuda).
+CUDA_HOME_ARGS=(--cuda-home "${BENCH_CUDA:-/usr/local/cuda}")
+[ "${BENCH_CUDA:-}" = pinned ] && CUDA_HOME_ARGS=()

@@ -12,7 +12,7 @@ device_wheels ninja || exit 1
 for who in old new; do
   src=$REPO; [ $who = old ] && src=$REPO/.carry/old
   mkdir -p /tmp/ov-$who && cd /tmp/ov-$who
-  PYTHONPATH=/tmp/site:$src python3 $src/configure.py --arch 9.0 --ext exl3 --cuda-home /usr/local/cuda \
+  PYTHONPATH=/tmp/site:$src python3 $src/configure.py --arch 9.0 --ext exl3 "${CUDA_HOME_ARGS[@]}" \
     --wheel-dir "$REPO/.whl" --no-reuse -j 16 > configure.log 2>&1 || { tail -5 configure.log; exit 1; }
 done
 cd /tmp/ov-new

@@ -26,7 +26,7 @@ LD_LIBRARY_PATH=$RS "$RS"/redis-cli -p 6399 ping || { cat /tmp/redis/log; exit 1
 URL=redis://127.0.0.1:6399/0
 for i in 1 2; do
   mode=(); [ $i = 2 ] && mode=(--configure-arg=--remote-store-mode=read)
-  python3 "$REPO/bench/exl3_build.py" --work /tmp/w$i --cuda-home /usr/local/cuda --wheel-dir "$REPO/.whl" -j 16 \
+  python3 "$REPO/bench/exl3_build.py" --work /tmp/w$i "${CUDA_HOME_ARGS[@]}" --wheel-dir "$REPO/.whl" -j 16 \
     --configure-arg=--remote-store=$URL "${mode[@]}" --phases pp4-cold --json "$OUT/checkout$i.json" 2>&1 | tail -3
   cp /tmp/w$i/bench.log "$OUT/bench$i.log" 2>/dev/null
 done

@@ -15,7 +15,7 @@ export PYTHONPATH=/tmp/site:$REPO
   /usr/local/cuda/bin/nvcc --version | tail -1; g++ --version | head -1
   python3 -c 'import torch,sys;print("torch", torch.__version__, torch.version.cuda, sys.version.split()[0])'; } 2>&1 \
   | tee "$OUT/machine.txt"
-python3 "$REPO/bench/exl3_build.py" --work /tmp/wv --cuda-home /usr/local/cuda --wheel-dir "$REPO/.whl" -j 16 --arch 9.0 \
+python3 "$REPO/bench/exl3_build.py" --work /tmp/wv "${CUDA_HOME_ARGS[@]}" --wheel-dir "$REPO/.whl" -j 16 --arch 9.0 \
   --deadline "${1:-570}" --phases pp4-cold,pp4-facc,pp4-audit --skip-done --json "$OUT/variants.json" 2>&1 | tail -30 | tee "$OUT/variants.txt"
 cp /tmp/wv/table.md "$OUT/" 2>/dev/null
 tar -czf "$OUT/logs.tar.gz" -C /tmp/wv logs 2>/dev/null

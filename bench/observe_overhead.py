@@ -62,6 +62,13 @@ STRACE = ["strace", "-f", "--seccomp-bpf", "-qq", "-y", "-s", "65535", "-e", "si
           "trace=%file,getdents64,getdents,fchdir,clone,clone3,fork,vfork", "-o", "/dev/null", "--"]
 
 
+def unobserved(argv: list[str], env: dict, limits: Limits, runs: Path, root: Root) -> tuple[float, float]:
+    c0, t0 = children_cpu(), time.monotonic()
+    ran = run([*argv, *date_time_flags(argv)], env, limits, runs, root, observed=False, compile=False)
+    assert ran.returncode == 0 and ran.root is not None, ran.stderr[-2000:]
+    return time.monotonic() - t0, children_cpu() - c0
+
+
 def straced(argv: list[str], env: dict, limits: Limits, runs: Path, root: Root) -> tuple[float, float]:
     c0, t0 = children_cpu(), time.monotonic()
     ran = run([shutil.which("strace"), *STRACE[1:], *argv, *date_time_flags(argv)], env, limits, runs, root,
@@ -77,11 +84,14 @@ def main() -> int:
     ap.add_argument("--match", default="", help="units whose source path ends so, comma-separated")
     ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--ways", default="plain,root,observed,strace",
+                    help="which of plain, root (in the root, not observed), observed, strace; comma-separated")
     args = ap.parse_args()
     config = json.loads((args.build / "pp4.json").read_text())
     limits = Limits.from_dict({**config["limits"], "nice": 0})
     reuse = config["reuse"]
     wanted = args.match.split(",")
+    ways = set(args.ways.split(","))
     actions = [a for a in json.loads((args.build / "actions.json").read_text())["actions"]
                if any(a["source"].endswith(w) for w in wanted)]
     actions = actions[:args.units]
@@ -94,16 +104,25 @@ def main() -> int:
         Path(a["output"]).parent.mkdir(parents=True, exist_ok=True)
         for _ in range(args.rounds):
             pw, pc = plain(list(a["argv"]), a["env"], limits, scratch / "tmp")
+            uw, uc = (unobserved(list(a["argv"]), a["env"], limits, scratch / "runs", root) if "root" in ways
+                      else (None, None))
             rw, rc, n = rooted(list(a["argv"]), a["env"], limits, scratch / "runs", root)
-            sw, sc = straced(list(a["argv"]), a["env"], limits, scratch / "runs", root) if shutil.which("strace") else (None, None)
+            sw, sc = (straced(list(a["argv"]), a["env"], limits, scratch / "runs", root)
+                      if "strace" in ways and shutil.which("strace") else (None, None))
             rows.append({"unit": a["source"].rsplit("/", 1)[-1], "plain_wall": pw, "plain_cpu": pc,
+                         "unobserved_wall": uw, "unobserved_cpu": uc,
                          "root_wall": rw, "root_cpu": rc, "strace_wall": sw, "strace_cpu": sc, "paths": n})
             r = rows[-1]
-            print(f"{r['unit']:40} plain {pc:7.2f} CPU-s | root+pp4-observe {rc:7.2f} CPU-s ({rc / pc:.3f}x)"
+            print(f"{r['unit']:40} plain {pc:7.2f} CPU-s"
+                  + (f" | root {uc:7.2f} ({uc / pc:.3f}x)" if uc else "")
+                  + f" | root+pp4-observe {rc:7.2f} CPU-s ({rc / pc:.3f}x)"
                   + (f" | root+strace {sc:7.2f} CPU-s ({sc / pc:.3f}x)" if sc else "") + f", {n} paths", flush=True)
     plain_cpu, root_cpu = sum(r["plain_cpu"] for r in rows), sum(r["root_cpu"] for r in rows)
     if rows:  # --units 0 times the launch alone
         print(f"total: plain {plain_cpu:.2f} CPU-s, root+pp4-observe {root_cpu:.2f} CPU-s: {root_cpu / plain_cpu:.4f}x")
+    if rows and all(r["unobserved_cpu"] for r in rows):
+        print(f"total: root (not observed) {sum(r['unobserved_cpu'] for r in rows):.2f} CPU-s: "
+              f"{sum(r['unobserved_cpu'] for r in rows) / plain_cpu:.4f}x")
     if rows and all(r["strace_cpu"] for r in rows):
         strace_cpu = sum(r["strace_cpu"] for r in rows)
         print(f"total: root+strace {strace_cpu:.2f} CPU-s: {strace_cpu / plain_cpu:.4f}x")

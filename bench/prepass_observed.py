@@ -92,7 +92,11 @@ def main() -> int:
         cpu0, t0 = time.process_time(), time.monotonic()
         prepass.prepass(cfg, actions_file, build / ".pp4" / "prepass.stamp")
         runs.append((time.process_time() - cpu0, time.monotonic() - t0))
-        assert all(Path(a["output"]).exists() for a in actions)
+        missing = [a for a in actions if not Path(a["output"]).exists()]
+        if missing:  # say why, from a lookup of the first: a bench that measures misses measures nothing
+            probe = reuse.Reuser(cfg)
+            probe.lookup(probe.action(parse_compile(missing[0]["argv"]), missing[0]["env"]))
+            sys.exit(f"{len(missing)} of {len(actions)} units not restored; the first: {probe.missed}")
         for a in actions:
             Path(a["output"] + reuse.MARKER_SUFFIX).unlink(missing_ok=True)
     warm = runs[1:]
