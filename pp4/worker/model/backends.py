@@ -535,9 +535,15 @@ class Exl3DecodeBackend(QuantizedLinears, TritonBackend):
         return {"linears": "pp4 exl3-decode gemm (trellis decoded into tensor-core fragments, fp32 accumulation)",
                 **{k: v for k, v in super().kernels().items() if k != "linears"}}
 
+    # The GEMM's row limit (pp4_exl3::kMaxRows, exl3_decode.h): the prefill sends chunks of 64 rows.
+    MAX_ROWS = 32
+
     def _run(self, x, w, out_dtype):
         y = torch.empty(x.shape[0], w.out_features, dtype=out_dtype, device=x.device)
-        self.ext.gemm(x, w.trellis, w.suh.view(w.parts, w.in_features), w.svh, list(w.part_columns), y, w.codebook)
+        suh, columns = w.suh.view(w.parts, w.in_features), list(w.part_columns)
+        for first in range(0, x.shape[0], self.MAX_ROWS):  # row slices of contiguous tensors stay contiguous
+            rows = slice(first, first + self.MAX_ROWS)
+            self.ext.gemm(x[rows], w.trellis, suh, w.svh, columns, y[rows], w.codebook)
         return y
 
 
