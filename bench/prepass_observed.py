@@ -27,6 +27,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from pp4.execution.root import Root  # noqa: E402
 from pp4.reuse import events, inputsets, prepass  # noqa: E402
 from pp4.reuse import wrapper as reuse  # noqa: E402
 from pp4.reuse.actionkey import parse_compile  # noqa: E402
@@ -45,8 +46,13 @@ def main() -> int:
     action = next(a for a in json.loads((args.template / "actions.json").read_text())["actions"]
                   if a["source"].endswith(args.match))
     ev = known.get(action["output"])
+    # What the template observed outside its own project (torch, the toolkit, the system): its own
+    # sources and build folder are the template's, and the units here have their own.
+    mapping = Root.from_mounts(ev.mounts) if ev.mounts else None
+    own = tuple(str(Path(r).resolve()) + "/" for r in [*tconf["reuse"]["roots"], str(args.template.resolve())])
     template = [p for sid in ev.input_sets
-                for p in inputsets.read(Path(tconf["reuse"]["state_dir"]) / "inputsets", sid)]
+                for p in inputsets.read(Path(tconf["reuse"]["state_dir"]) / "inputsets", sid)
+                if not ((mapping.real(p[0]) if mapping else p[0]) or "").startswith(own)]
     work = Path(tempfile.mkdtemp(prefix="prepass-observed-", dir=args.template))
     src, build = work / "src", work / "build"
     (src / "include").mkdir(parents=True)
