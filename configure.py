@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 
 from pp4 import interrupt  # noqa: E402
+from pp4 import ninjarun  # noqa: E402
 from pp4 import paths  # noqa: E402
 from pp4 import statedir  # noqa: E402
 from pp4.files import write_if_changed  # noqa: E402
@@ -178,19 +179,6 @@ def python_command() -> list[str]:
     # (redis-py for --remote-store) may live only there, and the reuse rule imports them.
     entries = [str(ROOT), *(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)]
     return ["env", "PYTHONPATH=" + os.pathsep.join(dict.fromkeys(entries)), sys.executable]
-
-
-def ninja_binary() -> str:
-    """The ninja of the ninja wheel pp4 depends on, else the one on PATH."""
-    try:
-        from ninja import BIN_DIR
-
-        candidate = Path(BIN_DIR) / "ninja"
-        if candidate.is_file():
-            return str(candidate)
-    except ImportError:
-        pass
-    return shutil.which("ninja") or "ninja"
 
 
 def supported_archs(tc: toolchain.Toolchain) -> list[str]:
@@ -463,7 +451,7 @@ def main(argv: list[str]) -> int:
                         str(torch_package_dir() / "version.py"), *spec_files, *source_folders]
     settings = ninjafile.BuildSettings(
         python=python_command(), configure=str(ROOT / "configure.py"), configure_args=tuple(argv),
-        ninja=ninja_binary(), nvcc=str(tc.nvcc), cxx=chosen.cxx,  # as in compile_actions
+        ninja=ninjarun.installed(), nvcc=str(tc.nvcc), cxx=chosen.cxx,  # as in compile_actions
         compile_env={lang: tuple(compilerenv.env_args(e)) for lang, e in envs.items()}, tool_files=tool_files,
         config=str(config_file), actions=str(actions_file), jobs=jobs, builddir=builddir_text, dist_dir=args.dist_dir,
         toolchain_manifest=str(tc.prefix / toolchain.MANIFEST) if tc.pinned else None,

@@ -47,3 +47,29 @@ def started(pid: int) -> float | None:
     with open("/proc/stat") as f:
         boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
     return boot + ticks / os.sysconf("SC_CLK_TCK")
+
+
+def installed() -> str:
+    """The ninja of the ninja wheel pp4 depends on, else the one on PATH."""
+    try:
+        from ninja import BIN_DIR
+
+        candidate = os.path.join(BIN_DIR, "ninja")
+        if os.path.isfile(candidate):
+            return candidate
+    except ImportError:
+        pass
+    import shutil
+
+    return shutil.which("ninja") or "ninja"
+
+
+def binary() -> str:
+    """The ninja running this process's edge, else installed()."""
+    pid = ninja_ancestor()
+    if pid is not None:
+        try:
+            return os.readlink(f"/proc/{pid}/exe")
+        except OSError:
+            pass
+    return installed()

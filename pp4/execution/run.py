@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import resource
 import shutil
 import subprocess
 import tempfile
@@ -45,6 +46,7 @@ class Ran:
     tmp: str  # its temporary folder as it saw it
     stderr: bytes
     scratch: str = ""  # the folder of its temporary folder and trace (removed: nothing there outlives it)
+    cpu_seconds: float | None = None  # user + system of its whole process tree, the observer's included
 
     def real(self, path: str) -> str | None:
         """Where a path it saw is on this machine; None for its own temporary folders."""
@@ -90,6 +92,7 @@ def run(argv: list[str], env: dict[str, str], limits: Limits, scratch_parent: st
 
     started = time.time()
     t0 = time.monotonic()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     try:
         with open(errors, "wb") as err:
             # stderr to a file, not a pipe: in the root, the process that waits for the command
@@ -102,6 +105,8 @@ def run(argv: list[str], env: dict[str, str], limits: Limits, scratch_parent: st
             err.write(f"pp4: cannot run {full[0]}: {e}\n".encode())
         returncode = 127
     seconds = time.monotonic() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     stderr = Path(errors).read_bytes()
     trace = None
     if trace_problem is None:
@@ -112,4 +117,4 @@ def run(argv: list[str], env: dict[str, str], limits: Limits, scratch_parent: st
     shutil.rmtree(scratch, ignore_errors=True)
     macros = tuple(sorted({m.decode() for m in DATE_TIME.findall(stderr)}))
     return Ran(returncode, started, seconds, tuple(command), root, root_problem, trace, trace_problem, macros,
-               tmp, stderr, scratch)
+               tmp, stderr, scratch, round(cpu, 3))

@@ -1,1 +1,1 @@
-"""What a user sees of a build while and after it runs: progress lines."""
+"""What a user sees of a build: progress lines while it runs, a report of what it did."""

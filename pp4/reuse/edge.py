@@ -73,5 +73,6 @@ def _compile(cfg: ReuseConfig, reuser: Reuser, action: Action) -> int:
     pairs, problem = reuser.observations(action, ran)
     reuser.write_depfile(action, pairs, ran)
     stored = reuser.store_compile(action, pairs, problem, ran.seconds)
-    reuser.event(action, status="compiled", compile_duration_s=round(ran.seconds, 3), missed=reuser.missed, **stored)
+    reuser.event(action, status="compiled", compile_duration_s=round(ran.seconds, 3), compile_cpu_s=ran.cpu_seconds,
+                 missed=reuser.missed, **stored)
     return 0

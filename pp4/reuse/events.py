@@ -48,6 +48,7 @@ class CompileEvent:
     remote: str | None = None  # the remote tier a compiled object was published to
     executed_on: str | None = None  # the cluster node that compiled it
     compile_duration_s: float | None = None  # reused: the stored compile's
+    compile_cpu_s: float | None = None  # compiled here: its process tree's CPU
     via: str | None = None  # reused: by the prepass or by its own compile edge
     tier: str | None = None  # reused: "local" or "remote"
     fetched_from: str | None = None  # reused from the remote tier: which

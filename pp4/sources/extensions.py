@@ -330,4 +330,4 @@ def _named(ext: Extension) -> str:
 
 
 # build.ninja's own targets; "built" too, whose wheel target would be `wheel-built`.
-RESERVED_TARGETS = {"all", "toolchain", "certify", "compdb", "build.ninja", "clean", "wheel", "wheel-built", "built"}
+RESERVED_TARGETS = {"all", "toolchain", "certify", "compdb", "build.ninja", "clean", "wheel", "wheel-built", "built", "report"}

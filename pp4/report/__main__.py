@@ -1,0 +1,43 @@
+"""python -m pp4.report [--build DIR] [--trace FILE] [--svg FILE]
+
+What the last `ninja` run in this folder did (pp4/report/timeline.py): one summary line (edges,
+wall, compiled with their CPU, restored by tier, the critical path), a trace file that Perfetto
+(ui.perfetto.dev) and chrome://tracing open, and a picture of the timeline (SVG). `ninja report`
+runs it. Run it from the folder build.ninja is in."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from pp4 import ninjarun
+from pp4.files import write_if_changed
+from pp4.report import timeline
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m pp4.report", description=__doc__.split("\n\n")[1])
+    ap.add_argument("--build", default="build", help="the build folder (default: build)")
+    ap.add_argument("--trace", help="where the trace file goes (default: BUILD/report.trace.json)")
+    ap.add_argument("--svg", help="where the picture goes (default: BUILD/report.svg)")
+    args = ap.parse_args(argv)
+    build = Path(args.build)
+    try:
+        steps, path = timeline.load(".", str(build), ninjarun.binary())
+    except timeline.ReportError as e:
+        print(f"pp4.report: {e}", file=sys.stderr)
+        return 2
+    line = timeline.summary(steps, path)
+    trace = Path(args.trace or build / "report.trace.json")
+    picture = Path(args.svg or build / "report.svg")
+    write_if_changed(trace, json.dumps(timeline.chrome_trace(steps, path), indent=0) + "\n")
+    write_if_changed(picture, timeline.svg(steps, path, line.removeprefix("pp4: ")))
+    print(line)
+    print(f"pp4: trace {trace} (open it in ui.perfetto.dev or chrome://tracing); picture {picture}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

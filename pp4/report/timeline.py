@@ -1,0 +1,232 @@
+"""What the last `ninja` run did, edge by edge: when each output was built (ninja's own log), how
+(pp4's compile events: compiled here, restored from the local or the remote store), and the chain
+of edges the run waited on (the critical path). `python -m pp4.report` prints it in one line and
+writes it as a trace file (Perfetto, chrome://tracing) and as a picture (SVG)."""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import attrs
+
+from pp4.reuse import events
+from pp4.sizes import human_duration
+
+# Targets that report on a build rather than build: a run of only these is not "the last build".
+REPORTING = {"report", "certify", "wheel-built"}
+COLOURS = {"compiled": "#d9534f", "restored, local": "#5cb85c", "restored, remote": "#5bc0de", "other": "#999999"}
+
+
+@attrs.frozen
+class Step:
+    output: str
+    start_s: float  # from the run's start
+    end_s: float
+    how: str  # a key of COLOURS
+    cpu_s: float | None = None  # a compile's process tree, where its event says
+
+    @property
+    def seconds(self) -> float:
+        return self.end_s - self.start_s
+
+
+class ReportError(Exception):
+    pass
+
+
+def last_run(log_text: str) -> list[tuple[float, float, str]]:
+    """(start s, end s, output) of the last run in a .ninja_log (v5 to v7). ninja appends an
+    edge's line when it ends, with times from that run's start: within a run the ends never go
+    down, so a line ending before the one above it starts another run."""
+    runs: list[list[tuple[float, float, str]]] = []
+    last_end = None
+    for line in log_text.splitlines():
+        if line.startswith("#"):
+            continue
+        fields = line.split("\t")
+        if len(fields) < 5 or not fields[0].isdigit() or not fields[1].isdigit():
+            continue
+        start, end, output = int(fields[0]) / 1000, int(fields[1]) / 1000, fields[3]
+        if output in REPORTING:
+            continue
+        if last_end is None or end < last_end:
+            runs.append([])
+        runs[-1].append((start, end, output))
+        last_end = end
+    return runs[-1] if runs else []
+
+
+def graph_inputs(ninja: str, work: str) -> dict[str, set[str]]:
+    """Each output's direct inputs, from `ninja -t graph` (build.ninja's edges and the
+    dependencies ninja recorded from depfiles)."""
+    proc = subprocess.run([ninja, "-C", work, "-t", "graph"], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise ReportError(f"`ninja -t graph` failed in {work}: {proc.stderr.strip()[:300]}")
+    labels: dict[str, str] = {}
+    rules: set[str] = set()
+    arrows: list[tuple[str, str, bool]] = []
+    for line in proc.stdout.splitlines():
+        m = re.match(r'"([^"]+)" \[label="((?:[^"\\]|\\.)*)"(, shape=ellipse)?\]$', line)
+        if m:
+            labels[m.group(1)] = m.group(2).replace('\\"', '"')
+            if m.group(3):
+                rules.add(m.group(1))
+            continue
+        m = re.match(r'"([^"]+)" -> "([^"]+)"( \[label="[^"]*"\])?', line)
+        if m:
+            arrows.append((m.group(1), m.group(2), m.group(3) is not None))
+    inputs: dict[str, set[str]] = {}
+    into_rule: dict[str, set[str]] = {}
+    for a, b, direct in arrows:
+        if b in rules:
+            into_rule.setdefault(b, set()).add(a)
+    for a, b, direct in arrows:
+        if a in rules and b in labels:
+            inputs.setdefault(labels[b], set()).update(labels[i] for i in into_rule.get(a, ()) if i in labels)
+        elif direct and a in labels and b in labels:  # an edge of one input, drawn as one arrow
+            inputs.setdefault(labels[b], set()).add(labels[a])
+    return inputs
+
+
+def steps_of(run: list[tuple[float, float, str]], state_dir: str) -> list[Step]:
+    """One step per edge: an edge of several outputs (configure's) has a line for each, with the
+    same times, in a row."""
+    known = events.Events(state_dir)
+    steps = []
+    edges = []
+    for start, end, output in run:
+        if edges and edges[-1][:2] == (start, end):
+            continue
+        edges.append((start, end, output))
+    for start, end, output in edges:
+        ev = known.get(output)
+        if ev is None:
+            how, cpu = "other", None
+        elif ev.status == "compiled":
+            how, cpu = "compiled", ev.compile_cpu_s
+        else:
+            how, cpu = f"restored, {ev.tier or 'local'}", None
+        steps.append(Step(output, start, end, how, cpu))
+    return steps
+
+
+def critical_path(steps: list[Step], inputs: dict[str, set[str]]) -> list[Step]:
+    """The chain the run waited on: from the edge that ended last, back through the input edge that
+    ended last before it started (through phony targets, which take no time), to one that waited
+    on nothing built in this run."""
+    by_output = {s.output: s for s in steps}
+    if not steps:
+        return []
+
+    def built_inputs(output: str, seen: set[str]) -> list[Step]:
+        found = []
+        for i in inputs.get(output, ()):
+            if i in seen:
+                continue
+            seen.add(i)
+            if i in by_output:
+                found.append(by_output[i])
+            else:
+                found += built_inputs(i, seen)  # a phony target or a file no edge of this run made
+        return found
+
+    chain = [max(steps, key=lambda s: s.end_s)]
+    while True:
+        before = [s for s in built_inputs(chain[-1].output, set()) if s.end_s <= chain[-1].start_s + 0.5]
+        if not before:
+            break
+        chain.append(max(before, key=lambda s: s.end_s))
+    return chain[::-1]
+
+
+def summary(steps: list[Step], path: list[Step]) -> str:
+    if not steps:
+        return "pp4: report: ninja's log has no build yet"
+    wall = max(s.end_s for s in steps) - min(s.start_s for s in steps)
+    compiled = [s for s in steps if s.how == "compiled"]
+    cpu = sum(s.cpu_s or 0.0 for s in compiled)
+    restored = {t: sum(s.how == f"restored, {t}" for s in steps) for t in ("local", "remote")}
+    longest = max(path, key=lambda s: s.seconds) if path else None
+    return (f"pp4: last build: {len(steps)} edges in {human_duration(wall)}; compiled {len(compiled)}"
+            + (f" ({human_duration(cpu)} of CPU)" if compiled else "")
+            + f", restored {restored['local']} from the local store and {restored['remote']} from the remote one; "
+            + f"critical path {len(path)} edges, {human_duration(sum(s.seconds for s in path))}"
+            + (f" (longest: {longest.output}, {human_duration(longest.seconds)})" if longest else ""))
+
+
+def lanes(steps: list[Step]) -> list[int]:
+    """A lane for each step, none overlapping another in its lane (as ninja's jobs ran them)."""
+    ends: list[float] = []
+    lane_of = [0] * len(steps)
+    for i in sorted(range(len(steps)), key=lambda i: (steps[i].start_s, steps[i].end_s)):
+        free = next((k for k, e in enumerate(ends) if e <= steps[i].start_s + 1e-3), None)
+        if free is None:
+            ends.append(0.0)
+            free = len(ends) - 1
+        ends[free] = steps[i].end_s
+        lane_of[i] = free
+    return lane_of
+
+
+def chrome_trace(steps: list[Step], path: list[Step]) -> dict:
+    """The Trace Event Format's JSON object form: one complete event ("X") per edge."""
+    on_path = {s.output for s in path}
+    trace = []
+    for step, lane in zip(steps, lanes(steps)):
+        args = {"how": step.how, "critical path": step.output in on_path}
+        if step.cpu_s is not None:
+            args["cpu_s"] = step.cpu_s
+        trace.append({"name": os.path.basename(step.output), "cat": step.how, "ph": "X", "pid": 1, "tid": lane,
+                      "ts": round(step.start_s * 1e6), "dur": round(step.seconds * 1e6), "args": args})
+    return {"traceEvents": trace, "displayTimeUnit": "ms"}
+
+
+def svg(steps: list[Step], path: list[Step], title: str) -> str:
+    """Each edge a bar in its lane, coloured by how it was made; the critical path outlined."""
+    if not steps:
+        return '<svg xmlns="http://www.w3.org/2000/svg" width="400" height="40"><text x="8" y="24">no build</text></svg>\n'
+    lane_of = lanes(steps)
+    on_path = {s.output for s in path}
+    span = max(max(s.end_s for s in steps), 1e-3)
+    width, left, row, top = 960, 10, 14, 40
+    height = top + row * (max(lane_of) + 1) + 50
+    scale = (width - 2 * left) / span
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" font-family="sans-serif" '
+           f'font-size="11">', f'<text x="{left}" y="16" font-size="13">{html.escape(title)}</text>']
+    for step, lane in zip(steps, lane_of):
+        x, y, w = left + step.start_s * scale, top + lane * row, max(step.seconds * scale, 0.5)
+        stroke = ' stroke="#000" stroke-width="1.5"' if step.output in on_path else ""
+        out.append(f'<rect x="{x:.1f}" y="{y}" width="{w:.1f}" height="{row - 2}" fill="{COLOURS[step.how]}"{stroke}>'
+                   f'<title>{html.escape(step.output)}: {step.how}, {step.seconds:.1f} s</title></rect>')
+    ticks = max(1, int(span // 8) or 1)
+    for t in range(0, int(span) + 1, ticks):
+        out.append(f'<text x="{left + t * scale:.1f}" y="{height - 30}" fill="#555">{t} s</text>')
+    x = left
+    for how, colour in [*COLOURS.items(), ("critical path (outlined)", "#ffffff")]:
+        stroke = ' stroke="#000"' if how.startswith("critical") else ""
+        out.append(f'<rect x="{x}" y="{height - 16}" width="10" height="10" fill="{colour}"{stroke}/>'
+                   f'<text x="{x + 14}" y="{height - 7}">{html.escape(how)}</text>')
+        x += 20 + 7 * len(how)
+    out.append("</svg>")
+    return "\n".join(out) + "\n"
+
+
+def load(work: str, build_dir: str, ninja: str) -> tuple[list[Step], list[Step]]:
+    """The last run's steps and its critical path, for the build folder `build_dir` of `work`."""
+    log = Path(build_dir) / ".ninja_log"
+    try:
+        text = log.read_text()
+    except OSError as e:
+        raise ReportError(f"no ninja log in {build_dir} ({e.strerror}): run `ninja` first") from e
+    try:
+        config = json.loads((Path(build_dir) / "pp4.json").read_text())
+        state_dir = config["reuse"]["state_dir"]
+    except (OSError, ValueError, KeyError) as e:
+        raise ReportError(f"{build_dir}/pp4.json cannot be read ({e}): run `python configure.py` first") from e
+    steps = steps_of(last_run(text), state_dir)
+    return steps, critical_path(steps, graph_inputs(ninja, work))

@@ -1,0 +1,60 @@
+"""The report of a build (`ninja report`, pp4/report/timeline.py) on a real build of a C/C++ spec:
+what it says is compiled, restored and waited on, against ninja's own record of the same run."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+
+from conftest import REPO
+from test_specs_build import TWO, ninja_bin, run
+
+
+def actions(work):
+    return [a["output"] for a in json.loads((work / "build" / "actions.json").read_text())["actions"]]
+
+
+def test_the_report_names_what_the_last_build_compiled_restored_and_waited_on(tmp_path, toolchain):
+    project = tmp_path / "project"
+    shutil.copytree(TWO, project)
+    work = tmp_path / "work"
+    work.mkdir()
+    run([sys.executable, str(REPO / "configure.py"), "--arch", "9.0", "--ext-spec", str(project / "spec" / "spec.toml"),
+         "--store", str(tmp_path / "store")], work)
+    run([ninja_bin()], work)
+    objects = actions(work)
+
+    cold = run([ninja_bin(), "report"], work).stdout
+    line = next(ln for ln in cold.splitlines() if ln.startswith("pp4: last build:"))
+    assert f"compiled {len(objects)} (" in line and "restored 0 from the local store" in line, line
+    trace = json.loads((work / "build" / "report.trace.json").read_text())["traceEvents"]
+    # ninja's own list of what that run built (-t recompact keeps the log's last record of each output)
+    logged = {ln.split("\t")[3] for ln in (work / "build" / ".ninja_log").read_text().splitlines()[1:]}
+    assert {e["name"] for e in trace} >= {o.rsplit("/", 1)[-1] for o in objects}
+    assert all(o in logged for o in objects)
+    compiled = [e for e in trace if e["cat"] == "compiled"]
+    assert len(compiled) == len(objects) and all(e["args"]["cpu_s"] > 0 for e in compiled)
+    on_path = [e for e in trace if e["args"]["critical path"]]
+    # the chain ends at the edge that ended last and holds an object and the link that waited for it
+    assert max(trace, key=lambda e: e["ts"] + e["dur"])["args"]["critical path"]
+    assert any(e["cat"] == "compiled" for e in on_path) and any(e["name"].endswith(".so") for e in on_path)
+    ET.fromstring((work / "build" / "report.svg").read_text())  # a well-formed picture
+
+    # Objects gone, the store warm: the next build restores them all, and the report says so.
+    for o in objects:
+        (work / o).unlink()
+    run([ninja_bin()], work)
+    warm = run([ninja_bin(), "report"], work).stdout
+    assert re.search(rf"compiled 0, restored {len(objects)} from the local store", warm), warm
+    again = run([ninja_bin(), "report"], work).stdout
+    assert again.splitlines()[-2:] == warm.splitlines()[-2:], "a report run is not the last build"
+
+
+def test_no_build_yet_is_said_plainly(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "pp4.report", "--build", str(tmp_path)], cwd=tmp_path,
+                          capture_output=True, text=True, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 2 and "no ninja log" in proc.stderr and "run `ninja` first" in proc.stderr
