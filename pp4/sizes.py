@@ -31,6 +31,8 @@ def human_bytes(n: int) -> str:
 
 
 def human_duration(seconds: float) -> str:
+    if seconds < 9.95:
+        return f"{seconds:.1f} s"
     if seconds < 90:
         return f"{seconds:.0f} s"
     if seconds < 5400:
