@@ -37,6 +37,7 @@ from pp4.paths import cache_dir
 SOURCE = Path(__file__).with_name("observer.c")
 PRELOAD_SOURCE = Path(__file__).with_name("observer_realpath.c")
 UNSEEN = ("/proc", "/sys", "/dev")
+_UNSEEN_UNDER = tuple(u + "/" for u in UNSEEN)
 
 # Calls that read a path, and whether they follow a final link (the log's 'n' flag can say not).
 _READS = {"open": True, "openat": True, "openat2": True, "stat": True, "lstat": False, "newfstatat": True,
@@ -185,7 +186,7 @@ def parse(log_text: str) -> Trace:
         if "w" in flags:
             writes.add(os.path.normpath(path))
             continue
-        if any(path == u or path.startswith(u + "/") for u in UNSEEN):
+        if path in UNSEEN or path.startswith(_UNSEEN_UNDER):
             continue
         follow = _READS[name] and "n" not in flags
         result = "ok" if err == 0 else errno.errorcode.get(err, f"E{err}")

@@ -11,6 +11,10 @@
 
        PID <tab> CALL <tab> ERRNO <tab> FLAGS <tab> PATH [<tab> PATH2]
 
+   A call whose name, flags and path were logged before with something there is not logged again
+   (nor looked at: the log's reader keeps a path's first such answer), nor is the stat of an open
+   file (an empty path: the open was logged).
+
    ERRNO is what the lookup found at the moment of the call (0: something is there). FLAGS: 'w'
    opened for writing, 'n' a final link not followed, 'e' an empty path (the call names an open
    file), '?' a path that could not be read or resolved. Paths are absolute as the process named
@@ -283,6 +287,50 @@ static void write_call(const struct seen *c, int error) {
     putc('\n', out);
 }
 
+/* Calls already logged with something at their path (same call, flags and path): the log's reader
+   keeps a path's first such answer, so a repeat is neither looked at nor logged again. Keys are
+   "name\tflags\tpath" in an open-addressing table that only grows. */
+static char **seen;
+static size_t seen_slots, seen_used;
+
+static size_t key_hash(const char *s) {
+    size_t h = 1469598103934665603ull;
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
+    return h;
+}
+
+static char **seen_slot(char **table, size_t slots, const char *key) {
+    size_t i = key_hash(key) & (slots - 1);
+    while (table[i] && strcmp(table[i], key)) i = (i + 1) & (slots - 1);
+    return &table[i];
+}
+
+static char *seen_key(const struct seen *c) {
+    if (!c->path || c->path2) return NULL;
+    char *key = malloc(strlen(c->call->name) + strlen(c->flags) + strlen(c->path) + 3);
+    if (key) sprintf(key, "%s\t%s\t%s", c->call->name, c->flags, c->path);
+    return key;
+}
+
+static int seen_before(const char *key) { return seen_slots && *seen_slot(seen, seen_slots, key) != NULL; }
+
+static void remember_seen(char *key) {
+    if (2 * (seen_used + 1) > seen_slots) {
+        size_t slots = seen_slots ? 2 * seen_slots : 16384;
+        char **table = calloc(slots, sizeof *table);
+        if (!table) { free(key); return; }
+        for (size_t i = 0; i < seen_slots; i++)
+            if (seen[i]) *seen_slot(table, slots, seen[i]) = seen[i];
+        free(seen);
+        seen = table;
+        seen_slots = slots;
+    }
+    char **slot = seen_slot(seen, seen_slots, key);
+    if (*slot) { free(key); return; }
+    *slot = key;
+    seen_used++;
+}
+
 /* The filter, installed by the command's process before it runs the command: every call of
    CALLS (and every call of another ABI, whose numbers differ) goes to the supervisor. */
 static int install_filter(void) {
@@ -407,9 +455,20 @@ int main(int argc, char **argv) {
         if (!c.call) {  /* another ABI's call: nothing this reads, so nothing pp4 can trust */
             fprintf(out, "%d\tforeign-abi-%d\t0\t?\t\n", c.pid, req->data.nr);
         } else {
-            int error = look(&c);
-            /* The thread may have died and its id gone to another since: then nothing read holds. */
-            if (ioctl(listener, SECCOMP_IOCTL_NOTIF_ID_VALID, &req->id) == 0) write_call(&c, error);
+            char *key = seen_key(&c);
+            if (key && seen_before(key)) {
+                free(key);  /* logged once with something there: the log's reader keeps that answer */
+            } else if (c.path && !c.path[0] && strchr(c.flags, 'e')) {
+                free(key);  /* the stat of an open file: its open was logged */
+            } else {
+                int error = look(&c);
+                /* The thread may have died and its id gone to another since: then nothing read holds. */
+                if (ioctl(listener, SECCOMP_IOCTL_NOTIF_ID_VALID, &req->id) == 0) {
+                    write_call(&c, error);
+                    if (key && error == 0) remember_seen(key), key = NULL;
+                }
+                free(key);
+            }
             free(c.path);
             free(c.path2);
         }

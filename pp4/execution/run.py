@@ -47,12 +47,21 @@ class Ran:
     stderr: bytes
     scratch: str = ""  # the folder of its temporary folder and trace (removed: nothing there outlives it)
     cpu_seconds: float | None = None  # user + system of its whole process tree, the observer's included
+    # each path's answer once: a compile's 10,000 paths are asked about three times after it ran
+    _reals: dict = attrs.field(factory=dict, init=False, eq=False, repr=False)
 
     def real(self, path: str) -> str | None:
         """Where a path it saw is on this machine; None for its own temporary folders."""
+        try:
+            return self._reals[path]
+        except KeyError:
+            pass
         if self.root is not None:
-            return self.root.real(path)
-        return None if path == self.scratch or path.startswith(self.scratch + "/") else path
+            found = self.root.real(path)
+        else:
+            found = None if path == self.scratch or path.startswith(self.scratch + "/") else path
+        self._reals[path] = found
+        return found
 
 
 def date_time_flags(argv: list[str]) -> list[str]:
