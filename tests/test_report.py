@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
 
 from conftest import REPO
-from test_specs_build import TWO, ninja_bin, run
+from test_specs_build import configured, ninja_bin, run
 
 
 def actions(work):
@@ -19,16 +18,11 @@ def actions(work):
 
 
 def test_the_report_names_what_the_last_build_compiled_restored_and_waited_on(tmp_path, toolchain):
-    project = tmp_path / "project"
-    shutil.copytree(TWO, project)
-    work = tmp_path / "work"
-    work.mkdir()
-    run([sys.executable, str(REPO / "configure.py"), "--arch", "9.0", "--ext-spec", str(project / "spec" / "spec.toml"),
-         "--store", str(tmp_path / "store")], work)
+    _, work = configured(tmp_path)
     built = run([ninja_bin()], work).stdout
     objects = actions(work)
     # the build's last edge (the certificate) says what it did
-    assert built.splitlines()[-1].startswith(f"pp4: last build: ") and f"compiled {len(objects)} (" in built, built
+    assert built.splitlines()[-1].startswith("pp4: last build: ") and f"compiled {len(objects)} (" in built, built
 
     cold = run([ninja_bin(), "report"], work).stdout
     line = next(ln for ln in cold.splitlines() if ln.startswith("pp4: last build:"))

@@ -46,13 +46,20 @@ def call(work: Path, target: str, expr: str):
     return json.loads(run([sys.executable, "-c", code], work).stdout.strip().splitlines()[-1])
 
 
-def test_a_spec_in_its_own_folder_builds_one_target_certifies_what_is_built_and_survives_rm(tmp_path, toolchain):
+def configured(tmp_path):
+    """The two-module spec copied into tmp_path/project and configured in tmp_path/work, with its
+    own store: (project, work)."""
     project = tmp_path / "project"
     shutil.copytree(TWO, project)
     work = tmp_path / "work"
     work.mkdir()
     run([sys.executable, str(REPO / "configure.py"), "--arch", "9.0", "--ext-spec", str(project / "spec" / "spec.toml"),
          "--store", str(tmp_path / "store")], work)
+    return project, work
+
+
+def test_a_spec_in_its_own_folder_builds_one_target_certifies_what_is_built_and_survives_rm(tmp_path, toolchain):
+    project, work = configured(tmp_path)
 
     nothing = run([ninja_bin(), "certify"], work, check=False)
     assert nothing.returncode != 0 and "nothing is built yet" in nothing.stdout + nothing.stderr
