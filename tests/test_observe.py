@@ -188,6 +188,23 @@ def test_the_preload_and_the_logs_repeats_change_nothing_observed(tmp_path):
     assert not any("realpath" in p for p, _ in traces[1])
 
 
+def test_a_preload_path_the_loader_would_split_is_left_out(tmp_path):
+    """LD_PRELOAD is split at spaces and colons: a cache folder with one in its name must not put
+    the loader's complaints into a compile's messages; the command is observed as before."""
+    if observe.unavailable():
+        pytest.skip(observe.unavailable())
+    odd = tmp_path / "my cache:x"
+    odd.mkdir()
+    lib = odd / "realpath.so"
+    lib.write_bytes(observe.preload_path().read_bytes())
+    log, data = tmp_path / "log", tmp_path / "data"
+    data.write_text("x")
+    proc = subprocess.run([str(observe.observer_path()), "--preload", str(lib), str(log), "/bin/cat", str(data)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    assert observe.parse(log.read_text()).reads[(str(data), True)] == "ok"
+
+
 def test_states_name_what_is_there_now(tmp_path):
     states = observed.States(FileHasher())
     f = tmp_path / "f.h"

@@ -401,7 +401,9 @@ int main(int argc, char **argv) {
         }
         if (send_fd(pair[1], listener)) _exit(125);
         close(listener);
-        if (preload) {
+        /* The loader splits LD_PRELOAD at spaces and colons: a library whose path holds one is
+           left out (it only saves time) rather than named in pieces the loader complains about. */
+        if (preload && !strpbrk(preload, " :\t")) {
             const char *was = getenv("LD_PRELOAD");
             char *both = malloc(strlen(preload) + (was ? strlen(was) + 2 : 1));
             if (!both) _exit(125);
