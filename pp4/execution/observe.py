@@ -93,13 +93,13 @@ def build() -> Path:
     """pp4-observe and its preload, compiled now unless they already are; OSError or ObserverError
     saying why not."""
     target, preload = observer_path(), preload_path()
-    if all(p.is_file() and os.access(p, os.R_OK) for p in (target, preload)):
+    if target.is_file() and os.access(target, os.X_OK):  # written after the preload: both are there
         return target
     cc = compiler()
     if cc is None:
         raise ObserverError("no C compiler (cc or gcc) is on PATH to build pp4-observe")
     with locked(target.parent):
-        if target.is_file() and preload.is_file():
+        if target.is_file():
             return target
         with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
             for source, out, flags in ((PRELOAD_SOURCE, preload, ["-shared", "-fPIC"]), (SOURCE, target, [])):

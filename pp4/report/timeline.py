@@ -43,7 +43,7 @@ def last_run(log_text: str) -> list[tuple[float, float, str]]:
     """(start s, end s, output) of the last run in a .ninja_log (v5 to v7). ninja appends an
     edge's line when it ends, with times from that run's start: within a run the ends never go
     down, so a line ending before the one above it starts another run."""
-    runs: list[list[tuple[float, float, str]]] = []
+    run: list[tuple[float, float, str]] = []
     last_end = None
     for line in log_text.splitlines():
         if line.startswith("#"):
@@ -54,11 +54,11 @@ def last_run(log_text: str) -> list[tuple[float, float, str]]:
         start, end, output = int(fields[0]) / 1000, int(fields[1]) / 1000, fields[3]
         if output in REPORTING:
             continue
-        if last_end is None or end < last_end:
-            runs.append([])
-        runs[-1].append((start, end, output))
+        if last_end is not None and end < last_end:
+            run = []
+        run.append((start, end, output))
         last_end = end
-    return runs[-1] if runs else []
+    return run
 
 
 def graph_inputs(ninja: str, work: str) -> dict[str, set[str]]:
