@@ -4,13 +4,14 @@
 # folder and an empty store, one after the other on one machine; then this checkout's facc variant
 # after its stock build (how many objects the store shares) and `ninja certify` of both variants.
 # Each step is timed by bench/exl3_build.py (its own tree's copy: old steps run old code) into $OUT.
-# Two cold builds and the facc build do not fit one 10-minute call: call 1 runs both cold builds,
-# call 2 (the same warm machine: /tmp/wv keeps this checkout's build) the facc build and the audit.
+# A cold build takes about 300 s there (moe_mul1.cpp alone 293 s), so each step is its own call on
+# the same warm machine: call 1 this checkout's cold build, call 2 its facc build and the audit
+# (/tmp/wv keeps the build), call 3 001f450's cold build.
 # Uses the machine's /usr/local/cuda (nvcc 13.0) through --cuda-home; carry .whl and .carry.
-# Usage (device tool): bash bench/h200_cold_pair.sh 1, then at once bash bench/h200_cold_pair.sh 2
+# Usage (device tool): bash bench/h200_cold_pair.sh 1, then at once ... 2, then at once ... 3
 set -uo pipefail
 source "$(dirname "$0")/device_setup.sh"
-CALL=${1:?call 1 or 2}
+CALL=${1:?call 1, 2 or 3}
 START=$SECONDS
 device_wheels ninja || exit 1
 { nproc; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
@@ -25,6 +26,7 @@ step() {  # step WHO WORK PHASES: exl3_build.py of WHO's tree (new: this checkou
 }
 if [ "$CALL" = 1 ]; then
   step new /tmp/wv pp4-cold
+elif [ "$CALL" = 3 ]; then
   step old /tmp/wold pp4-cold
 else
   [ -d /tmp/wv ] || { echo "no /tmp/wv: call 2 found a fresh machine, run call 1 first" | tee "$OUT/new-2.txt"; exit 1; }
