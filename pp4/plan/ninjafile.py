@@ -15,6 +15,7 @@ from ninja import ninja_syntax
 
 from pp4 import statedir
 from pp4.plan.modules import CompileStep, ModulePlan
+from pp4.sources.extensions import project_wheel_target
 
 # The loader each wheel installs: a new one makes new wheels. (Its path, not an import: plan
 # knows nothing of the wheel's code.)
@@ -177,7 +178,20 @@ def render(settings: BuildSettings, rules: str, plans: list[ModulePlan],
     for path in settings.generator_inputs:
         _build(w, path, "phony")
     w.newline()
-    _build(w, "wheel", "phony", [f"wheel-{p.extension.target}" for p in plans])
+    # A setup.py project's modules go into its own wheel (pp4/wheel/project.py), not one wheel each.
+    projects: dict[str, list[ModulePlan]] = {}
+    for p in plans:
+        if project_wheel_target(p.extension):
+            projects.setdefault(project_wheel_target(p.extension), []).append(p)
+    for name, members in projects.items():
+        _build(w, name, "project_wheel", [pin_path(p) for p in members],
+               implicit=[settings.actions, *(str(p.output) for p in members),
+                         *(str(s.object) for p in members for s in p.steps)],
+               variables={"setup_py": _shell([members[0].extension.provenance["setup.py"]]),
+                          "stamp": _shell([os.path.join(settings.builddir, f"{name}.json")]),
+                          "targets": _shell([p.extension.target for p in members]), "project": name[len("wheel-"):]})
+    _build(w, "wheel", "phony", [f"wheel-{p.extension.target}" for p in plans if not project_wheel_target(p.extension)]
+           + list(projects))
     _build(w, "wheel-built", "wheel_built")  # never made: it runs every time, as certify does
     _build(w, "report", "report")
     _build(w, "all", "phony", [p.extension.target for p in plans] + [cert])

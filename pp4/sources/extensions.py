@@ -259,6 +259,7 @@ def validate(extensions: list[Extension]) -> None:
     """Everything that would otherwise fail late, deep in a compile or at import time."""
     seen_modules: dict[str, str] = {}
     seen_targets: set[str] = set()
+    projects: dict[str, str] = {}  # a project's wheel target -> its setup.py
     for ext in extensions:
         if not _MODULE_NAME.match(ext.module):
             raise ExtensionError(
@@ -298,6 +299,13 @@ def validate(extensions: list[Extension]) -> None:
                                      "list the source files themselves") from None
             except OSError as e:
                 raise ExtensionError(f"extension {_named(ext)}: source {src} cannot be read ({e.strerror})") from None
+        project = project_wheel_target(ext)
+        if project and project in {n for e in extensions for n in (e.target, f"wheel-{e.target}")} | RESERVED_TARGETS:
+            raise ExtensionError(f"{ext.provenance['setup.py']}: its project's wheel target {project!r} is also the "
+                                 "name of an extension's target or wheel; rename that extension's target")
+        if project and projects.setdefault(project, ext.provenance["setup.py"]) != ext.provenance["setup.py"]:
+            raise ExtensionError(f"{projects[project]} and {ext.provenance['setup.py']} both name their project "
+                                 f"{ext.provenance.get('project')!r}: configure one of them at a time")
         duplicates = sorted({str(p) for p in ext.source_paths() if ext.source_paths().count(p) > 1})
         if duplicates:
             raise ExtensionError(f"extension {_named(ext)}: {duplicates[0]} is listed twice")
@@ -321,6 +329,15 @@ def validate(extensions: list[Extension]) -> None:
         for lib in ext.library_paths():
             if not lib.is_dir():
                 raise ExtensionError(f"extension {_named(ext)}: library directory {lib} does not exist")
+
+
+def project_wheel_target(ext: Extension) -> str | None:
+    """`ninja wheel-PROJECT`: the wheel of the setup.py project ext was read from (the project's
+    distribution name as pip normalizes it), or None for an extension not read from a setup.py."""
+    setup_py, name = ext.provenance.get("setup.py"), ext.provenance.get("project")
+    if not setup_py:
+        return None
+    return "wheel-" + re.sub(r"[-_.]+", "-", name or Path(setup_py).parent.name).lower()
 
 
 def _named(ext: Extension) -> str:

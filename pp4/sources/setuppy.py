@@ -75,6 +75,7 @@ def _factory(kind):
 
 
 def _setup(*args, **kwargs):
+    result["project"] = {k: str(kwargs[k]) for k in ("name", "version") if kwargs.get(k) is not None}
     for ext in kwargs.get("ext_modules") or []:
         if isinstance(ext, _Recorded):
             records.append(ext.pp4_record)
@@ -152,24 +153,38 @@ def setup_py_path(path: Path) -> Path:
     return path
 
 
-def record(setup_py: Path, toolchain_prefix: Path, archs: list[str], python: str = sys.executable) -> dict:
-    """Run setup.py under the recorders; the child's report (extensions, or what went wrong)."""
+def setup_env(toolchain_prefix: Path, archs: list[str]) -> dict:
+    """The environment a setup.py runs in under pp4: a CUDA build machine's, with pp4's toolchain."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONSTARTUP")}
     env.update(CUDA_HOME=str(toolchain_prefix), CUDA_PATH=str(toolchain_prefix), FORCE_CUDA="1",
                TORCH_CUDA_ARCH_LIST=";".join(archs), PYTHONDONTWRITEBYTECODE="1")
+    return env
+
+
+def run_child(script: str, setup_py: Path, args: list[str], toolchain_prefix: Path, archs: list[str],
+              python: str = sys.executable) -> dict:
+    """Run script (argv: setup.py, report.json, *args) in setup.py's folder; the report it wrote."""
     with tempfile.TemporaryDirectory(prefix="pp4-setup-py-") as tmp:
-        out = Path(tmp) / "record.json"
-        script = Path(tmp) / "record.py"
-        script.write_text(_RECORDER)
+        out = Path(tmp) / "report.json"
+        script_file = Path(tmp) / "child.py"
+        script_file.write_text(script)
         try:
-            proc = subprocess.run([python, str(script), str(setup_py), str(out)], cwd=setup_py.parent, env=env,
-                                  capture_output=True, text=True, timeout=SETUP_TIMEOUT_S)
+            proc = subprocess.run([python, str(script_file), str(setup_py), str(out), *args], cwd=setup_py.parent,
+                                  env=setup_env(toolchain_prefix, archs), capture_output=True, text=True,
+                                  timeout=SETUP_TIMEOUT_S)
         except subprocess.TimeoutExpired:
-            raise ExtensionError(f"{setup_py} ran for {SETUP_TIMEOUT_S} s without calling setup(): pp4 stops it "
+            raise ExtensionError(f"{setup_py} ran for {SETUP_TIMEOUT_S} s without finishing: pp4 stops it "
                                  "there (does it build or download something before setup()?)") from None
         if not out.is_file():
-            raise ExtensionError(f"{setup_py} could not be read (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
-        return json.loads(out.read_text())
+            raise ExtensionError(f"{setup_py} could not be run (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+        report = json.loads(out.read_text())
+        report["stderr"] = proc.stderr
+        return report
+
+
+def record(setup_py: Path, toolchain_prefix: Path, archs: list[str], python: str = sys.executable) -> dict:
+    """Run setup.py under the recorders; the child's report (extensions, or what went wrong)."""
+    return run_child(_RECORDER, setup_py, [], toolchain_prefix, archs, python)
 
 
 def read(setup_py: Path, toolchain_prefix: Path, archs: list[str], python: str = sys.executable) -> ReadSetup:
@@ -189,8 +204,9 @@ def read(setup_py: Path, toolchain_prefix: Path, archs: list[str], python: str =
         raise ExtensionError(f"{setup_py} declares no CUDAExtension or CppExtension (ext_modules is empty here): "
                              "nothing for pp4 to build")
     exts, notices = [], list(build_ext_notices(setup_py, report.get("build_ext_options") or {}))
+    project = report.get("project") or {}
     for rec in report["extensions"]:
-        ext, notes = to_extension(rec, setup_py)
+        ext, notes = to_extension(rec, setup_py, project.get("name") or setup_py.parent.name, archs)
         exts.append(ext)
         notices += notes
     return ReadSetup(setup_py, tuple(exts), tuple(notices))
@@ -208,7 +224,7 @@ def build_ext_notices(setup_py: Path, options: dict[str, str]) -> list[str]:
     return notices
 
 
-def to_extension(rec: dict, setup_py: Path) -> tuple[Extension, list[str]]:
+def to_extension(rec: dict, setup_py: Path, project: str, archs: list[str]) -> tuple[Extension, list[str]]:
     """One recorded extension as spec fields, then as an Extension; notices of what pp4 changed."""
     f = dict(rec["fields"])
     name = f.pop("name")
@@ -243,7 +259,8 @@ def to_extension(rec: dict, setup_py: Path) -> tuple[Extension, list[str]]:
         "library_dirs": f.get("library_dirs") or [], "cxx_flags": list(cxx), "cuda_flags": list(nvcc),
         "ld_flags": ld,
     }
-    ext = from_fields(fields, setup_py.parent, setup_py, where, provenance={"setup.py": str(setup_py)})
+    ext = from_fields(fields, setup_py.parent, setup_py, where, provenance={"setup.py": str(setup_py), "project": project,
+                                                                               "archs": list(archs)})
     return ext, notices
 
 

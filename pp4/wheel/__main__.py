@@ -7,6 +7,10 @@ It writes DIST_DIR/<distribution>-<version>-<tag>.whl, only when its bytes chang
 name holds the source key. The wheel the stamp named before is removed when this one replaces it
 and its bytes are still the ones pp4 wrote.
 
+A --setup-py project's own wheel (`ninja wheel-PROJECT`, and `ninja wheel` for such a project) is
+
+    python -m pp4.wheel --project CONFIG ACTIONS SETUP_PY DIST_DIR STAMP TARGET...
+
 `ninja wheel-built` runs
 
     python -m pp4.wheel --built CONFIG ACTIONS DIST_DIR
@@ -42,9 +46,15 @@ def replace_old(stamp: Path, new_wheel: Path) -> None:
         old_wheel.unlink()
 
 
-def pack(config: Path, actions: Path, target: str, dist_dir: Path, stamp: Path) -> int:
+def pack(config: Path, actions: Path, target: str, dist_dir: Path, stamp: Path, setup_py: Path | None = None,
+         targets: list[str] | None = None) -> int:
+    """One module's wheel (target), or setup_py's project wheel with the modules of targets."""
     try:
-        wheel = build(config, actions, config.parent, target)
+        if setup_py is None:
+            wheel = build(config, actions, config.parent, target)
+        else:
+            from pp4.wheel import project  # setup.py projects only: it brings the setup.py reader
+            wheel = project.build(config, actions, config.parent, setup_py, targets or [])
     except (WheelError, CertificateError, PinError) as e:
         print(f"pp4.wheel: error: {e}", file=sys.stderr)
         return 1
@@ -77,9 +87,13 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--built"] and len(argv) == 4:
         return pack_built(Path(argv[1]), Path(argv[2]), Path(argv[3]))
+    if argv[:1] == ["--project"] and len(argv) >= 7:
+        config, actions, setup_py, dist_dir, stamp, *targets = argv[1:]
+        return pack(Path(config), Path(actions), " ".join(targets), Path(dist_dir), Path(stamp), Path(setup_py), targets)
     if len(argv) != 5:
         print("usage: python -m pp4.wheel CONFIG ACTIONS TARGET DIST_DIR STAMP\n"
-              "       python -m pp4.wheel --built CONFIG ACTIONS DIST_DIR", file=sys.stderr)
+              "       python -m pp4.wheel --built CONFIG ACTIONS DIST_DIR\n"
+              "       python -m pp4.wheel --project CONFIG ACTIONS SETUP_PY DIST_DIR STAMP TARGET...", file=sys.stderr)
         return 2
     config, actions, target, dist_dir, stamp = argv[0], argv[1], argv[2], Path(argv[3]), Path(argv[4])
     return pack(Path(config), Path(actions), target, dist_dir, stamp)

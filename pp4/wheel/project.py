@@ -1,0 +1,177 @@
+"""A --setup-py project's own wheel: the one `pip wheel --no-build-isolation .` makes, with pp4's modules.
+
+setuptools decides everything but the modules. The project's setup.py runs `bdist_wheel` in a child
+Python (the build's, in the project's folder, in the environment configure read it in) with its
+`build_ext` command replaced by one that copies each module pp4 built to the path setuptools asks
+for, and compiles nothing. So the wheel's name, version, tags, dependencies, packages, package
+data, scripts and entry points are the project's own, from the tool that makes them for pip.
+setuptools' scratch folders (egg-info, build, bdist) are temporary: the project's folder is not
+written to.
+
+Then pp4 packs that wheel's files again through archive.wheel_bytes (sorted, one timestamp, fixed
+modes), checks that each module sits at its import path with the bytes the certificate gives, pins
+torch in METADATA, and adds two files to the .dist-info folder: the certificate of the project's
+modules (certificate.shipped: what was built from what, no history, no builder's folders) and the
+build record. Nothing is added to the project's packages: its own code imports its modules.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import tempfile
+import zipfile
+from pathlib import Path
+
+from pp4.certify import certificate
+from pp4.sources import setuppy
+from pp4.toolchain import torchenv
+from pp4.wheel.archive import Entry, wheel_bytes
+from pp4.wheel.contents import Wheel, WheelError
+from pp4.wheel.runtime import CERTIFICATE, RECORD
+
+# Runs in the child: argv = [setup.py, report.json, modules.json, scratch folder]. Free of pp4
+# imports (the child's sys.path is the project's).
+_PACKER = r'''
+import json, os, runpy, shutil, sys, traceback
+
+setup_py, out_path, modules_path, scratch = sys.argv[1:5]
+with open(modules_path) as f:
+    modules = json.load(f)  # extension name (a.b._C) -> the module pp4 built
+result = {}
+
+import setuptools
+from setuptools.command.build_ext import build_ext
+
+
+class pp4_build_ext(build_ext):
+    """Puts pp4's modules where setuptools would have compiled them."""
+
+    def run(self):
+        names = [ext.name for ext in self.extensions]
+        result["extensions"] = names
+        unknown = sorted(set(names) - set(modules))
+        if unknown:
+            raise SystemExit(f"pp4: setup.py declares {', '.join(unknown)} now, which the build did not configure: "
+                             "run configure.py again")
+        for ext in self.extensions:
+            dest = self.get_ext_fullpath(ext.name)
+            os.makedirs(os.path.dirname(dest), exist_ok=True)
+            shutil.copyfile(modules[ext.name], dest)
+
+
+def _with_pp4_build_ext(real_setup):
+    def setup(*args, **kwargs):
+        kwargs["cmdclass"] = dict(kwargs.get("cmdclass") or {}, build_ext=pp4_build_ext)
+        return real_setup(*args, **kwargs)
+    return setup
+
+
+setuptools.setup = _with_pp4_build_ext(setuptools.setup)
+try:  # setuptools.setup calls it too: each wrapper calls the setup it replaced
+    import distutils.core
+    distutils.core.setup = _with_pp4_build_ext(distutils.core.setup)
+except ImportError:
+    pass
+try:  # the extensions configure read were declared where torch sees CUDA
+    import torch
+    torch.cuda.is_available = lambda: True
+except ImportError:
+    pass
+
+os.makedirs(scratch, exist_ok=True)
+sys.argv = [setup_py, "egg_info", "--egg-base", scratch, "build", "--build-base", os.path.join(scratch, "build"),
+            "bdist_wheel", "--bdist-dir", os.path.join(scratch, "bdist"), "--dist-dir", os.path.join(scratch, "dist")]
+sys.path.insert(0, os.path.dirname(setup_py))
+try:
+    runpy.run_path(setup_py, run_name="__main__")
+except SystemExit as e:
+    if e.code not in (None, 0):
+        result["error"] = str(e.code)
+except BaseException as e:
+    result["error"] = "".join(traceback.format_exception_only(type(e), e)).strip()
+    result["traceback"] = traceback.format_exc()[-3000:]
+dist = os.path.join(scratch, "dist")
+result["wheels"] = sorted(os.path.join(dist, n) for n in os.listdir(dist)) if os.path.isdir(dist) else []
+with open(out_path + ".tmp", "w") as f:
+    json.dump(result, f)
+os.replace(out_path + ".tmp", out_path)
+'''
+
+
+def _plans(builddir: Path, targets: list[str]) -> list[dict]:
+    plans = []
+    for target in targets:
+        try:
+            plans.append(json.loads((builddir / target / "plan.json").read_text()))
+        except (OSError, ValueError) as e:
+            raise WheelError(f"{target} is not configured in {builddir} ({e}): run configure.py") from None
+    return plans
+
+
+def with_torch_pin(metadata: bytes, requirement: str) -> bytes:
+    """METADATA with `Requires-Dist: <requirement>` among its headers (before the description)."""
+    text = metadata.decode()
+    head, sep, body = text.partition("\n\n")
+    line = f"Requires-Dist: {requirement}"
+    if line not in head.splitlines():
+        head = head.rstrip("\n") + "\n" + line
+    return (head + (sep or "\n") + body).encode()
+
+
+def setuptools_wheel(setup_py: Path, plans: list[dict], scratch: Path) -> Path:
+    """The wheel setup.py's bdist_wheel makes with pp4's modules, in scratch."""
+    modules = {p["target"]: p["output_abs"] for p in plans}  # a setup.py extension's target is its name
+    modules_file = scratch / "modules.json"
+    modules_file.write_text(json.dumps(modules))
+    provenance = plans[0]["provenance"]
+    report = setuppy.run_child(_PACKER, setup_py, [str(modules_file), str(scratch / "setuptools")],
+                               Path(plans[0]["toolchain"]["prefix"]), provenance.get("archs") or [])
+    if "error" in report or len(report["wheels"]) != 1:
+        problem = report.get("error") or f"it made {len(report['wheels'])} wheels"
+        raise WheelError(f"{setup_py} bdist_wheel with pp4's modules failed: {problem}\n"
+                         f"{report.get('traceback') or report['stderr'][-3000:]}".rstrip())
+    missing = sorted(set(modules) - set(report.get("extensions") or []))
+    if missing:
+        raise WheelError(f"{setup_py} no longer declares {', '.join(missing)} (configured from it): run configure.py")
+    return Path(report["wheels"][0])
+
+
+def build(config_path: Path, actions_path: Path, builddir: Path, setup_py: Path, targets: list[str]) -> Wheel:
+    plans = _plans(builddir, targets)
+    doc = certificate.shipped(certificate.document(config_path, actions_path, builddir, set(targets)))
+    raw = certificate.canonical(doc)
+    digest = hashlib.sha256(raw).hexdigest()
+    record = certificate.build_record(json.loads(config_path.read_text()), doc["modules"], builddir / CERTIFICATE,
+                                      digest)
+    with tempfile.TemporaryDirectory(prefix="pp4-project-wheel-") as tmp:
+        made = setuptools_wheel(setup_py, plans, Path(tmp))
+        with zipfile.ZipFile(made) as z:
+            files = {i.filename: (z.read(i), bool((i.external_attr >> 16) & 0o111)) for i in z.infolist()
+                     if not i.is_dir()}
+    dist_info = next(n.split("/")[0] for n in files if n.split("/")[0].endswith(".dist-info"))
+    stem = dist_info[:-len(".dist-info")]
+    distribution, version = stem.rsplit("-", 1)
+    shas = {m["target"]: m["sha256"] for m in doc["modules"]}
+    placed = []
+    for p in plans:
+        name = p["target"]
+        path = name.replace(".", "/")[: -len(p["module"])] + Path(p["output_abs"]).name
+        data = files.get(path, (None,))[0]
+        if data is None or hashlib.sha256(data).hexdigest() != shas[p["target"]]:
+            raise WheelError(f"{made.name} does not hold {name}'s module at {path} with the certificate's bytes: "
+                             "run ninja again")
+        placed.append({"target": p["target"], "import": name, "file": path})
+    torch_requirement = f"torch=={torchenv.torch_version()}"
+    record["certificate"]["file"] = f"{dist_info}/{CERTIFICATE}"
+    record["wheel"] = {"project": str(setup_py.parent.name), "distribution": distribution, "version": version,
+                       "modules": placed, "torch": torchenv.torch_version_fields(),
+                       "torch_requirement": torch_requirement}
+    entries = [Entry(name, with_torch_pin(data, torch_requirement) if name == f"{dist_info}/METADATA" else data,
+                     executable=executable)
+               for name, (data, executable) in files.items() if name != f"{dist_info}/RECORD"]
+    entries += [Entry(f"{dist_info}/{CERTIFICATE}", gzip.compress(raw, mtime=0)),
+                Entry(f"{dist_info}/{RECORD}", (json.dumps(record, indent=1, sort_keys=True) + "\n").encode())]
+    return Wheel(target=" ".join(targets), distribution=distribution, version=version, filename=made.name,
+                 data=wheel_bytes(entries, dist_info))
