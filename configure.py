@@ -213,7 +213,9 @@ def select_extensions(args, builddir: Path, tc: toolchain.Toolchain, archs: list
         for note in found.notices:
             print(f"configure: notice: {note}")
         print(f"configure: {found.setup_py}: " + ", ".join(f"{e.target} ({e.kind}, {len(e.sources)} sources)"
-                                                        for e in found.extensions))
+                                                        for e in found.extensions)
+              + f"; `ninja {extensions.project_wheel_target(found.extensions[0])}` (and `ninja wheel`) makes the "
+              "project's own wheel")
         if args.write_spec:
             spec = args.write_spec / f"{found.setup_py.parent.name}.toml"
             if write_if_changed(spec, setuppy.spec_text(found, spec)):
