@@ -89,10 +89,15 @@ def plan_json_path(builddir: str, plan: ModulePlan) -> str:
     return os.path.join(builddir, plan.extension.target, "plan.json")
 
 
-def wheel_stamp_path(builddir: str, plan: ModulePlan) -> str:
+def wheel_stamp_path(builddir: str, target: str) -> str:
     """What `ninja wheel-TARGET` tracks: the wheel's own name holds the source key, known only
     once the module is built."""
-    return os.path.join(builddir, plan.extension.target, "wheel.json")
+    return os.path.join(builddir, target, "wheel.json")
+
+
+def project_wheel_stamp_path(builddir: str, wheel_target: str) -> str:
+    """The record of a setup.py project's last wheel (`ninja wheel-PROJECT`), for replacing it."""
+    return os.path.join(builddir, f"{wheel_target}.json")
 
 
 def render(settings: BuildSettings, rules: str, plans: list[ModulePlan],
@@ -155,10 +160,10 @@ def render(settings: BuildSettings, rules: str, plans: list[ModulePlan],
         _build(w, pin_path(plan), "pin", out_mod,
                variables={"plan": _shell([plan_json_path(settings.builddir, plan)])})
         _build(w, plan.extension.target, "phony", [out_mod, pin_path(plan)])
-        _build(w, wheel_stamp_path(settings.builddir, plan), "wheel", pin_path(plan),
+        _build(w, wheel_stamp_path(settings.builddir, plan.extension.target), "wheel", pin_path(plan),
                implicit=[settings.actions, RUNTIME_LOADER, out_mod, *(str(s.object) for s in plan.steps)],
                variables={"target": _shell([plan.extension.target])})
-        _build(w, f"wheel-{plan.extension.target}", "phony", wheel_stamp_path(settings.builddir, plan))
+        _build(w, f"wheel-{plan.extension.target}", "phony", wheel_stamp_path(settings.builddir, plan.extension.target))
         w.newline()
 
     cert = certificate_path(settings.builddir)
@@ -188,7 +193,7 @@ def render(settings: BuildSettings, rules: str, plans: list[ModulePlan],
                implicit=[settings.actions, *(str(p.output) for p in members),
                          *(str(s.object) for p in members for s in p.steps)],
                variables={"setup_py": _shell([members[0].extension.provenance["setup.py"]]),
-                          "stamp": _shell([os.path.join(settings.builddir, f"{name}.json")]),
+                          "stamp": _shell([project_wheel_stamp_path(settings.builddir, name)]),
                           "targets": _shell([p.extension.target for p in members]), "project": name[len("wheel-"):]})
     _build(w, "wheel", "phony", [f"wheel-{p.extension.target}" for p in plans if not project_wheel_target(p.extension)]
            + list(projects))

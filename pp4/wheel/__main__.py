@@ -30,10 +30,10 @@ from pp4 import interrupt
 from pp4.certify.certificate import CertificateError, built_targets
 from pp4.certify.pin import PinError
 from pp4.files import sha256_file, write_if_changed
+from pp4.plan.ninjafile import wheel_stamp_path
 from pp4.sizes import human_bytes
 from pp4.wheel.contents import WheelError, build
 
-STAMP_NAME = "wheel.json"  # build/TARGET/wheel.json, as build.ninja names it (pp4/plan/ninjafile.py)
 
 
 def replace_old(stamp: Path, new_wheel: Path) -> None:
@@ -73,7 +73,7 @@ def pack_built(config: Path, actions: Path, dist_dir: Path) -> int:
     built, missing = built_targets(builddir, actions)
     failed = 0
     for target in built:
-        failed |= pack(config, actions, target, dist_dir, builddir / target / STAMP_NAME)
+        failed |= pack(config, actions, target, dist_dir, Path(wheel_stamp_path(str(builddir), target)))
     if missing:
         print(f"pp4.wheel: not built, so not packed: {', '.join(missing)} (`ninja wheel` builds and packs every "
               f"configured module; `ninja wheel-TARGET` one)")
