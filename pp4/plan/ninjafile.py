@@ -157,7 +157,9 @@ def render(settings: BuildSettings, rules: str, plans: list[ModulePlan],
         out_mod = str(plan.output)
         _build(w, out_mod, "link", [str(s.object) for s in plan.steps],
                variables={"flags": f"${t}_link_flags"})
-        _build(w, pin_path(plan), "pin", out_mod,
+        # The pin holds the plan's source key: a plan configure rewrote (another source tree, other
+        # provenance) pins the module again even where its bytes did not change.
+        _build(w, pin_path(plan), "pin", out_mod, implicit=[plan_json_path(settings.builddir, plan)],
                variables={"plan": _shell([plan_json_path(settings.builddir, plan)])})
         _build(w, plan.extension.target, "phony", [out_mod, pin_path(plan)])
         _build(w, wheel_stamp_path(settings.builddir, plan.extension.target), "wheel", pin_path(plan),
