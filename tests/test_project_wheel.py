@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import sys
 import zipfile
@@ -119,3 +120,22 @@ def test_a_setup_py_that_no_longer_builds_says_so(tmp_path, toolchain):
     proc = run([ninja_bin(), "wheel"], work, check=False)
     assert proc.returncode != 0 and "ValueError: oops" in proc.stdout + proc.stderr
     assert not (work / "dist").exists()
+
+
+def test_a_renamed_project_gets_its_new_name_without_a_compile(tmp_path, toolchain):
+    """The name moves from setup.py to pyproject.toml (setuptools reads it there) and changes: ninja
+    runs configure again, pins the same module with the new plan, compiles nothing, and the wheel
+    and its target carry the new name."""
+    project = project_copy(tmp_path / "project", with_torch_op=False)
+    work = tmp_path / "b"
+    work.mkdir()
+    run([sys.executable, REPO / "configure.py", "--arch", "9.0", "--setup-py", project, "--store", tmp_path / "s"], work)
+    run([ninja_bin()], work)
+    setup_py = project / "setup.py"
+    setup_py.write_text(setup_py.read_text().replace('    name="demo-pkg",\n', ""))
+    (project / "pyproject.toml").write_text('[project]\nname = "Demo.Renamed"\nversion = "1.2.3"\n'
+                                            'dependencies = ["numpy>=1.20"]\nrequires-python = ">=3.8"\n')
+    out = run([ninja_bin(), "wheel-demo-renamed"], work).stdout
+    assert "] CONFIGURE" in out and "] PIN" in out and not re.search(r"\] (CXX|CUDA|LINK) ", out), out
+    assert [w.name for w in (work / "dist").glob("*.whl")] == ["demo_renamed-1.2.3-cp311-cp311-linux_x86_64.whl"
+                                                               .replace("cp311", f"cp3{sys.version_info.minor}")]

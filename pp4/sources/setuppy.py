@@ -76,6 +76,15 @@ def _factory(kind):
 
 def _setup(*args, **kwargs):
     result["project"] = {k: str(kwargs[k]) for k in ("name", "version") if kwargs.get(k) is not None}
+    if "name" not in result["project"]:  # declared in pyproject.toml or setup.cfg: setuptools reads them
+        try:
+            from setuptools.dist import Distribution
+            dist = Distribution()
+            dist.parse_config_files()
+            if dist.get_name() not in (None, "", "UNKNOWN"):
+                result["project"]["name"] = dist.get_name()
+        except Exception:
+            pass
     for ext in kwargs.get("ext_modules") or []:
         if isinstance(ext, _Recorded):
             records.append(ext.pp4_record)
