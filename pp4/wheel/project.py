@@ -130,6 +130,9 @@ def setuptools_wheel(setup_py: Path, plans: list[dict], scratch: Path) -> Path:
                                Path(plans[0]["toolchain"]["prefix"]), provenance.get("archs") or [])
     if "error" in report or len(report["wheels"]) != 1:
         problem = report.get("error") or f"it made {len(report['wheels'])} wheels"
+        if "bdist_wheel" in problem and "invalid command" in problem:
+            problem += (" (this Python's setuptools has no bdist_wheel: `pip install 'setuptools>=70.1'` or "
+                        "`pip install wheel` into it, as `pip wheel` would need too)")
         raise WheelError(f"{setup_py} bdist_wheel with pp4's modules failed: {problem}\n"
                          f"{report.get('traceback') or report['stderr'][-3000:]}".rstrip())
     missing = sorted(set(modules) - set(report.get("extensions") or []))
