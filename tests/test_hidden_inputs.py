@@ -181,6 +181,17 @@ def test_a_forced_include_found_through_the_working_folder(base):
     case.check("two", work_files={"forced.h": '#define VAL "two"\n'})
 
 
+@pytest.mark.parametrize("prefix", ["/proc/self/cwd", "/proc/thread-self/cwd", "/dev/fd/../cwd"])
+def test_a_header_named_through_proc(base, prefix):
+    """A real file behind a path under /proc (which names no file of its own): such a compile is
+    never stored, so the changed header is compiled."""
+    case = Case(base, {"u.cpp": tagged("VAL", head=f'#include "{prefix}/forced.h"\n')}, spec())
+    got, out = case.build(work_files={"forced.h": '#define VAL "one"\n'})
+    assert {t for _, t, _ in got.values()} == {"one"}
+    assert re.search(r"1 not stored: \S+/u\.cpp\.o: it read /\S+/forced\.h\S*, a file reached through /proc", out), out
+    assert case.check("two", work_files={"forced.h": '#define VAL "two"\n'})["u.cpp.o"][0] == "compiled"
+
+
 @pytest.mark.parametrize("how", ["define", "pasted", "date_without_epoch"])
 def test_time_macros_however_spelled_are_never_stored(base, how):
     head = {"define": "", "pasted": "#define CAT(a, b) a##b\n#define WHEN CAT(__TIME, STAMP__)\n",

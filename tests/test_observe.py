@@ -283,3 +283,16 @@ def test_native_cpu_options_are_found_however_passed(argv, flags, compiler):
 
     assert nativecpu.flags_in(argv) == flags
     assert (nativecpu.host_compiler(argv) if flags else None) == compiler
+
+
+def test_a_file_reached_through_proc_is_not_trusted():
+    """/proc/self/exe, /dev/urandom and the like name nothing of the project and are left out; a
+    path that goes on past a process's folder link reaches a real file it does not name."""
+    through = ["/proc/self/cwd/a.h", "/proc/thread-self/root/usr/include/b.h", "/proc/42/task/43/cwd/c.h",
+               "/dev/fd/7/d.h", "/dev/fd/../cwd/e.h", "//proc//self/cwd/f.h", "/proc/self/fd/3/g.h"]
+    benign = ["/proc/self/exe", "/dev/urandom", "/proc/sys/vm/overcommit_memory", "/proc/self/cwd", "/proc/self/fd/3",
+              "/dev/null", "/sys/devices/system/cpu/online"]
+    log = "".join(f"7\topenat\t0\t\t{p}\n" for p in through + benign)
+    t = observe.parse(log)
+    assert set(t.through_proc) == set(through)
+    assert t.reads == {} and t.opaque == ()

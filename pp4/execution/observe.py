@@ -38,6 +38,10 @@ SOURCE = Path(__file__).with_name("observer.c")
 PRELOAD_SOURCE = Path(__file__).with_name("observer_realpath.c")
 UNSEEN = ("/proc", "/sys", "/dev")
 _UNSEEN_UNDER = tuple(u + "/" for u in UNSEEN)
+# Past a process's folder links (/proc/self/cwd/x.h, /proc/1/root/..., /dev/fd/7/x.h, or any `..`
+# under /proc or /dev) a path reaches a real file that it does not name: not unseen, not trusted.
+_THROUGH_PROC = re.compile(r"^/(?:proc/(?:self|thread-self|\d+)(?:/task/\d+)?/(?:cwd|root|fd/\d+|map_files/[^/]+)"
+                           r"|dev/(?:fd/\d+|stdin|stdout|stderr))/.|^/(?:proc|dev)/(?:.*/)?\.\.(?:/|$)")
 
 # Calls that read a path, and whether they follow a final link (the log's 'n' flag can say not).
 _READS = {"open": True, "openat": True, "openat2": True, "stat": True, "lstat": False, "newfstatat": True,
@@ -64,6 +68,7 @@ class Trace:
     executed: frozenset  # programs run (their interpreters are read by the kernel, unseen)
     writes: frozenset  # paths created, written, renamed, removed (normalized)
     opaque: tuple  # lines that could not be understood: an observation that cannot be trusted
+    through_proc: tuple = ()  # paths read through a process's folder link under /proc: not trusted either
 
 
 def compiler() -> str | None:
@@ -160,7 +165,7 @@ def _unescape(field: str) -> str:
 def parse(log_text: str) -> Trace:
     """The trace of one observed command, from pp4-observe's log (observer.c says its format)."""
     reads: dict[tuple[str, bool], str] = {}
-    listed, executed, writes, opaque = set(), set(), set(), []
+    listed, executed, writes, opaque, through_proc = set(), set(), set(), [], []
     for line in log_text.splitlines():
         fields = line.split("\t")
         if len(fields) < 5 or not fields[2].isdigit() or "?" in fields[3]:
@@ -186,7 +191,10 @@ def parse(log_text: str) -> Trace:
         if "w" in flags:
             writes.add(os.path.normpath(path))
             continue
-        if path in UNSEEN or path.startswith(_UNSEEN_UNDER):
+        unseen = re.sub("/+", "/", path)
+        if unseen in UNSEEN or unseen.startswith(_UNSEEN_UNDER):
+            if _THROUGH_PROC.match(unseen):
+                through_proc.append(path)
             continue
         follow = _READS[name] and "n" not in flags
         result = "ok" if err == 0 else errno.errorcode.get(err, f"E{err}")
@@ -195,7 +203,7 @@ def parse(log_text: str) -> Trace:
             reads[key] = result
         if name.startswith("execve") and err == 0:
             executed.add(path)
-    return Trace(reads, frozenset(listed), frozenset(executed), frozenset(writes), tuple(opaque))
+    return Trace(reads, frozenset(listed), frozenset(executed), frozenset(writes), tuple(opaque), tuple(through_proc))
 
 
 def interpreters(path: str) -> list[str]:

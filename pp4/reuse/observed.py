@@ -160,6 +160,9 @@ def from_run(ran, outputs: set[str], states: States) -> tuple[list[list[str]], s
         return [], f"it was not observed: {ran.trace_problem}"
     if trace.opaque:
         return [], f"the observer could not read {len(trace.opaque)} of its calls (first: {trace.opaque[0][:160]})"
+    if trace.through_proc:
+        return [], (f"it read {trace.through_proc[0][:160]}, a file reached through /proc that pp4 cannot key "
+                    "(name the file by its own path)")
     produced = set(trace.writes)
     for path in sorted(produced):
         if path in outputs or ran.real(path) is None:
