@@ -296,3 +296,17 @@ def test_a_file_reached_through_proc_is_not_trusted():
     t = observe.parse(log)
     assert set(t.through_proc) == set(through)
     assert t.reads == {} and t.opaque == ()
+
+
+def test_a_process_that_sets_up_io_uring_is_not_trusted(tmp_path):
+    """io_uring carries out opens and stats without a system call the filter sees: its set-up is
+    reported, so the observation is never trusted."""
+    if observe.unavailable():
+        pytest.skip(observe.unavailable())
+    src = tmp_path / "ring.c"
+    src.write_text("#include <string.h>\n#include <sys/syscall.h>\n#include <unistd.h>\n"
+                   "int main(void) { char params[120]; memset(params, 0, sizeof params);\n"
+                   "  syscall(SYS_io_uring_setup, 1, params); return 0; }\n")
+    subprocess.run([observe.compiler(), str(src), "-o", str(tmp_path / "ring")], check=True)
+    ran = run([str(tmp_path / "ring")], {"PATH": "/usr/bin:/bin"}, Limits(), tmp_path / "runs", None, compile=False)
+    assert ran.trace is not None and any("\tio_uring_setup\t" in line for line in ran.trace.opaque), ran.trace
