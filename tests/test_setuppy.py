@@ -43,8 +43,8 @@ def test_every_extension_is_recorded_as_the_project_declares_it(basic):
 
 
 @pytest.mark.parametrize("options, said", [
-    ("no_python_abi_suffix=True", "BuildExtension.with_options(no_python_abi_suffix=True) is not followed: pp4 "
-                                  "names each module with Python's ABI suffix"),
+    ("no_python_abi_suffix=True", "BuildExtension.with_options(no_python_abi_suffix=True) is not followed in the "
+                                  "build folder: pp4 names each module with Python's ABI suffix"),
     ("no_python_abi_suffix=False, use_ninja=False", None),
     ("no_python_abi_suffix=True, foo='bar'", "BuildExtension.with_options(foo='bar') is not followed by pp4"),
 ])

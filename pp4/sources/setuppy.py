@@ -225,9 +225,10 @@ def build_ext_notices(setup_py: Path, options: dict[str, str]) -> list[str]:
     """What pp4 does not follow of `BuildExtension.with_options(...)`, one notice each."""
     notices = []
     if options.get("no_python_abi_suffix") not in (None, "False"):
-        notices.append(f"{setup_py}: BuildExtension.with_options(no_python_abi_suffix=True) is not followed: pp4 names "
-                       "each module with Python's ABI suffix (NAME.cpython-...so), as plain BuildExtension does; "
-                       "`import NAME` finds it, but code that opens NAME.so by its file name must use that name")
+        notices.append(f"{setup_py}: BuildExtension.with_options(no_python_abi_suffix=True) is not followed in the "
+                       "build folder: pp4 names each module with Python's ABI suffix (NAME.cpython-...so), as plain "
+                       "BuildExtension does; `import NAME` finds it, and the project's wheel (`ninja wheel`) names it "
+                       "NAME.so, as the project's setup.py does")
     for name in sorted(set(options) - {"no_python_abi_suffix", "use_ninja"}):
         notices.append(f"{setup_py}: BuildExtension.with_options({name}={options[name]}) is not followed by pp4")
     return notices

@@ -45,25 +45,37 @@ import setuptools
 from setuptools.command.build_ext import build_ext
 
 
-class pp4_build_ext(build_ext):
-    """Puts pp4's modules where setuptools would have compiled them."""
+def _pp4_build_ext(project_build_ext):
+    """The project's own build_ext (so that its module file names are the project's: torch's
+    no_python_abi_suffix, say), putting pp4's modules where it would have compiled them."""
+    if getattr(project_build_ext, "pp4", False):
+        return project_build_ext
 
-    def run(self):
-        names = [ext.name for ext in self.extensions]
-        result["extensions"] = names
-        unknown = sorted(set(names) - set(modules))
-        if unknown:
-            raise SystemExit(f"pp4: setup.py declares {', '.join(unknown)} now, which the build did not configure: "
-                             "run configure.py again")
-        for ext in self.extensions:
-            dest = self.get_ext_fullpath(ext.name)
-            os.makedirs(os.path.dirname(dest), exist_ok=True)
-            shutil.copyfile(modules[ext.name], dest)
+    class pp4_build_ext(project_build_ext):
+        pp4 = True
+
+        def run(self):
+            names = [ext.name for ext in self.extensions]
+            result["extensions"] = names
+            unknown = sorted(set(names) - set(modules))
+            if unknown:
+                raise SystemExit(f"pp4: setup.py declares {', '.join(unknown)} now, which the build did not "
+                                 "configure: run configure.py again")
+            placed = result.setdefault("placed", {})
+            for ext in self.extensions:
+                dest = self.get_ext_fullpath(ext.name)
+                os.makedirs(os.path.dirname(dest), exist_ok=True)
+                shutil.copyfile(modules[ext.name], dest)
+                placed[ext.name] = os.path.relpath(dest, self.build_lib).replace(os.sep, "/")
+
+    return pp4_build_ext
 
 
 def _with_pp4_build_ext(real_setup):
     def setup(*args, **kwargs):
-        kwargs["cmdclass"] = dict(kwargs.get("cmdclass") or {}, build_ext=pp4_build_ext)
+        cmdclass = dict(kwargs.get("cmdclass") or {})
+        cmdclass["build_ext"] = _pp4_build_ext(cmdclass.get("build_ext") or build_ext)
+        kwargs["cmdclass"] = cmdclass
         return real_setup(*args, **kwargs)
     return setup
 
@@ -120,8 +132,9 @@ def with_torch_pin(metadata: bytes, requirement: str) -> bytes:
     return (head + (sep or "\n") + body).encode()
 
 
-def setuptools_wheel(setup_py: Path, plans: list[dict], scratch: Path) -> Path:
-    """The wheel setup.py's bdist_wheel makes with pp4's modules, in scratch."""
+def setuptools_wheel(setup_py: Path, plans: list[dict], scratch: Path) -> tuple[Path, dict[str, str]]:
+    """The wheel setup.py's bdist_wheel makes with pp4's modules, in scratch, and where in it each
+    extension's module went (as the project's build_ext names it)."""
     modules = {p["target"]: p["output_abs"] for p in plans}  # a setup.py extension's target is its name
     modules_file = scratch / "modules.json"
     modules_file.write_text(json.dumps(modules))
@@ -138,7 +151,7 @@ def setuptools_wheel(setup_py: Path, plans: list[dict], scratch: Path) -> Path:
     missing = sorted(set(modules) - set(report.get("extensions") or []))
     if missing:
         raise WheelError(f"{setup_py} no longer declares {', '.join(missing)} (configured from it): run configure.py")
-    return Path(report["wheels"][0])
+    return Path(report["wheels"][0]), report.get("placed") or {}
 
 
 def build(config_path: Path, actions_path: Path, builddir: Path, setup_py: Path, targets: list[str]) -> Wheel:
@@ -149,7 +162,7 @@ def build(config_path: Path, actions_path: Path, builddir: Path, setup_py: Path,
     record = certificate.build_record(json.loads(config_path.read_text()), doc["modules"], builddir / CERTIFICATE,
                                       digest)
     with tempfile.TemporaryDirectory(prefix="pp4-project-wheel-") as tmp:
-        made = setuptools_wheel(setup_py, plans, Path(tmp))
+        made, where = setuptools_wheel(setup_py, plans, Path(tmp))
         with zipfile.ZipFile(made) as z:
             files = {i.filename: (z.read(i), bool((i.external_attr >> 16) & 0o111)) for i in z.infolist()
                      if not i.is_dir()}
@@ -160,7 +173,7 @@ def build(config_path: Path, actions_path: Path, builddir: Path, setup_py: Path,
     placed = []
     for p in plans:
         name = p["target"]
-        path = name.replace(".", "/")[: -len(p["module"])] + Path(p["output_abs"]).name
+        path = where.get(name, "")
         data = files.get(path, (None,))[0]
         if data is None or hashlib.sha256(data).hexdigest() != shas[p["target"]]:
             raise WheelError(f"{made.name} does not hold {name}'s module at {path} with the certificate's bytes: "
@@ -171,8 +184,10 @@ def build(config_path: Path, actions_path: Path, builddir: Path, setup_py: Path,
     record["wheel"] = {"project": str(setup_py.parent.name), "distribution": distribution, "version": version,
                        "modules": placed, "torch": torchenv.torch_version_fields(),
                        "torch_requirement": torch_requirement}
+    module_files = {m["file"] for m in placed}
+    # Modules get the mode a linker gives them (0755, as in pip's wheel) whatever the copy's mode was.
     entries = [Entry(name, with_torch_pin(data, torch_requirement) if name == f"{dist_info}/METADATA" else data,
-                     executable=executable)
+                     executable=executable or name in module_files)
                for name, (data, executable) in files.items() if name != f"{dist_info}/RECORD"]
     entries += [Entry(f"{dist_info}/{CERTIFICATE}", gzip.compress(raw, mtime=0)),
                 Entry(f"{dist_info}/{RECORD}", (json.dumps(record, indent=1, sort_keys=True) + "\n").encode())]
