@@ -52,6 +52,11 @@ def files_of(wheel: Path) -> dict[str, bytes]:
         return {i.filename: z.read(i) for i in z.infolist() if not i.is_dir()}
 
 
+def executables_of(wheel: Path) -> set[str]:
+    with zipfile.ZipFile(wheel) as z:
+        return {i.filename for i in z.infolist() if (i.external_attr >> 16) & 0o111}
+
+
 def use_installed(wheel: Path, target: Path, with_torch_op: bool) -> str:
     """The wheel installed by pip into target, its modules called from a fresh process outside the repository."""
     run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", target, wheel])
@@ -76,6 +81,7 @@ def check_against_pip(tmp_path: Path, with_torch_op: bool) -> None:
     assert set(mine) == set(pips) | {f"{dist_info}/{n}" for n in PP4_FILES}, sorted(set(mine) ^ set(pips))
     modules = {n for n in pips if n.endswith(".so")}
     assert len(modules) == (2 if with_torch_op else 1)
+    assert executables_of(ours) == executables_of(theirs) == modules  # modes as the linker left them
     for name in set(pips) - modules - {f"{dist_info}/RECORD", f"{dist_info}/METADATA"}:
         assert mine[name] == pips[name], name  # packages, package data, entry points, WHEEL, top_level
     import torch
