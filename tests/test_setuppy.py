@@ -63,6 +63,23 @@ def test_build_ext_options_pp4_does_not_follow_are_said(tmp_path, toolchain, opt
         assert any(said in n and n.startswith(f"{setup_py}: ") for n in ours), notices
 
 
+def test_a_cuda_module_declared_where_nvcc_runs_is_read(tmp_path, toolchain, monkeypatch):
+    """torchsort declares its CUDA module only where `nvcc` is on PATH: pp4's is, as on a CUDA
+    build machine, though this machine has none of its own."""
+    project = tmp_path / "needs_nvcc"
+    shutil.copytree(BASIC, project)
+    setup_py = project / "setup.py"
+    text = setup_py.read_text()
+    assert "if torch.cuda.is_available() and CUDA_HOME is not None:" in text
+    setup_py.write_text("import shutil\n" + text.replace("if torch.cuda.is_available() and CUDA_HOME is not None:",
+                                                         "if shutil.which('nvcc'):"))
+    # This machine's PATH without any nvcc of its own (some have /usr/local/cuda/bin on it).
+    monkeypatch.setenv("PATH", os.pathsep.join(d for d in os.environ.get("PATH", "").split(os.pathsep)
+                                               if d and not os.path.exists(os.path.join(d, "nvcc"))))
+    found = setuppy.read(project, toolchain.prefix, ["9.0"])
+    assert [e.target for e in found.extensions] == ["basic_cpu._C", "basic_cuda"]
+
+
 def test_reading_a_setup_py_builds_and_installs_nothing(basic):
     assert sorted(p.name for p in BASIC.iterdir()) == ["csrc", "include", "setup.py"]
     found = subprocess.run([sys.executable, "-m", "pip", "show", "basic"], capture_output=True, text=True)

@@ -2,8 +2,8 @@
 
 The setup.py runs in a child Python (the one configure runs under, so it sees the same torch) in
 its own folder, as `pip install .` would run it on a CUDA build machine: CUDA_HOME is pp4's
-toolchain, TORCH_CUDA_ARCH_LIST and FORCE_CUDA say CUDA is wanted, torch.cuda.is_available()
-answers True. Before it runs, ``setuptools.setup`` and torch's ``CUDAExtension``/``CppExtension``
+toolchain and its nvcc is first on PATH, TORCH_CUDA_ARCH_LIST and FORCE_CUDA say CUDA is wanted, and
+torch.cuda.is_available() answers True. Before it runs, ``setuptools.setup`` and torch's ``CUDAExtension``/``CppExtension``
 are replaced by recorders: each extension is recorded with exactly the arguments the project gave
 (not torch's additions, which pp4's plan makes itself) and setup() stops the run. Nothing is
 built or installed.
@@ -166,7 +166,9 @@ def setup_env(toolchain_prefix: Path, archs: list[str]) -> dict:
     """The environment a setup.py runs in under pp4: a CUDA build machine's, with pp4's toolchain."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONSTARTUP")}
     env.update(CUDA_HOME=str(toolchain_prefix), CUDA_PATH=str(toolchain_prefix), FORCE_CUDA="1",
-               TORCH_CUDA_ARCH_LIST=";".join(archs), PYTHONDONTWRITEBYTECODE="1")
+               TORCH_CUDA_ARCH_LIST=";".join(archs), PYTHONDONTWRITEBYTECODE="1",
+               # some declare their CUDA modules only where `nvcc` runs (torchsort 0.1.10)
+               PATH=os.pathsep.join([str(toolchain_prefix / "bin"), *filter(None, [env.get("PATH")])]))
     return env
 
 
