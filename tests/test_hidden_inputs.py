@@ -155,6 +155,20 @@ def test_every_spelling_of_a_search_folder(base, how):
     case.check("yes")
 
 
+def test_a_program_that_stops_being_executable(base):
+    """gcc runs the first `as` of its -B folders that it may execute: one made not executable is
+    passed over for the next, with the same bytes."""
+    tools = base / "tools"
+    tools.mkdir()
+    wrapper = tools / "as"
+    wrapper.write_text('#!/bin/sh\nexec as --defsym pp4_wrapped=1 "$@"\n')
+    wrapper.chmod(0o755)
+    case = Case(base, {"u.cpp": tagged('"one"', head="")}, spec([f"-B{tools}/"]))
+    first_build(case, "one")
+    wrapper.chmod(0o644)
+    assert case.check("one")["u.cpp.o"][0] == "compiled"
+
+
 @pytest.mark.parametrize("how", ["continued_line", "digraph", "space_in_name", "name_from_a_define", "pasted_name"])
 def test_header_names_no_scanner_reads(base, how):
     name = "probe file.h" if how == "space_in_name" else "probe.h"

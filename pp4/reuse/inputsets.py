@@ -16,7 +16,7 @@ from pathlib import Path
 
 from pp4.execution.depfile import depfile_body
 from pp4.files import canonical_json
-from pp4.reuse.observed import States, holds
+from pp4.reuse.observed import States, holds, is_file
 from pp4.store import hashed
 from pp4.store.layout import SETS_FOLDER
 
@@ -120,7 +120,7 @@ class SetChecker:
             found = []
             for path, state in self.load(directory, sid) or []:
                 real = to_real(path)
-                if real is not None and len(state) == 64:
+                if real is not None and is_file(state):
                     found.append(real)
             found = self._files[key] = sorted(set(found))
         return found

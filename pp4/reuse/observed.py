@@ -32,6 +32,10 @@ from pp4.reuse import loadercache, nativecpu
 from pp4.reuse.actionkey import FileHasher
 
 ABSENT, FOLDER, FILE, SPECIAL, NOFOLLOW, LINK, LISTING = "-", "d", "f", "s", "L", "@", "ls:"
+# After a regular file's sha256: this process may execute it. A compiler driver runs the first
+# program of its search folders it may execute (access X_OK), so a file that stops being executable
+# changes what runs, with the same bytes.
+EXECUTABLE = "+x"
 _ABSENT_ERRORS = (errno.ENOENT, errno.ENOTDIR)
 # Written within this long before a compile started, a file's ctime cannot tell a change during the
 # compile from one just before it (the kernel stamps times from a clock that ticks every few ms).
@@ -69,7 +73,9 @@ class States:
             if not follow:
                 return NOFOLLOW + FILE
             sha = self.hasher.sha256(path)
-            return sha if sha is not None else "!EACCES"
+            if sha is None:
+                return "!EACCES"
+            return sha + EXECUTABLE if _may_execute(st) else sha
         return prefix + SPECIAL
 
     def listing(self, path: str) -> str:
@@ -102,6 +108,22 @@ class States:
         if recorded.startswith(NOFOLLOW):
             return self.state(path, follow=False)
         return self.state(path)
+
+
+def _may_execute(st: os.stat_result) -> bool:
+    """What access(X_OK) answers this process for a regular file, from the stat it has."""
+    if os.geteuid() == 0:
+        return bool(st.st_mode & 0o111)
+    if st.st_uid == os.geteuid():
+        return bool(st.st_mode & stat.S_IXUSR)
+    if st.st_gid == os.getegid() or st.st_gid in os.getgroups():
+        return bool(st.st_mode & stat.S_IXGRP)
+    return bool(st.st_mode & stat.S_IXOTH)
+
+
+def is_file(state: str) -> bool:
+    """A regular file's state (its sha256, and whether it may be run): a dependency file lists it."""
+    return len(state) == 64 or (len(state) == 64 + len(EXECUTABLE) and state.endswith(EXECUTABLE))
 
 
 def holds(pairs, to_real, states: States) -> bool:
@@ -147,6 +169,8 @@ def describe(state: str) -> str:
         return "a special file"
     if s == FILE:
         return "a file"
+    if s.endswith(EXECUTABLE):
+        return f"sha256 {s[:12]}, executable"
     return f"sha256 {s[:12]}"
 
 

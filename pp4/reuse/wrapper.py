@@ -230,7 +230,7 @@ class Reuser:
         args = action.args
         to_real = action.root.real if action.root is not None else (lambda p: p)
         if pairs or ran is None:
-            files = {r for p, s in pairs if len(s) == 64 and (r := to_real(p)) is not None}
+            files = {r for p, s in pairs if observed.is_file(s) and (r := to_real(p)) is not None}
         else:
             written = depfile.parse_depfile(Path(args.depfile).read_text()) if Path(args.depfile).exists() else []
             files = {r for d in written if (r := ran.real(d)) is not None}
