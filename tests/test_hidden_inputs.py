@@ -169,6 +169,20 @@ def test_a_program_that_stops_being_executable(base):
     assert case.check("one")["u.cpp.o"][0] == "compiled"
 
 
+def test_two_once_only_headers_of_the_same_bytes(base):
+    """gcc's `#pragma once` takes a header for one it already included when their bytes and their
+    modification times (in seconds) agree: the second copy's time decides whether it is included."""
+    header = "#pragma once\n1,\n"
+    source = 'extern "C" const int seen[] = {\n#include "a/x.h"\n#include "b/x.h"\n};\n' + tagged('"one"', head="")
+    case = Case(base, {"u.cpp": source, "a/x.h": header, "b/x.h": header}, spec())
+    same = time.time() - 1000
+    for rel in ("a/x.h", "b/x.h"):
+        os.utime(case.src / rel, (same, same))
+    first_build(case, "one")
+    os.utime(case.src / "b/x.h", (same + 100, same + 100))  # the same bytes, another second
+    assert case.check("one")["u.cpp.o"][0] == "compiled"
+
+
 @pytest.mark.parametrize("how", ["continued_line", "digraph", "space_in_name", "name_from_a_define", "pasted_name"])
 def test_header_names_no_scanner_reads(base, how):
     name = "probe file.h" if how == "space_in_name" else "probe.h"

@@ -4,6 +4,7 @@ it wrote it, states of paths now, sets named by content, commands mapped into th
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import errno
 import os
 import subprocess
@@ -310,3 +311,37 @@ def test_a_process_that_sets_up_io_uring_is_not_trusted(tmp_path):
     subprocess.run([observe.compiler(), str(src), "-o", str(tmp_path / "ring")], check=True)
     ran = run([str(tmp_path / "ring")], {"PATH": "/usr/bin:/bin"}, Limits(), tmp_path / "runs", None, compile=False)
     assert ran.trace is not None and any("\tio_uring_setup\t" in line for line in ran.trace.opaque), ran.trace
+
+
+def test_once_only_twins_are_keyed_in_the_project_alone(tmp_path):
+    """Two copies of a `#pragma once` header in the project are keyed on whether their times agree;
+    copies inside torch (or the toolchain, the system) are not: their times are each machine's
+    install times, and keying them would split a shared store."""
+    project, torch_dir = tmp_path / "src", tmp_path / "torch"
+    for folder in (project / "a", project / "b", torch_dir / "c10", torch_dir / "csrc"):
+        folder.mkdir(parents=True)
+    once = "#pragma once\nstruct _object;\n"
+    for path in (project / "a" / "x.h", project / "b" / "x.h", torch_dir / "c10" / "stub.h", torch_dir / "csrc" / "stub.h"):
+        path.write_text(once)
+        os.utime(path, (1_000_000, 1_000_000))
+    os.utime(torch_dir / "csrc" / "stub.h", (2_000_000, 2_000_000))
+    root = Root.from_mounts([["/pp4/src", str(project)], ["/pp4/torch", str(torch_dir)]])
+
+    class Ran:  # what from_run's helpers read of a finished run
+        def __init__(self):
+            self.root = root
+
+        def real(self, path):
+            return root.real(path)
+
+    digest = hashlib.sha256(once.encode()).hexdigest()
+    pairs = {(p, "f"): digest for p in ("/pp4/src/a/x.h", "/pp4/src/b/x.h", "/pp4/torch/c10/stub.h", "/pp4/torch/csrc/stub.h")}
+    observed._twins(Ran(), pairs)
+    twins = {k: v for k, v in pairs.items() if k[1] == observed.TWINS}
+    assert list(twins) == [("/pp4/src/a/x.h", observed.TWINS)]
+    assert twins[("/pp4/src/a/x.h", observed.TWINS)] == observed.TWINS + "/pp4/src/b/x.h|0,0"
+    states = observed.States(FileHasher())
+    recorded = twins[("/pp4/src/a/x.h", observed.TWINS)]
+    assert states.now(str(project / "a" / "x.h"), recorded, root.real) == recorded
+    os.utime(project / "b" / "x.h", (1_000_100, 1_000_100))
+    assert states.now(str(project / "a" / "x.h"), recorded, root.real) == observed.TWINS + "/pp4/src/b/x.h|0,1"

@@ -26,8 +26,10 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import re
 import stat
 
+from pp4.execution.root import FIXED
 from pp4.reuse import loadercache, nativecpu
 from pp4.reuse.actionkey import FileHasher
 
@@ -36,6 +38,13 @@ ABSENT, FOLDER, FILE, SPECIAL, NOFOLLOW, LINK, LISTING = "-", "d", "f", "s", "L"
 # program of its search folders it may execute (access X_OK), so a file that stops being executable
 # changes what runs, with the same bytes.
 EXECUTABLE = "+x"
+# Files of the same bytes that one compile read: which of them have the same modification time (in
+# seconds). gcc's `#pragma once` takes two such files for one when their times agree as well, and
+# includes the second only when they differ. The state names the group's other members.
+TWINS = "twins:"
+_ONCE = re.compile(rb'^[ \t]*#[ \t]*(?:pragma[ \t]+once|import)\b|_Pragma[ \t]*\([ \t]*"once"', re.M)
+# Where the project's own files are in the fixed root: the working folder, the sources, the build.
+PROJECT_PLACES = tuple(f"{FIXED}/{place}/" for place in ("work", "src", "build"))
 _ABSENT_ERRORS = (errno.ENOENT, errno.ENOTDIR)
 # Written within this long before a compile started, a file's ctime cannot tell a change during the
 # compile from one just before it (the kernel stamps times from a clock that ticks every few ms).
@@ -97,8 +106,13 @@ class States:
             found = self._memo[key] = nativecpu.state(compiler, flags)
         return found
 
-    def now(self, path: str, recorded: str) -> str:
-        """The state of a path now, of the kind a recorded state is."""
+    def now(self, path: str, recorded: str, to_real=None) -> str:
+        """The state of a path now, of the kind a recorded state is (to_real: where the recorded
+        paths a state names are on this machine)."""
+        if recorded.startswith(TWINS):
+            others = recorded[len(TWINS):].split("|", 1)[0].split("\0")
+            reals = [to_real(o) if to_real else o for o in others]
+            return twins_state(others, [path, *reals]) if None not in reals else recorded
         if recorded.startswith(nativecpu.PREFIX):
             return self.native(path, nativecpu.flags_of(recorded))
         if recorded.startswith(LISTING):
@@ -121,6 +135,46 @@ def _may_execute(st: os.stat_result) -> bool:
     return bool(st.st_mode & stat.S_IXOTH)
 
 
+def twins_state(others: list[str], reals: list[str]) -> str:
+    """The twins state of a group: the other members as recorded, then for each member (this one
+    first) the class of its modification time, numbered by first appearance ('0,0,1')."""
+    classes: dict[object, int] = {}
+    labels = []
+    for real in reals:
+        try:
+            when: object = int(os.stat(real).st_mtime)
+        except OSError as e:
+            when = f"!{e.errno}"
+        labels.append(str(classes.setdefault(when, len(classes))))
+    return TWINS + "\0".join(others) + "|" + ",".join(labels)
+
+
+def _twins(ran, pairs: dict) -> None:
+    """One twins observation per group of the project's files with the same bytes, once-only
+    (`#pragma once`), that the compile read. Files of torch, the toolchain and the system are left
+    out: their times are when they were installed on each machine, which would split a shared store
+    for nothing they are edited for (torch's own headers hold such twins)."""
+    groups: dict[str, list[str]] = {}
+    for (path, kind), state in pairs.items():
+        if kind == "f" and is_file(state) and (ran.root is None or path.startswith(PROJECT_PLACES)):
+            groups.setdefault(state[:64], []).append(path)
+    for members in groups.values():
+        if len(members) < 2:
+            continue
+        members.sort()
+        reals = [ran.real(m) for m in members]
+        if None not in reals and _once_only(reals[0]):
+            pairs[(members[0], TWINS)] = twins_state(members[1:], reals)
+
+
+def _once_only(path: str) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return _ONCE.search(f.read()) is not None
+    except OSError:
+        return True  # what cannot be read now is keyed: the lookup compares its time class too
+
+
 def is_file(state: str) -> bool:
     """A regular file's state (its sha256, and whether it may be run): a dependency file lists it."""
     return len(state) == 64 or (len(state) == 64 + len(EXECUTABLE) and state.endswith(EXECUTABLE))
@@ -131,7 +185,7 @@ def holds(pairs, to_real, states: States) -> bool:
     machine's (None: a path of the root's own, which is the same in every run)."""
     for path, recorded in pairs:
         real = to_real(path)
-        if real is not None and states.now(real, recorded) != recorded:
+        if real is not None and states.now(real, recorded, to_real) != recorded:
             return False
     return True
 
@@ -143,13 +197,16 @@ def differences(pairs, to_real, states: States) -> list[str]:
         real = to_real(path)
         if real is None:
             continue
-        got = states.now(real, recorded)
+        got = states.now(real, recorded, to_real)
         if got != recorded:
             out.append(f"{real}: {describe(recorded)} when compiled, {describe(got)} now")
     return out
 
 
 def describe(state: str) -> str:
+    if state.startswith(TWINS):
+        others, _, classes = state[len(TWINS):].rpartition("|")
+        return f"{len(others.split(chr(0))) + 1} files of the same bytes with modification times {classes}"
     if state.startswith(nativecpu.PREFIX):
         return f"this CPU as the compiler reads it for {' '.join(nativecpu.flags_of(state))} ({state[-64:][:12]})"
     if state.startswith(loadercache.PREFIX):
@@ -225,6 +282,7 @@ def from_run(ran, outputs: set[str], states: States) -> tuple[list[list[str]], s
             pairs[(folder, LISTING)] = states.listing(real)
     _loader_cache(ran, pairs)
     _native_cpu(ran, pairs, states)
+    _twins(ran, pairs)
     changed = changed_during(ran, [(p, s) for (p, _), s in pairs.items()])
     if changed:
         return [], f"{changed} changed while it was compiled"
