@@ -17,8 +17,10 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -167,6 +169,22 @@ def test_a_program_that_stops_being_executable(base):
     first_build(case, "one")
     wrapper.chmod(0o644)
     assert case.check("one")["u.cpp.o"][0] == "compiled"
+
+
+def test_a_header_in_dev_shm(base):
+    """/dev/shm is a tmpfs where anyone keeps files, though it sits under /dev."""
+    shm = Path("/dev/shm")
+    if not (shm.is_dir() and os.access(shm, os.W_OK)):
+        pytest.skip("no writable /dev/shm here")
+    folder = Path(tempfile.mkdtemp(prefix="pp4-test-", dir=shm))
+    try:
+        (folder / "cfg.h").write_text('#define VAL "one"\n')
+        case = Case(base, {"u.cpp": tagged("VAL", head=f'#include "{folder}/cfg.h"\n')}, spec())
+        first_build(case, "one")
+        (folder / "cfg.h").write_text('#define VAL "two"\n')
+        case.check("two")
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def test_two_once_only_headers_of_the_same_bytes(base):

@@ -293,10 +293,11 @@ def test_a_file_reached_through_proc_is_not_trusted():
                "/dev/fd/7/d.h", "/dev/fd/../cwd/e.h", "//proc//self/cwd/f.h", "/proc/self/fd/3/g.h"]
     benign = ["/proc/self/exe", "/dev/urandom", "/proc/sys/vm/overcommit_memory", "/proc/self/cwd", "/proc/self/fd/3",
               "/dev/null", "/sys/devices/system/cpu/online"]
-    log = "".join(f"7\topenat\t0\t\t{p}\n" for p in through + benign)
+    ordinary = ["/dev/shm/cfg/x.h"]  # a tmpfs anyone keeps files in: seen like any folder
+    log = "".join(f"7\topenat\t0\t\t{p}\n" for p in through + benign + ordinary)
     t = observe.parse(log)
     assert set(t.through_proc) == set(through)
-    assert t.reads == {} and t.opaque == ()
+    assert t.reads == {("/dev/shm/cfg/x.h", True): "ok"} and t.opaque == ()
 
 
 def test_a_process_that_sets_up_io_uring_is_not_trusted(tmp_path):

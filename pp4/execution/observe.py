@@ -38,6 +38,8 @@ SOURCE = Path(__file__).with_name("observer.c")
 PRELOAD_SOURCE = Path(__file__).with_name("observer_realpath.c")
 UNSEEN = ("/proc", "/sys", "/dev")
 _UNSEEN_UNDER = tuple(u + "/" for u in UNSEEN)
+# File systems mounted under /dev where anyone keeps ordinary files: seen like any other folder.
+_FILES_UNDER_DEV = ("/dev/shm/", "/dev/mqueue/")
 # Past a process's folder links (/proc/self/cwd/x.h, /proc/1/root/..., /dev/fd/7/x.h, or any `..`
 # under /proc or /dev) a path reaches a real file that it does not name: not unseen, not trusted.
 _THROUGH_PROC = re.compile(r"^/(?:proc/(?:self|thread-self|\d+)(?:/task/\d+)?/(?:cwd|root|fd/\d+|map_files/[^/]+)"
@@ -192,7 +194,7 @@ def parse(log_text: str) -> Trace:
             writes.add(os.path.normpath(path))
             continue
         unseen = re.sub("/+", "/", path)
-        if unseen in UNSEEN or unseen.startswith(_UNSEEN_UNDER):
+        if (unseen in UNSEEN or unseen.startswith(_UNSEEN_UNDER)) and not unseen.startswith(_FILES_UNDER_DEV):
             if _THROUGH_PROC.match(unseen):
                 through_proc.append(path)
             continue
