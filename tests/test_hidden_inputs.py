@@ -366,6 +366,25 @@ def test_without_the_root_compiles_are_observed_and_keyed_on_this_folder(base):
     assert {s for s, _, _ in with_root.values()} == {"compiled"}, "keys in the root are other keys"
 
 
+def test_a_header_above_the_projects_root_is_named_with_the_fix(base):
+    """`#include "../x.h"` above the spec's folder: the root shows that folder alone, so the compile
+    fails there; pp4 says why and what to change, and the change (root = "..") builds it."""
+    case = Case(base, {"u.cpp": tagged("VAL", head='#include "../outside.h"\n')}, spec())
+    (base / "outside.h").write_text('#define VAL "one"\n')
+    work = base / "above"
+    work.mkdir()
+    run([sys.executable, str(REPO / "configure.py"), "--arch", "9.0", "--ext-spec", str(case.src / "ext.toml"),
+         "--store", str(case.store)], work)
+    failed = subprocess.run([ninja_bin()], cwd=work, capture_output=True, text=True)
+    assert failed.returncode != 0
+    assert f"looked for {base / 'outside.h'} through `..` above {case.src}" in failed.stderr + failed.stdout
+    assert 'root = \"..\"' in failed.stderr + failed.stdout or 'root = ".."' in failed.stderr + failed.stdout
+    (case.src / "ext.toml").write_text(spec(extra='root = ".."\n'))
+    built = run([ninja_bin()], work)
+    assert "looked for" not in built.stdout + built.stderr
+    assert {t for _, t, _ in objects(work).values()} == {"one"}
+
+
 # ---------------------------------------------------------------------------------------------
 # more of our own
 

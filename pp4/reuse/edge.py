@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from pp4.reuse import actionkey, events
+from pp4.reuse import actionkey, events, observed
 from pp4.reuse.notices import env_notices, machine_notices, notify_once
 from pp4.reuse.wrapper import MARKER_SUFFIX, Action, ReuseConfig, Reuser, time_problem
 
@@ -68,6 +68,14 @@ def _compile(cfg: ReuseConfig, reuser: Reuser, action: Action) -> int:
     sys.stderr.buffer.write(ran.root.shown(ran.stderr) if ran.root is not None else ran.stderr)
     sys.stderr.flush()
     notify_once(cfg.state_dir, machine_notices(reuser.root_problem, ran))
+    above = observed.above_the_root(ran)
+    if above:
+        (path, mounted), more = above[0], len(above) - 1
+        print(f"pp4: {args.source} looked for {path}{f' (and {more} more)' if more else ''} through `..` above "
+              f"{mounted}, which pp4's fixed execution root shows alone (docs/reuse.md): the compiler found nothing "
+              "there, where a compile outside the root would have. Make the extension's root a folder above both "
+              "(in a spec file: root = \"..\"), or build without the root (PP4_NO_ROOT=1 for configure and ninja)",
+              file=sys.stderr)
     if ran.returncode != 0:
         return ran.returncode
     pairs, problem = reuser.observations(action, ran)

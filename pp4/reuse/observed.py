@@ -289,6 +289,23 @@ def from_run(ran, outputs: set[str], states: States) -> tuple[list[list[str]], s
     return sorted([p, s] for (p, _), s in pairs.items()), None
 
 
+def above_the_root(ran) -> list[tuple[str, str]]:
+    """What a compile in the fixed root looked for through `..` above a folder the root mounts
+    alone, and did not find there, though this machine has it: (the path on this machine, the
+    mounted folder). Outside the root the compiler would have read it."""
+    if ran.root is None or ran.trace is None:
+        return []
+    found = set()
+    for (path, _), result in ran.trace.reads.items():
+        if result != "ENOENT" or not path.startswith(FIXED + "/") or "/../" not in path + "/":
+            continue
+        real = ran.real(path)
+        if real is not None and os.path.exists(real):
+            top = path[len(FIXED) + 1:].split("/", 1)[0]
+            found.add((os.path.normpath(real), ran.real(f"{FIXED}/{top}") or ""))
+    return sorted(found)
+
+
 def _loader_cache(ran, pairs: dict) -> None:
     """The loader's cache keyed by what it resolves for this compile (pp4/reuse/loadercache.py)."""
     key = (loadercache.CACHE, "f")
