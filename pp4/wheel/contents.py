@@ -70,31 +70,46 @@ def release(provenance: dict) -> str:
     return "0"
 
 
-def build(config_path: Path, actions_path: Path, builddir: Path, target: str) -> Wheel:
-    plan_file = builddir / target / "plan.json"
+def read_plan(builddir: Path, target: str) -> dict:
+    """The plan configure wrote for target."""
     try:
-        plan = json.loads(plan_file.read_text())
+        return json.loads((builddir / target / "plan.json").read_text())
     except (OSError, ValueError) as e:
         raise WheelError(f"{target} is not configured in {builddir} ({e}): run configure.py") from None
+
+
+def shipped_certificate(config_path: Path, actions_path: Path, builddir: Path, targets: set[str]) -> tuple[bytes, dict, dict]:
+    """The certificate of targets' modules as a wheel ships it (its canonical bytes and document) and
+    the build record that names it by its sha256."""
+    doc = certificate.shipped(certificate.document(config_path, actions_path, builddir, targets))
+    raw = certificate.canonical(doc)
+    record = certificate.build_record(json.loads(config_path.read_text()), doc["modules"], builddir / CERTIFICATE,
+                                      hashlib.sha256(raw).hexdigest())
+    return raw, doc, record
+
+
+def torch_requirement() -> str:
+    """What a wheel's METADATA pins: the distribution version of the torch it was built against."""
+    return f"torch=={torchenv.torch_version()}"
+
+
+def build(config_path: Path, actions_path: Path, builddir: Path, target: str) -> Wheel:
+    plan = read_plan(builddir, target)
     module = Path(plan["output_abs"])
     suffix = sysconfig.get_config_var("EXT_SUFFIX")
     if not module.name.endswith(suffix):
         raise WheelError(f"{module.name} is not a module for this Python (suffix {suffix}): run configure.py and "
                          "ninja with the Python the wheel is for")
-    doc = certificate.shipped(certificate.document(config_path, actions_path, builddir, {target}))
-    raw = certificate.canonical(doc)
-    digest = hashlib.sha256(raw).hexdigest()
-    config = json.loads(config_path.read_text())
-    record = certificate.build_record(config, doc["modules"], builddir / CERTIFICATE, digest)
+    raw, doc, record = shipped_certificate(config_path, actions_path, builddir, {target})
+    digest = record["certificate"]["sha256"]
     record["certificate"]["file"] = CERTIFICATE
     (entry,) = doc["modules"]
     package = plan["module"]
     distribution = package.replace("_", "-").lower()
     version = f"{release(plan.get('provenance') or {})}+pp4.{digest[:12]}"
-    torch_requirement = f"torch=={torchenv.torch_version()}"
+    pin = torch_requirement()
     record["wheel"] = {"target": target, "module": package, "file": module.name, "distribution": distribution,
-                       "version": version, "torch": torchenv.torch_version_fields(),
-                       "torch_requirement": torch_requirement}
+                       "version": version, "torch": torchenv.torch_version_fields(), "torch_requirement": pin}
     so = module.read_bytes()
     if hashlib.sha256(so).hexdigest() != entry["sha256"]:
         raise WheelError(f"{module} changed while its wheel was made: run ninja again")
@@ -104,7 +119,7 @@ def build(config_path: Path, actions_path: Path, builddir: Path, target: str) ->
     metadata = "\n".join([
         "Metadata-Version: 2.1", f"Name: {distribution}", f"Version: {version}",
         f"Summary: {package} (pp4 target {target}), built by pp4 and checked against its certificate at import",
-        f"Requires-Python: =={py}.*", f"Requires-Dist: {torch_requirement}", "",
+        f"Requires-Python: =={py}.*", f"Requires-Dist: {pin}", "",
     ])
     tag = tags()
     wheel_file = "\n".join(["Wheel-Version: 1.0", "Generator: pp4", "Root-Is-Purelib: false", f"Tag: {tag}", ""])

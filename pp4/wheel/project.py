@@ -24,11 +24,10 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from pp4.certify import certificate
 from pp4.sources import setuppy
 from pp4.toolchain import torchenv
 from pp4.wheel.archive import Entry, wheel_bytes
-from pp4.wheel.contents import Wheel, WheelError
+from pp4.wheel.contents import Wheel, WheelError, read_plan, shipped_certificate, torch_requirement
 from pp4.wheel.runtime import CERTIFICATE, RECORD
 
 # Runs in the child: argv = [setup.py, report.json, modules.json, scratch folder]. Free of pp4
@@ -112,16 +111,6 @@ os.replace(out_path + ".tmp", out_path)
 '''
 
 
-def _plans(builddir: Path, targets: list[str]) -> list[dict]:
-    plans = []
-    for target in targets:
-        try:
-            plans.append(json.loads((builddir / target / "plan.json").read_text()))
-        except (OSError, ValueError) as e:
-            raise WheelError(f"{target} is not configured in {builddir} ({e}): run configure.py") from None
-    return plans
-
-
 def with_torch_pin(metadata: bytes, requirement: str) -> bytes:
     """METADATA with `Requires-Dist: <requirement>` among its headers (before the description)."""
     text = metadata.decode()
@@ -155,12 +144,8 @@ def setuptools_wheel(setup_py: Path, plans: list[dict], scratch: Path) -> tuple[
 
 
 def build(config_path: Path, actions_path: Path, builddir: Path, setup_py: Path, targets: list[str]) -> Wheel:
-    plans = _plans(builddir, targets)
-    doc = certificate.shipped(certificate.document(config_path, actions_path, builddir, set(targets)))
-    raw = certificate.canonical(doc)
-    digest = hashlib.sha256(raw).hexdigest()
-    record = certificate.build_record(json.loads(config_path.read_text()), doc["modules"], builddir / CERTIFICATE,
-                                      digest)
+    plans = [read_plan(builddir, target) for target in targets]
+    raw, doc, record = shipped_certificate(config_path, actions_path, builddir, set(targets))
     with tempfile.TemporaryDirectory(prefix="pp4-project-wheel-") as tmp:
         made, where = setuptools_wheel(setup_py, plans, Path(tmp))
         with zipfile.ZipFile(made) as z:
@@ -171,22 +156,20 @@ def build(config_path: Path, actions_path: Path, builddir: Path, setup_py: Path,
     distribution, version = stem.rsplit("-", 1)
     shas = {m["target"]: m["sha256"] for m in doc["modules"]}
     placed = []
-    for p in plans:
-        name = p["target"]
-        path = where.get(name, "")
+    for target in targets:  # a setup.py extension's target is its import path
+        path = where.get(target, "")
         data = files.get(path, (None,))[0]
-        if data is None or hashlib.sha256(data).hexdigest() != shas[p["target"]]:
-            raise WheelError(f"{made.name} does not hold {name}'s module at {path} with the certificate's bytes: "
+        if data is None or hashlib.sha256(data).hexdigest() != shas[target]:
+            raise WheelError(f"{made.name} does not hold {target}'s module at {path} with the certificate's bytes: "
                              "run ninja again")
-        placed.append({"target": p["target"], "import": name, "file": path})
-    torch_requirement = f"torch=={torchenv.torch_version()}"
+        placed.append({"target": target, "import": target, "file": path})
+    pin = torch_requirement()
     record["certificate"]["file"] = f"{dist_info}/{CERTIFICATE}"
     record["wheel"] = {"project": str(setup_py.parent.name), "distribution": distribution, "version": version,
-                       "modules": placed, "torch": torchenv.torch_version_fields(),
-                       "torch_requirement": torch_requirement}
+                       "modules": placed, "torch": torchenv.torch_version_fields(), "torch_requirement": pin}
     module_files = {m["file"] for m in placed}
     # Modules get the mode a linker gives them (0755, as in pip's wheel) whatever the copy's mode was.
-    entries = [Entry(name, with_torch_pin(data, torch_requirement) if name == f"{dist_info}/METADATA" else data,
+    entries = [Entry(name, with_torch_pin(data, pin) if name == f"{dist_info}/METADATA" else data,
                      executable=executable or name in module_files)
                for name, (data, executable) in files.items() if name != f"{dist_info}/RECORD"]
     entries += [Entry(f"{dist_info}/{CERTIFICATE}", gzip.compress(raw, mtime=0)),
