@@ -188,8 +188,9 @@ def render(settings: BuildSettings, rules: str, plans: list[ModulePlan],
     # A setup.py project's modules go into its own wheel (pp4/wheel/project.py), not one wheel each.
     projects: dict[str, list[ModulePlan]] = {}
     for p in plans:
-        if project_wheel_target(p.extension):
-            projects.setdefault(project_wheel_target(p.extension), []).append(p)
+        if (wheel_target := project_wheel_target(p.extension)) is not None:
+            projects.setdefault(wheel_target, []).append(p)
+    in_projects = {p.extension.target for members in projects.values() for p in members}
     for name, members in projects.items():
         _build(w, name, "project_wheel", [pin_path(p) for p in members],
                implicit=[settings.actions, *(str(p.output) for p in members),
@@ -197,7 +198,7 @@ def render(settings: BuildSettings, rules: str, plans: list[ModulePlan],
                variables={"setup_py": _shell([members[0].extension.provenance["setup.py"]]),
                           "stamp": _shell([project_wheel_stamp_path(settings.builddir, name)]),
                           "targets": _shell([p.extension.target for p in members]), "project": name[len("wheel-"):]})
-    _build(w, "wheel", "phony", [f"wheel-{p.extension.target}" for p in plans if not project_wheel_target(p.extension)]
+    _build(w, "wheel", "phony", [f"wheel-{p.extension.target}" for p in plans if p.extension.target not in in_projects]
            + list(projects))
     _build(w, "wheel-built", "wheel_built")  # never made: it runs every time, as certify does
     _build(w, "report", "report")

@@ -260,6 +260,7 @@ def validate(extensions: list[Extension]) -> None:
     seen_modules: dict[str, str] = {}
     seen_targets: set[str] = set()
     projects: dict[str, str] = {}  # a project's wheel target -> its setup.py
+    taken = {n for e in extensions for n in (e.target, f"wheel-{e.target}")} | RESERVED_TARGETS
     for ext in extensions:
         if not _MODULE_NAME.match(ext.module):
             raise ExtensionError(
@@ -300,7 +301,7 @@ def validate(extensions: list[Extension]) -> None:
             except OSError as e:
                 raise ExtensionError(f"extension {_named(ext)}: source {src} cannot be read ({e.strerror})") from None
         project = project_wheel_target(ext)
-        if project and project in {n for e in extensions for n in (e.target, f"wheel-{e.target}")} | RESERVED_TARGETS:
+        if project and project in taken:
             raise ExtensionError(f"{ext.provenance['setup.py']}: its project's wheel target {project!r} is also the "
                                  "name of an extension's target or wheel; rename that extension's target")
         if project and projects.setdefault(project, ext.provenance["setup.py"]) != ext.provenance["setup.py"]:
