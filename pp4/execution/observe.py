@@ -193,7 +193,7 @@ def parse(log_text: str) -> Trace:
         if "w" in flags:
             writes.add(os.path.normpath(path))
             continue
-        unseen = re.sub("/+", "/", path)
+        unseen = re.sub("/+", "/", path) if "//" in path else path
         if (unseen in UNSEEN or unseen.startswith(_UNSEEN_UNDER)) and not unseen.startswith(_FILES_UNDER_DEV):
             if _THROUGH_PROC.match(unseen):
                 through_proc.append(path)

@@ -24,6 +24,7 @@ compile run now would see the same and give the same object (docs/reuse.md says 
 from __future__ import annotations
 
 import errno
+import functools
 import hashlib
 import os
 import re
@@ -124,13 +125,20 @@ class States:
         return self.state(path)
 
 
+@functools.lru_cache(maxsize=1)
+def _user() -> tuple[int, frozenset[int]]:
+    """This process's user and groups, asked once: a lookup checks thousands of files."""
+    return os.geteuid(), frozenset({os.getegid(), *os.getgroups()})
+
+
 def _may_execute(st: os.stat_result) -> bool:
     """What access(X_OK) answers this process for a regular file, from the stat it has."""
-    if os.geteuid() == 0:
+    uid, gids = _user()
+    if uid == 0:
         return bool(st.st_mode & 0o111)
-    if st.st_uid == os.geteuid():
+    if st.st_uid == uid:
         return bool(st.st_mode & stat.S_IXUSR)
-    if st.st_gid == os.getegid() or st.st_gid in os.getgroups():
+    if st.st_gid in gids:
         return bool(st.st_mode & stat.S_IXGRP)
     return bool(st.st_mode & stat.S_IXOTH)
 
