@@ -5,27 +5,29 @@
 # kernels and time them, then make a small EXL3 checkpoint with exllamav3's own conversion and
 # upstream's reference outputs on it, and check pp4's GEMM against those.
 #
-#   OUT=/some/dir bash bench/h200_exl3_decode.sh
+#   OUT=/some/dir [STORE=/tmp/wv/store] bash bench/h200_exl3_decode.sh
 #
 # Needs .whl/ with exllamav3 1.6.5, ninja and the packages exllamav3 imports that the machine
 # lacks (pydantic, pydantic_core, annotated_types, typing_inspection, typing_extensions, marisa_trie).
 set -u
-REPO=$(cd "$(dirname "$0")/.." && pwd)
-OUT=${OUT:-$PWD/decode-out}; mkdir -p "$OUT"
+source "$(dirname "$0")/device_setup.sh"
 WORK=${WORK:-/tmp/w}; BUILD=$WORK/build
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-  "$REPO"/.whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$REPO PYTHONUNBUFFERED=1
+# STORE: a store an earlier call on this machine filled (bench/h200_cold_pair.sh's /tmp/wv/store),
+# so that exl3 is restored there instead of compiled again.
+STORE=${STORE:-$WORK/store}
+device_wheels exllamav3 ninja pydantic pydantic_core annotated_types typing_inspection typing_extensions \
+  marisa_trie || exit 1
+export PYTHONPATH=/tmp/site:$REPO
 cd "$REPO"
 if [ -f "$REPO/.carry/build.tar.xz" ] && [ ! -d "$BUILD" ]; then
   mkdir -p "$WORK" && tar -C / -xJf "$REPO/.carry/build.tar.xz" && echo "build unpacked from .carry"
 fi
 if ! python3 -c "from pp4.certify.loader import load_target; load_target('exl3', '$BUILD'); load_target('exl3-decode', '$BUILD')" 2>/dev/null; then
-  mkdir -p "$WORK/bin"; ln -sf "$(python3 -c "import ninja; print(ninja.BIN_DIR)")/ninja" "$WORK/bin/ninja"
+  mkdir -p "$WORK/bin"; ln -sf "$NINJA" "$WORK/bin/ninja"
   t0=$SECONDS
   (cd "$WORK" && export PATH=$WORK/bin:$PATH PP4_CACHE_DIR=$WORK/cache &&
-   python3 "$REPO/configure.py" --arch 9.0 --ext exl3 --ext exl3-decode -j 16 --nice 0 --store "$WORK/store" \
-     --cuda-home /usr/local/cuda --wheel-dir "$REPO/.whl" && ninja exl3 exl3-decode) > "$OUT/build.log" 2>&1
+   python3 "$REPO/configure.py" --arch 9.0 --ext exl3 --ext exl3-decode -j 16 --nice 0 --store "$STORE" \
+     "${CUDA_HOME_ARGS[@]}" --wheel-dir "$REPO/.whl" && ninja exl3 exl3-decode) > "$OUT/build.log" 2>&1
   echo "build: rc $?, $((SECONDS - t0)) s" | tee -a "$OUT/build.log"
   tail -3 "$OUT/build.log"
   (cd / && tar -cJf "$OUT/build.tar.xz" $(cd / && ls -d "${BUILD#/}"/exl3/plan.json "${BUILD#/}"/exl3/*.so* \
