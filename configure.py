@@ -40,6 +40,7 @@ from pp4.execution import root as fixed_root  # noqa: E402
 from pp4.execution import cluster  # noqa: E402
 from pp4.sources import exl3  # noqa: E402
 from pp4.sources import extensions  # noqa: E402
+from pp4.sources import listing  # noqa: E402
 from pp4.sources import setuppy  # noqa: E402
 from pp4.store.remote import redact  # noqa: E402
 from pp4.store.remote import tier  # noqa: E402
@@ -429,6 +430,16 @@ def main(argv: list[str]) -> int:
                   "toolchain": toolchain.identity(tc), "state_dir": str(statedir.of_build(builddir))},
         "compile": compile_section,
     }
+    # A setup.py often finds its sources by glob: the names in the folders they sit in are an input
+    # too (a stamp, written before every other output of configure), so that a source added or
+    # removed there makes ninja read the setup.py again, and nothing else written there does
+    # (pp4/sources/listing.py).
+    source_folders = tuple(sorted({str(p.parent) for e in exts if "setup.py" in e.provenance for p in e.source_paths()}))
+    dist_dir = (root / args.dist_dir).absolute()
+    listing_ignore = (dist_dir.name,) if str(dist_dir.parent) in source_folders else ()
+    listing_stamp = statedir.part(statedir.of_build(builddir), statedir.SOURCE_LISTING)
+    if source_folders:
+        listing.write(listing_stamp, source_folders, listing_ignore)
     config_file = builddir / "pp4.json"
     write_if_changed(config_file, json.dumps(config, indent=1, sort_keys=True) + "\n")
     actions_file = builddir / "actions.json"
@@ -443,14 +454,12 @@ def main(argv: list[str]) -> int:
 
     builddir_text = os.path.relpath(builddir, root) if builddir.is_relative_to(root) else str(builddir)
     spec_files = sorted({str(f) for e in exts for f in e.spec_files})
-    # A setup.py often finds its sources by glob: the folders they sit in are inputs too, so that a
-    # source added or removed there makes ninja read the setup.py again.
-    source_folders = sorted({str(p.parent) for e in exts if "setup.py" in e.provenance for p in e.source_paths()})
     generator_inputs = [str(ROOT / "configure.py"), str(ROOT / "build.ninja.in"),
                         *(str(ROOT / "pp4" / m) for m in ("plan/modules.py", "plan/torchflags.py", "plan/ninjafile.py",
                                                           "sources/extensions.py", "sources/exl3.py", "sources/setuppy.py",
                                                           "toolchain/compilerenv.py", "toolchain/compilers.py")),
-                        str(torch_package_dir() / "version.py"), *spec_files, *source_folders]
+                        str(torch_package_dir() / "version.py"), *spec_files,
+                        *((str(listing_stamp),) if source_folders else ())]
     settings = ninjafile.BuildSettings(
         python=python_command(), configure=str(ROOT / "configure.py"), configure_args=tuple(argv),
         ninja=ninjarun.installed(), nvcc=str(tc.nvcc), cxx=chosen.cxx,  # as in compile_actions
@@ -459,6 +468,7 @@ def main(argv: list[str]) -> int:
         toolchain_manifest=str(tc.prefix / toolchain.MANIFEST) if tc.pinned else None,
         toolchain_args=tuple(toolchain_args), toolchain_inputs=tuple(toolchain_inputs),
         generator_inputs=tuple(dict.fromkeys(generator_inputs)),
+        source_folders=source_folders, source_listing=str(listing_stamp), source_listing_ignore=listing_ignore,
         generator_outputs=(str(config_file), str(actions_file), str(builddir / "configure.json"),
                            *(ninjafile.plan_json_path(builddir_text, p) for p in plans)),
     )

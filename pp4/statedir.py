@@ -12,6 +12,7 @@ here and nowhere else; each writer gets its path from `part()`.
     cluster/             the cluster's back-off                                  pp4/reuse/cluster/executor.py
     prepass.stamp        the prepass's stamp and dependency file, for ninja       pp4/plan/ninjafile.py
     estimates.json       each object's estimated CPU seconds, and the jobs        configure.py
+    source-folders.json  the names in a setup.py's source folders (ninja's stamp)  pp4/sources/listing.py
     progress.lock        held by the ninja run's progress reporter               pp4/report/progress.py
     progress.log         the run's progress lines                                 pp4/report/progress.py
 
@@ -34,6 +35,7 @@ REMOTE = "remote"
 CLUSTER = "cluster"
 PREPASS_STAMP = "prepass.stamp"
 ESTIMATES = "estimates.json"
+SOURCE_LISTING = "source-folders.json"
 PROGRESS_LOCK = "progress.lock"
 PROGRESS_LOG = "progress.log"
 

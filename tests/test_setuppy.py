@@ -168,3 +168,33 @@ def test_a_source_added_where_setup_py_globs_makes_ninja_read_it_again(tmp_path)
     assert "CONFIGURE" in again.stdout and "basic_cpu._C (cpp, 2 sources)" in again.stdout
     assert "csrc/cpu/extra.cpp" in (tmp_path / "build.ninja").read_text()
     assert "no work to do" in run([ninja_bin(), "build.ninja"], tmp_path).stdout  # and then it settles
+
+
+def test_configured_in_the_project_folder_ninja_reads_setup_py_again_only_for_a_source_come_or_gone(tmp_path):
+    """configure run in the folder of the sources (as `cd project && configure.py --setup-py .`): what
+    pp4, ninja, setuptools and the user write beside the sources (build.ninja itself, the wheels'
+    folder, bytecode, egg-info, a log) is not a source, so it must not cost a configure (the
+    setup.py's run, torch's import) at the next ninja; a source removed still does."""
+    import shutil
+    import time
+
+    from test_build import ninja_bin, run
+
+    project = tmp_path / "basic"
+    shutil.copytree(BASIC, project)
+    cpu = project / "csrc" / "cpu"
+    shutil.copy(cpu / "answer.cpp", cpu / "second.cpp")
+    # The CPU module's sources sit in csrc/cpu: configure from there makes it the folder build.ninja is in.
+    run([sys.executable, str(REPO / "configure.py"), "--arch", "9.0", "--setup-py", str(project)], cpu)
+    assert "CONFIGURE" not in run([ninja_bin(), "build.ninja"], cpu).stdout
+    time.sleep(1.1)  # folder mtimes newer than build.ninja's, however coarse the clock
+    for folder in ("dist", "__pycache__", "basic.egg-info"):
+        (cpu / folder).mkdir()
+    (cpu / "compile_commands.json").write_text("[]\n")
+    assert "CONFIGURE" not in run([ninja_bin(), "build.ninja"], cpu).stdout
+    (cpu / "second.cpp").unlink()
+    again = run([ninja_bin(), "build.ninja"], cpu)
+    assert "CONFIGURE" in again.stdout and "basic_cpu._C (cpp, 1 sources)" in again.stdout
+    assert "no work to do" in run([ninja_bin(), "build.ninja"], cpu).stdout
+    (cpu / "notes.txt").write_text("a name that came: configure reads the setup.py again, to be sure\n")
+    assert "CONFIGURE" in run([ninja_bin(), "build.ninja"], cpu).stdout
