@@ -130,6 +130,25 @@ def test_longest_first_uses_log_then_table_then_the_estimate(tmp_path):
     assert (root / "big.cpp").stat().st_size > 100 * (root / "tiny.cu").stat().st_size
 
 
+def test_the_estimate_names_torchs_headers_but_never_walks_them(tmp_path):
+    """torch-lfilter's setup.py lists torch's include folders as its own: the estimate must still
+    count only the project's code (torch's 14,000 headers made its one unit "about 2 min" for 29 s,
+    and cost configure 1.4 s of reading them)."""
+    from pp4.plan import estimate
+    from pp4.plan.torchflags import torch_build_flags
+
+    root = tmp_path / "src"
+    root.mkdir()
+    (root / "op.cpp").write_text('#include <torch/extension.h>\n#include "own.h"\nint f() { return OWN; }\n')
+    (root / "own.h").write_text("#define OWN 1\n")
+    torch_dirs = tuple(torch_build_flags().include_dirs)
+    assert (torch_dirs[0] / "torch" / "extension.h").is_file()
+    alone = estimate.features(root / "op.cpp", (root,))
+    with_torch = estimate.features(root / "op.cpp", (root, *torch_dirs))
+    assert with_torch == alone and alone[0] is True  # torch's whole C++ API, by name
+    assert alone[4] == pytest.approx((len((root / "op.cpp").read_bytes()) + len((root / "own.h").read_bytes())) / 1000)
+
+
 def test_the_h200_figures_are_scaled_by_how_this_machine_compared(tmp_path):
     """Three units timed here and in the shipped table took 2x, 3x and 4x: the table's figure for
     a unit not timed here, and the text estimate, are scaled by the median, 3x; a unit's own log

@@ -91,6 +91,10 @@ def _closure(source: Path, include_dirs: list[Path]) -> tuple[list[Path], bool, 
             name = m.group(2).decode(errors="replace").strip()
             heavy = heavy or name.startswith(_HEAVY)
             torch_api = torch_api or name in _TORCH_API
+            if name.startswith(_HEAVY):
+                # Counted by name, never walked: a setup.py that lists torch's include folders as
+                # its own would otherwise make torch's 14,000 headers the project's code.
+                continue
             bases = ([path.parent] if m.group(1) == b'"' else []) + list(include_dirs)
             for base in bases:
                 candidate = base / name
