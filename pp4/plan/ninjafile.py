@@ -105,6 +105,11 @@ def project_wheel_stamp_path(builddir: str, wheel_target: str) -> str:
     return os.path.join(builddir, f"{wheel_target}.json")
 
 
+def project_wheel_stage_path(builddir: str, wheel_target: str) -> str:
+    """Where a setup.py project's wheel is staged without its modules (pp4/wheel/project.py)."""
+    return os.path.join(builddir, f"{wheel_target}.stage")
+
+
 def render(settings: BuildSettings, rules: str, plans: list[ModulePlan],
            ordered: list[tuple[ModulePlan, CompileStep]]) -> str:
     out = io.StringIO()
@@ -202,12 +207,17 @@ def render(settings: BuildSettings, rules: str, plans: list[ModulePlan],
             projects.setdefault(wheel_target, []).append(p)
     in_projects = {p.extension.target for members in projects.values() for p in members}
     for name, members in projects.items():
+        project = {"setup_py": _shell([members[0].extension.provenance["setup.py"]]),
+                   "stage": _shell([project_wheel_stage_path(settings.builddir, name)]),
+                   "targets": _shell([p.extension.target for p in members]), "project": name[len("wheel-"):]}
+        # The setup.py's part needs no module: never made (it runs whenever its wheel is asked
+        # for), and free to run beside the compiles.
+        _build(w, f"{name}.stage", "project_wheel_stage", implicit=[plan_json_path(settings.builddir, p) for p in members],
+               variables=project)
         _build(w, name, "project_wheel", [pin_path(p) for p in members],
-               implicit=[settings.actions, *(str(p.output) for p in members),
+               implicit=[f"{name}.stage", settings.actions, *(str(p.output) for p in members),
                          *(str(s.object) for p in members for s in p.steps)],
-               variables={"setup_py": _shell([members[0].extension.provenance["setup.py"]]),
-                          "stamp": _shell([project_wheel_stamp_path(settings.builddir, name)]),
-                          "targets": _shell([p.extension.target for p in members]), "project": name[len("wheel-"):]})
+               variables=dict(project, stamp=_shell([project_wheel_stamp_path(settings.builddir, name)])))
     _build(w, "wheel", "phony", [f"wheel-{p.extension.target}" for p in plans if p.extension.target not in in_projects]
            + list(projects))
     _build(w, "wheel-built", "wheel_built")  # never made: it runs every time, as certify does

@@ -8,8 +8,13 @@ name holds the source key. The wheel the stamp named before is removed when this
 and its bytes are still the ones pp4 wrote.
 
 A --setup-py project's own wheel (`ninja wheel-PROJECT`, and `ninja wheel` for such a project) is
+two steps (pp4/wheel/project.py): its setup.py's bdist_wheel without the modules, while they build,
 
-    python -m pp4.wheel --project CONFIG ACTIONS SETUP_PY DIST_DIR STAMP TARGET...
+    python -m pp4.wheel --project-stage CONFIG SETUP_PY STAGE_DIR TARGET...
+
+then the wheel, with the modules:
+
+    python -m pp4.wheel --project CONFIG ACTIONS SETUP_PY STAGE_DIR DIST_DIR STAMP TARGET...
 
 `ninja wheel-built` runs
 
@@ -47,14 +52,14 @@ def replace_old(stamp: Path, new_wheel: Path) -> None:
 
 
 def pack(config: Path, actions: Path, target: str, dist_dir: Path, stamp: Path, setup_py: Path | None = None,
-         targets: list[str] | None = None) -> int:
-    """One module's wheel (target), or setup_py's project wheel with the modules of targets."""
+         targets: list[str] | None = None, stage_dir: Path | None = None) -> int:
+    """One module's wheel (target), or setup_py's project wheel (staged in stage_dir) with the modules of targets."""
     try:
         if setup_py is None:
             wheel = build(config, actions, config.parent, target)
         else:
             from pp4.wheel import project  # setup.py projects only: it brings the setup.py reader
-            wheel = project.build(config, actions, config.parent, setup_py, targets or [])
+            wheel = project.build(config, actions, config.parent, setup_py, targets or [], stage_dir)
     except (WheelError, CertificateError, PinError) as e:
         print(f"pp4.wheel: error: {e}", file=sys.stderr)
         return 1
@@ -65,6 +70,18 @@ def pack(config: Path, actions: Path, target: str, dist_dir: Path, stamp: Path, 
     write_if_changed(stamp, json.dumps({"target": target, "wheel": str(path), "sha256": digest, "size": len(wheel.data),
                                         "distribution": wheel.distribution, "version": wheel.version}, indent=1) + "\n")
     print(f"wheel {path}: {human_bytes(len(wheel.data))}, sha256 {digest}" + ("" if written else " (unchanged)"))
+    return 0
+
+
+def stage(config: Path, setup_py: Path, stage_dir: Path, targets: list[str]) -> int:
+    """A setup.py project's wheel without its modules, made while they build."""
+    from pp4.wheel import project
+    from pp4.sources.extensions import ExtensionError
+    try:
+        project.stage(config.parent, setup_py, targets, stage_dir)
+    except (WheelError, ExtensionError) as e:
+        print(f"pp4.wheel: error: {e}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -87,13 +104,19 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--built"] and len(argv) == 4:
         return pack_built(Path(argv[1]), Path(argv[2]), Path(argv[3]))
-    if argv[:1] == ["--project"] and len(argv) >= 7:
-        config, actions, setup_py, dist_dir, stamp, *targets = argv[1:]
-        return pack(Path(config), Path(actions), " ".join(targets), Path(dist_dir), Path(stamp), Path(setup_py), targets)
+    if argv[:1] == ["--project-stage"] and len(argv) >= 5:
+        config, setup_py, stage_dir, *targets = argv[1:]
+        return stage(Path(config), Path(setup_py), Path(stage_dir), targets)
+    if argv[:1] == ["--project"] and len(argv) >= 8:
+        config, actions, setup_py, stage_dir, dist_dir, stamp, *targets = argv[1:]
+        return pack(Path(config), Path(actions), " ".join(targets), Path(dist_dir), Path(stamp), Path(setup_py), targets,
+                    Path(stage_dir))
     if len(argv) != 5:
         print("usage: python -m pp4.wheel CONFIG ACTIONS TARGET DIST_DIR STAMP\n"
               "       python -m pp4.wheel --built CONFIG ACTIONS DIST_DIR\n"
-              "       python -m pp4.wheel --project CONFIG ACTIONS SETUP_PY DIST_DIR STAMP TARGET...", file=sys.stderr)
+              "       python -m pp4.wheel --project-stage CONFIG SETUP_PY STAGE_DIR TARGET...\n"
+              "       python -m pp4.wheel --project CONFIG ACTIONS SETUP_PY STAGE_DIR DIST_DIR STAMP TARGET...",
+              file=sys.stderr)
         return 2
     config, actions, target, dist_dir, stamp = argv[0], argv[1], argv[2], Path(argv[3]), Path(argv[4])
     return pack(Path(config), Path(actions), target, dist_dir, stamp)

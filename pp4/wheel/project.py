@@ -1,18 +1,22 @@
 """A --setup-py project's own wheel: the one `pip wheel --no-build-isolation .` makes, with pp4's modules.
 
-setuptools decides everything but the modules. The project's setup.py runs `bdist_wheel` in a child
-Python (the build's, in the project's folder, in the environment configure read it in) with its
-`build_ext` command replaced by one that copies each module pp4 built to the path setuptools asks
-for, and compiles nothing. So the wheel's name, version, tags, dependencies, packages, package
-data, scripts and entry points are the project's own, from the tool that makes them for pip.
-setuptools' scratch folders (egg-info, build, bdist) are temporary: the project's folder is not
-written to.
+setuptools decides everything but the modules, in two steps (two ninja edges):
 
-Then pp4 packs that wheel's files again through archive.wheel_bytes (sorted, one timestamp, fixed
-modes), checks that each module sits at its import path with the bytes the certificate gives, pins
-torch in METADATA, and adds two files to the .dist-info folder: the certificate of the project's
-modules (certificate.shipped: what was built from what, no history, no builder's folders) and the
-build record. Nothing is added to the project's packages: its own code imports its modules.
+- stage: the project's setup.py runs `bdist_wheel` in a child Python (the build's, in the project's
+  folder, in the environment configure read it in) with its `build_ext` command replaced by one
+  that compiles nothing and puts an empty file where setuptools asks for each module. So the
+  wheel's name, version, tags, dependencies, packages, package data, scripts and entry points are
+  the project's own, from the tool that makes them for pip. It needs no module, so ninja runs it
+  while the modules compile: the setup.py's run (torch's import, setuptools) is not added to the
+  build's wall time. setuptools' scratch folders (egg-info, build, bdist) are temporary: the
+  project's folder is not written to. The staged wheel and where each module goes are kept in
+  build/wheel-PROJECT.stage/.
+- pack: pp4 packs the staged wheel's files again through archive.wheel_bytes (sorted, one
+  timestamp, fixed modes), with each module's bytes at its place, checked against the bytes the
+  certificate gives; pins torch in METADATA, and adds two files to the .dist-info folder: the
+  certificate of the project's modules (certificate.shipped: what was built from what, no history,
+  no builder's folders) and the build record. Nothing is added to the project's packages: its own
+  code imports its modules.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from pp4.files import write_whole
 from pp4.sources import setuppy
 from pp4.toolchain import torchenv
 from pp4.wheel.archive import Entry, wheel_bytes
@@ -32,12 +37,12 @@ from pp4.wheel.runtime import CERTIFICATE, RECORD
 
 # Runs in the child: argv = [setup.py, report.json, modules.json, scratch folder]. Free of pp4
 # imports (the child's sys.path is the project's).
-_PACKER = r'''
-import json, os, runpy, shutil, sys, traceback
+_STAGER = r'''
+import json, os, runpy, sys, traceback
 
 setup_py, out_path, modules_path, scratch = sys.argv[1:5]
 with open(modules_path) as f:
-    modules = json.load(f)  # extension name (a.b._C) -> the module pp4 built
+    modules = json.load(f)  # the extension names (a.b._C) the build configured
 result = {}
 
 import setuptools
@@ -46,7 +51,8 @@ from setuptools.command.build_ext import build_ext
 
 def _pp4_build_ext(project_build_ext):
     """The project's own build_ext (so that its module file names are the project's: torch's
-    no_python_abi_suffix, say), putting pp4's modules where it would have compiled them."""
+    no_python_abi_suffix, say), marking where it would have put each module with an empty file
+    (pp4's module takes its place when the wheel is packed)."""
     if getattr(project_build_ext, "pp4", False):
         return project_build_ext
 
@@ -64,7 +70,7 @@ def _pp4_build_ext(project_build_ext):
             for ext in self.extensions:
                 dest = self.get_ext_fullpath(ext.name)
                 os.makedirs(os.path.dirname(dest), exist_ok=True)
-                shutil.copyfile(modules[ext.name], dest)
+                open(dest, "wb").close()
                 placed[ext.name] = os.path.relpath(dest, self.build_lib).replace(os.sep, "/")
 
     return pp4_build_ext
@@ -121,58 +127,81 @@ def with_torch_pin(metadata: bytes, requirement: str) -> bytes:
     return (head + (sep or "\n") + body).encode()
 
 
-def setuptools_wheel(setup_py: Path, plans: list[dict], scratch: Path) -> tuple[Path, dict[str, str]]:
-    """The wheel setup.py's bdist_wheel makes with pp4's modules, in scratch, and where in it each
-    extension's module went (as the project's build_ext names it)."""
-    modules = {p["target"]: p["output_abs"] for p in plans}  # a setup.py extension's target is its name
-    modules_file = scratch / "modules.json"
-    modules_file.write_text(json.dumps(modules))
-    provenance = plans[0]["provenance"]
-    report = setuppy.run_child(_PACKER, setup_py, [str(modules_file), str(scratch / "setuptools")],
-                               Path(plans[0]["toolchain"]["prefix"]), provenance.get("archs") or [])
-    if "error" in report or len(report["wheels"]) != 1:
-        problem = report.get("error") or f"it made {len(report['wheels'])} wheels"
-        if "bdist_wheel" in problem and "invalid command" in problem:
-            problem += (" (this Python's setuptools has no bdist_wheel: `pip install 'setuptools>=70.1'` or "
-                        "`pip install wheel` into it, as `pip wheel` would need too)")
-        raise WheelError(f"{setup_py} bdist_wheel with pp4's modules failed: {problem}\n"
-                         f"{report.get('traceback') or report['stderr'][-3000:]}".rstrip())
-    missing = sorted(set(modules) - set(report.get("extensions") or []))
-    if missing:
-        raise WheelError(f"{setup_py} no longer declares {', '.join(missing)} (configured from it): run configure.py")
-    return Path(report["wheels"][0]), report.get("placed") or {}
+STAGED_WHEEL = "staged.whl"
+STAGED_RECORD = "staged.json"
 
 
-def build(config_path: Path, actions_path: Path, builddir: Path, setup_py: Path, targets: list[str]) -> Wheel:
+def stage(builddir: Path, setup_py: Path, targets: list[str], stage_dir: Path) -> None:
+    """Run setup.py's bdist_wheel without modules; keep its wheel and each module's place in stage_dir."""
     plans = [read_plan(builddir, target) for target in targets]
-    raw, doc, record = shipped_certificate(config_path, actions_path, builddir, set(targets))
+    provenance = plans[0]["provenance"]
     with tempfile.TemporaryDirectory(prefix="pp4-project-wheel-") as tmp:
-        made, where = setuptools_wheel(setup_py, plans, Path(tmp))
-        with zipfile.ZipFile(made) as z:
+        scratch = Path(tmp)
+        modules_file = scratch / "modules.json"
+        modules_file.write_text(json.dumps(targets))  # a setup.py extension's target is its name
+        report = setuppy.run_child(_STAGER, setup_py, [str(modules_file), str(scratch / "setuptools")],
+                                   Path(plans[0]["toolchain"]["prefix"]), provenance.get("archs") or [])
+        if "error" in report or len(report["wheels"]) != 1:
+            problem = report.get("error") or f"it made {len(report['wheels'])} wheels"
+            if "bdist_wheel" in problem and "invalid command" in problem:
+                problem += (" (this Python's setuptools has no bdist_wheel: `pip install 'setuptools>=70.1'` or "
+                            "`pip install wheel` into it, as `pip wheel` would need too)")
+            raise WheelError(f"{setup_py} bdist_wheel with pp4's modules failed: {problem}\n"
+                             f"{report.get('traceback') or report['stderr'][-3000:]}".rstrip())
+        missing = sorted(set(targets) - set(report.get("extensions") or []))
+        if missing:
+            raise WheelError(f"{setup_py} no longer declares {', '.join(missing)} (configured from it): "
+                             "run configure.py")
+        made = Path(report["wheels"][0])
+        write_whole(stage_dir / STAGED_WHEEL, made.read_bytes())
+        write_whole(stage_dir / STAGED_RECORD, json.dumps(
+            {"setup_py": str(setup_py), "targets": targets, "filename": made.name,
+             "placed": report.get("placed") or {}}, indent=1, sort_keys=True) + "\n")
+
+
+def _staged(stage_dir: Path, setup_py: Path, targets: list[str]) -> tuple[str, dict[str, str], dict]:
+    """(the staged wheel's name, where each module goes in it, its files) as stage() left them."""
+    try:
+        record = json.loads((stage_dir / STAGED_RECORD).read_text())
+        with zipfile.ZipFile(stage_dir / STAGED_WHEEL) as z:
             files = {i.filename: (z.read(i), bool((i.external_attr >> 16) & 0o111)) for i in z.infolist()
                      if not i.is_dir()}
+    except (OSError, ValueError, zipfile.BadZipFile) as e:
+        raise WheelError(f"{stage_dir}: no staged wheel of {setup_py} ({e}): run `ninja` with the wheel's target") from None
+    if record.get("setup_py") != str(setup_py) or record.get("targets") != targets:
+        raise WheelError(f"{stage_dir} holds the wheel of {record.get('setup_py')} ({record.get('targets')}), "
+                         f"not of {setup_py} ({targets}): run `ninja` with the wheel's target")
+    return record["filename"], record["placed"], files
+
+
+def build(config_path: Path, actions_path: Path, builddir: Path, setup_py: Path, targets: list[str],
+          stage_dir: Path) -> Wheel:
+    plans = {target: read_plan(builddir, target) for target in targets}
+    raw, doc, record = shipped_certificate(config_path, actions_path, builddir, set(targets))
+    filename, where, files = _staged(stage_dir, setup_py, targets)
     dist_info = next(n.split("/")[0] for n in files if n.split("/")[0].endswith(".dist-info"))
     stem = dist_info[:-len(".dist-info")]
     distribution, version = stem.rsplit("-", 1)
     shas = {m["target"]: m["sha256"] for m in doc["modules"]}
     placed = []
     for target in targets:  # a setup.py extension's target is its import path
-        path = where.get(target, "")
-        data = files.get(path, (None,))[0]
-        if data is None or hashlib.sha256(data).hexdigest() != shas[target]:
-            raise WheelError(f"{made.name} does not hold {target}'s module at {path} with the certificate's bytes: "
-                             "run ninja again")
+        path = where.get(target)
+        if path not in files:
+            raise WheelError(f"{filename} has no place for {target}'s module: run `ninja` with the wheel's target")
+        data = Path(plans[target]["output_abs"]).read_bytes()
+        if hashlib.sha256(data).hexdigest() != shas[target]:
+            raise WheelError(f"{target}'s module {plans[target]['output_abs']} is not the certificate's: run ninja again")
+        files[path] = (data, True)
         placed.append({"target": target, "import": target, "file": path})
     pin = torch_requirement()
     record["certificate"]["file"] = f"{dist_info}/{CERTIFICATE}"
     record["wheel"] = {"project": str(setup_py.parent.name), "distribution": distribution, "version": version,
                        "modules": placed, "torch": torchenv.torch_version_fields(), "torch_requirement": pin}
-    module_files = {m["file"] for m in placed}
     # Modules get the mode a linker gives them (0755, as in pip's wheel) whatever the copy's mode was.
     entries = [Entry(name, with_torch_pin(data, pin) if name == f"{dist_info}/METADATA" else data,
-                     executable=executable or name in module_files)
+                     executable=executable)
                for name, (data, executable) in files.items() if name != f"{dist_info}/RECORD"]
     entries += [Entry(f"{dist_info}/{CERTIFICATE}", gzip.compress(raw, mtime=0)),
                 Entry(f"{dist_info}/{RECORD}", (json.dumps(record, indent=1, sort_keys=True) + "\n").encode())]
-    return Wheel(target=" ".join(targets), distribution=distribution, version=version, filename=made.name,
+    return Wheel(target=" ".join(targets), distribution=distribution, version=version, filename=filename,
                  data=wheel_bytes(entries, dist_info))
