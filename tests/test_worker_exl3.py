@@ -14,7 +14,7 @@ from pp4.worker.model import exl3  # noqa: E402
 from pp4.worker.model import hashing  # noqa: E402
 from pp4.worker.model.backends import BackendUnavailable, make_backend  # noqa: E402
 from pp4.worker.model.config import DEFAULT_GEOMETRY, TINY_GEOMETRY, Exl3Options, Geometry  # noqa: E402
-from pp4.worker.model.model import SyntheticSource, shard_weights  # noqa: E402
+from pp4.worker.model.weights import SyntheticSource, shard_weights  # noqa: E402
 
 CPU = torch.device("cpu")
 SEED = 0x5EED
@@ -135,7 +135,7 @@ def test_backend_refuses_the_cpu(backend):
 def test_gemm_kernel_choice_is_reproducible_unless_autotune_is_asked_for(rows, bits, select, expect):
     from types import SimpleNamespace
 
-    from pp4.worker.model.backends import Exl3Backend
+    from pp4.worker.model.exl3_backends import Exl3Backend
 
     be = SimpleNamespace(GEMV_MAX_ROWS=Exl3Backend.GEMV_MAX_ROWS, select=select, num_sms=132)
     w = exl3.row_parallel("o", (256, 128), slice(0, 256), 1.0, SEED, bits, CPU)

@@ -10,9 +10,8 @@ from pp4.worker.model.config import (  # noqa: E402
     GREEDY, QUERY_BLOCK, SAMPLED, SWITCH, TINY_GEOMETRY, CellKey, ModelSettings
 )
 from pp4.worker.model.draft import CellOutputs, DraftWorker  # noqa: E402
-from pp4.worker.model.model import (  # noqa: E402
-    SyntheticSource, TensorParallelDraft, logical_tensor_specs, shard_weights
-)
+from pp4.worker.model.model import TensorParallelDraft  # noqa: E402
+from pp4.worker.model.weights import SyntheticSource, logical_tensor_specs, shard_weights  # noqa: E402
 from pp4.worker.model.sampling import alternating_masks  # noqa: E402
 
 CONTEXT = 48
@@ -229,7 +228,7 @@ def test_capture_is_reproducible(worker):
 def test_safetensors_missing_gives_clear_error(monkeypatch, tmp_path):
     import sys
 
-    from pp4.worker.model.model import SafetensorsSource
+    from pp4.worker.model.weights import SafetensorsSource
 
     monkeypatch.setitem(sys.modules, "safetensors", None)
     with pytest.raises(RuntimeError, match=r"--weights needs the safetensors package \(pip install safetensors\)"):
@@ -238,7 +237,7 @@ def test_safetensors_missing_gives_clear_error(monkeypatch, tmp_path):
 
 def test_safetensors_round_trip(tmp_path):
     pytest.importorskip("safetensors")
-    from pp4.worker.model.model import export_safetensors
+    from pp4.worker.model.weights import export_safetensors
 
     src = SyntheticSource(TINY_GEOMETRY, 11, torch.float16, torch.device("cpu"))
     export_safetensors(src, str(tmp_path))

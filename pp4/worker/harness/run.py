@@ -77,7 +77,7 @@ def run(args, argv: list[str], checked, cache_dir: str, caches_late: bool, rss: 
 def _export_weights(args, geometry: Geometry) -> int:
     import torch
 
-    from pp4.worker.model.model import TORCH_DTYPES, SyntheticSource, export_safetensors
+    from pp4.worker.model.weights import TORCH_DTYPES, SyntheticSource, export_safetensors
 
     src = SyntheticSource(geometry, args.weight_seed, TORCH_DTYPES[args.dtype], torch.device("cpu"))
     try:

@@ -167,7 +167,7 @@ def single(t: QuantizedTensor, device) -> Exl3Linear:
 
 def shard_checkpoint(ckpt: Exl3Checkpoint, g: Geometry, rank: int, dtype, device):
     """Rank ``rank``'s RankWeights from the checkpoint (16-bit tensors in ``dtype``)."""
-    from pp4.worker.model.model import LayerShard, RankWeights, vocab_shard
+    from pp4.worker.model.weights import LayerShard, RankWeights, vocab_shard
 
     hq, hkv, d, m, vs, H = g.rank_heads, g.rank_kv_heads, g.head_dim, g.rank_mlp, g.rank_vocab, g.hidden
 
