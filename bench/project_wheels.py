@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A setup.py project's own wheel made two ways, side by side: `pip wheel --no-build-isolation
 --no-deps` (the project's setup.py under torch's BuildExtension) and pp4 (`configure.py --setup-py`,
-`ninja`, `ninja wheel`: pp4/wheel/project.py). Per project it measures each build's wall and CPU
+then `ninja wheel`, which builds the modules and the wheel: pp4/wheel/project.py). Per project it measures each build's wall and CPU
 time (children's user + system seconds), then compares the two wheels and what they do:
 
   - the wheel file names;
@@ -301,13 +301,13 @@ def pip_wheel(src: Path, dist: Path, env: dict, logs: Path) -> dict:
 
 
 def pp4_wheel(src: Path, bdir: Path, env: dict, jobs: int, arch: str, logs: Path) -> dict:
-    """configure.py --setup-py, ninja, ninja wheel in a fresh folder with a fresh store: each timed."""
+    """configure.py --setup-py and ninja wheel (the modules and the wheel, as pip wheel makes both) in a
+    fresh folder with a fresh store: each timed."""
     bdir.mkdir(parents=True)
     ninja = projects.ninja()
     steps = {
         "configure": [sys.executable, str(REPO / "configure.py"), "--setup-py", str(src), "--arch", arch,
                       "-j", str(jobs), "--store", str(bdir.parent / "pp4-store")],
-        "ninja": [ninja],
         "ninja_wheel": [ninja, "wheel"],
     }
     out = {name: projects.timed(cmd, bdir, env, logs / f"pp4-{name}.txt") for name, cmd in steps.items()}
@@ -470,7 +470,7 @@ def table(results: dict) -> str:
     lines = [f"pip wheel vs pp4's project wheel, {m['cpus']} CPUs, no GPU, -j {results['jobs']} / MAX_JOBS="
              f"{results['jobs']}, arch {results['arch']}, torch {m['torch']}, {m['nvcc']}, setuptools "
              f"{m['setuptools']}, pip {m['pip']}; pp4 {m['pp4_at_start']} at the start. "
-             "Wall and CPU in seconds; pp4's is configure + ninja + ninja wheel, cold (an empty store).", "",
+             "Wall and CPU in seconds; pp4's is configure + ninja wheel, cold (an empty store).", "",
              "| project | version | units | pip wall / CPU | pp4 wall / CPU | pp4/pip wall | pp4/pip CPU "
              "| same wheel name | same file list | ops equal |",
              "|---|---|---|---|---|---|---|---|---|---|"]
@@ -488,8 +488,8 @@ def table(results: dict) -> str:
                      f"| {pp4['total']['wall_s']} / {pp4['total']['cpu_s']} | {r['ratio_wall_pp4_over_pip']} "
                      f"| {r['ratio_cpu_pp4_over_pip']} | {yes(c['same_wheel_name'])} | {same_list} "
                      f"| {yes(run['ops_equal'])} |")
-        notes.append(f"- {r['project']} ({r['order']}; pp4 at {r['pp4_state']}): pp4 configure {pp4['configure']['wall_s']} s, ninja "
-                     f"{pp4['ninja']['wall_s']} s, ninja wheel {pp4['ninja_wheel']['wall_s']} s. Other files "
+        notes.append(f"- {r['project']} ({r['order']}; pp4 at {r['pp4_state']}): pp4 configure {pp4['configure']['wall_s']} s, "
+                     f"ninja wheel {pp4['ninja_wheel']['wall_s']} s. Other files "
                      f"byte-equal: {yes(c['other_files_byte_equal'])}"
                      + (f" (differ: {', '.join(c['other_files_differing'])})" if c["other_files_differing"] else "")
                      + f"; METADATA equal apart from `{'; '.join(c['metadata']['pp4_torch_pin'])}`: "
