@@ -17,7 +17,8 @@
 
    ERRNO is what the lookup found at the moment of the call (0: something is there). FLAGS: 'w'
    opened for writing, 'n' a final link not followed, 'e' an empty path (the call names an open
-   file), '?' a path that could not be read or resolved. Paths are absolute as the process named
+   file), '?' a path that could not be read or resolved, 's' a socket address that is no path
+   (connect and bind log a Unix socket's path, else "family N"). Paths are absolute as the process named
    them (relative ones joined to its working folder or dirfd, nothing normalized); tab, newline
    and backslash are written as \t, \n and \\. The exit status is the command's (128 + signal).
 
@@ -53,6 +54,7 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -64,7 +66,7 @@
 #error "pp4-trace knows the system calls of x86_64 and aarch64 only"
 #endif
 
-enum kind { READ, NOFOLLOW, WRITE, LIST, EXEC, CHDIR };
+enum kind { READ, NOFOLLOW, WRITE, LIST, EXEC, CHDIR, SOCKET };
 
 /* A traced call: where its paths are. dirfd: the argument holding the folder the path at `path`
    is relative to (-1: the working folder). flags: the argument whose bits say write/nofollow/empty
@@ -143,6 +145,11 @@ static const struct call CALLS[] = {
     C(open_by_handle_at, WRITE, -1, -1, -1, -1, -1),
     C(inotify_add_watch, READ, -1, 1, -1, -1, -1),
     C(fanotify_mark, READ, 3, 4, -1, -1, -1),
+    /* A socket reaches another process (a compiler cache's server, a remote compiler, a network
+       service): what it answers is an input no path shows. The address is logged: a Unix socket's
+       path (nothing there: the connect fails, an absence like any other), or its family. */
+    C(connect, SOCKET, -1, -1, -1, -1, -1),
+    C(bind, SOCKET, -1, -1, -1, -1, -1),
 #ifdef SYS_io_uring_setup
     /* A ring's requests (IORING_OP_OPENAT, _STATX, ...) are carried out without a call this filter
        sees: a process that sets one up is reported, and its command's observation not trusted. */
@@ -218,6 +225,35 @@ static char *path_arg(struct seen *c, const uint64_t *args, int dirfd_index, int
     return joined;
 }
 
+/* What a connect or bind names: a Unix socket's path (absolute, as path_arg makes it), else
+   "family N" with 's' in flags (another family, or a Unix socket by abstract name or none). */
+static char *socket_address(pid_t pid, unsigned long addr, size_t len, char *flags) {
+    struct sockaddr_un un;
+    memset(&un, 0, sizeof un);
+    if (len > sizeof un) len = sizeof un;
+    struct iovec local = {&un, len}, remote = {(void *)addr, len};
+    if (!addr || len < sizeof(sa_family_t) || process_vm_readv(pid, &local, 1, &remote, 1, 0) != (ssize_t)len) {
+        strcat(flags, "?");
+        return NULL;
+    }
+    if (un.sun_family == AF_UNIX && len > offsetof(struct sockaddr_un, sun_path) && un.sun_path[0]) {
+        char name[sizeof un.sun_path + 1];
+        memcpy(name, un.sun_path, sizeof un.sun_path);
+        name[sizeof un.sun_path] = 0;
+        if (name[0] == '/') return strdup(name);
+        char *base = folder_of(pid, AT_FDCWD), *joined = NULL;
+        if (base && (joined = malloc(strlen(base) + strlen(name) + 2)))
+            sprintf(joined, "%s%s%s", base, strcmp(base, "/") ? "/" : "", name);
+        free(base);
+        if (!joined) strcat(flags, "?");
+        return joined;
+    }
+    char *family = malloc(32);
+    if (family) snprintf(family, 32, "family %d", (int)un.sun_family);
+    strcat(flags, "s");
+    return family;
+}
+
 /* Read what a call names, before the kernel acts on it. */
 static void read_call(struct seen *c, const struct seccomp_data *data) {
     c->call = NULL;
@@ -239,13 +275,18 @@ static void read_call(struct seen *c, const struct seccomp_data *data) {
     opens = opens || k->nr == SYS_open;
 #endif
     if (opens) {
-        if (flags & (O_WRONLY | O_RDWR | O_CREAT | O_TRUNC | O_APPEND | __O_TMPFILE)) strcat(c->flags, "w");
+        /* glibc's __O_TMPFILE holds O_DIRECTORY too: its own bit alone says O_TMPFILE, where an
+           opendir's O_DIRECTORY is a read. */
+        if (flags & (O_WRONLY | O_RDWR | O_CREAT | O_TRUNC | O_APPEND | (__O_TMPFILE & ~O_DIRECTORY)))
+            strcat(c->flags, "w");
         if (flags & O_NOFOLLOW) strcat(c->flags, "n");
     } else if (k->flags >= 0) {
         if (flags & AT_SYMLINK_NOFOLLOW) strcat(c->flags, "n");
         if (flags & AT_EMPTY_PATH) strcat(c->flags, "e");
     }
-    if (k->kind == LIST || k->nr == SYS_fchdir) {
+    if (k->kind == SOCKET) {
+        c->path = socket_address(c->pid, args[1], (size_t)args[2], c->flags);
+    } else if (k->kind == LIST || k->nr == SYS_fchdir) {
         c->path = folder_of(c->pid, (long)(int)args[0]);
         if (!c->path) strcat(c->flags, "?");
     } else if (k->path >= 0) {
@@ -268,7 +309,8 @@ static void read_call(struct seen *c, const struct seccomp_data *data) {
 
 /* What the call will find at its path now, as an errno (0: something is there). */
 static int look(const struct seen *c) {
-    if (!c->path || !c->path[0] || c->call->kind == WRITE || c->call->kind == LIST || c->call->kind == CHDIR)
+    if (!c->path || !c->path[0] || c->call->kind == WRITE || c->call->kind == LIST || c->call->kind == CHDIR ||
+        strchr(c->flags, 's'))
         return 0;
     struct stat st;
     int nofollow = c->call->kind == NOFOLLOW || strchr(c->flags, 'n');
