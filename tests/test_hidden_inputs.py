@@ -447,6 +447,55 @@ def test_a_library_a_link_resolved_is_rebuilt_and_the_module_relinked(base):
     assert run([ninja_bin(), "certify"], work).returncode == 0
 
 
+def test_a_compile_that_asks_another_process_through_a_socket(base):
+    """A compiler helper (an `as` wrapper in a -B folder) asks a server over a Unix socket what to
+    assemble, as a compiler cache's client asks its server: the answer is an input no file shows, so
+    such a compile is never stored; a socket path with nothing there is an absence like any other."""
+    import socketserver
+    import threading
+
+    answer = ["one"]
+
+    class Tag(socketserver.BaseRequestHandler):
+        def handle(self):
+            self.request.sendall(answer[0].encode())
+
+    sock = base / "tag.sock"
+    server = socketserver.UnixStreamServer(str(sock), Tag)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    tools = base / "tools"
+    tools.mkdir()
+    (tools / "as").write_text(f"""#!{sys.executable} -B
+import os, socket, sys, tempfile
+s = socket.socket(socket.AF_UNIX)
+try:
+    s.connect({str(sock)!r})
+    tag = s.recv(64).decode()
+except OSError:
+    tag = "no server"
+fd, extra = tempfile.mkstemp(suffix=".s")  # in the compile's own temporary folder
+os.write(fd, ('.section .rodata\\n.ascii "TAG[' + tag + ']"\\n').encode())
+os.execvp("as", ["as", *sys.argv[1:], extra])
+""")
+    (tools / "as").chmod(0o755)
+    case = Case(base, {"u.cpp": "int u() { return 1; }\n"}, spec([f"-B{tools}/"]))
+    try:
+        got, _ = case.build()
+        assert got["u.cpp.o"][:2] == ("compiled", "one")
+        event = next((base / "work-src-1" / "build" / ".pp4" / "events").glob("*.json")).read_text()
+        assert "through a socket (connect " + str(sock) in event
+        answer[0] = "two"
+        assert case.check("two")["u.cpp.o"][0] == "compiled"
+    finally:
+        server.shutdown()
+        server.server_close()
+    sock.unlink()
+    # Nothing at the socket's path: the connect fails, the helper says so, and that is stored.
+    got, _ = case.build()
+    assert got["u.cpp.o"][:2] == ("compiled", "no server")
+    assert case.check("no server")["u.cpp.o"][0] == "reused"
+
+
 # ---------------------------------------------------------------------------------------------
 # nvcc
 

@@ -314,6 +314,42 @@ def test_a_process_that_sets_up_io_uring_is_not_trusted(tmp_path):
     assert ran.trace is not None and any("\tio_uring_setup\t" in line for line in ran.trace.opaque), ran.trace
 
 
+def test_sockets_and_folder_opens_are_seen_for_what_they_are(tmp_path):
+    """A program that connects to a server (TCP, or a Unix socket that is there) is never trusted:
+    another process answered it. A Unix socket with nothing at its path is an absence; opening a
+    folder to list it (O_DIRECTORY, which glibc's __O_TMPFILE also holds) is a read, O_TMPFILE a write."""
+    if observe.unavailable():
+        pytest.skip(observe.unavailable())
+    src = tmp_path / "talk.c"
+    src.write_text("#define _GNU_SOURCE\n#include <fcntl.h>\n#include <netinet/in.h>\n#include <string.h>\n"
+                   "#include <sys/socket.h>\n#include <sys/un.h>\n#include <unistd.h>\n"
+                   "int main(int argc, char **argv) {\n"
+                   "  struct sockaddr_un un = {.sun_family = AF_UNIX};\n"
+                   "  strcpy(un.sun_path, argv[1]);\n"
+                   "  connect(socket(AF_UNIX, SOCK_STREAM, 0), (struct sockaddr *)&un, sizeof un);\n"
+                   "  if (argc > 3) { struct sockaddr_in in = {.sin_family = AF_INET, .sin_port = htons(9),\n"
+                   "                  .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};\n"
+                   "    connect(socket(AF_INET, SOCK_STREAM, 0), (struct sockaddr *)&in, sizeof in); }\n"
+                   "  close(open(argv[2], O_RDONLY | O_DIRECTORY));\n"
+                   "  close(open(argv[2], O_TMPFILE | O_RDWR, 0600));\n"
+                   "  return 0; }\n")
+    subprocess.run([observe.compiler(), str(src), "-o", str(tmp_path / "talk")], check=True)
+    env = {"PATH": "/usr/bin:/bin"}
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    ran = run([str(tmp_path / "talk"), str(tmp_path / "none.sock"), str(folder)], env, Limits(), tmp_path / "runs",
+              None, compile=False)
+    t = ran.trace
+    assert t.sockets == () and t.opaque == ()
+    assert t.reads[(str(tmp_path / "none.sock"), True)] == "ENOENT" and t.reads[(str(folder), True)] == "ok"
+    assert str(folder) in t.writes  # the O_TMPFILE open
+    ran = run([str(tmp_path / "talk"), str(tmp_path / "none.sock"), str(folder), "tcp"], env, Limits(),
+              tmp_path / "runs", None, compile=False)
+    assert ran.trace.sockets == ("connect family 2",)
+    pairs, why = observed.from_run(ran, set(), observed.States(FileHasher()))
+    assert pairs == [] and "through a socket (connect family 2)" in why
+
+
 def test_once_only_twins_are_keyed_in_the_project_alone(tmp_path):
     """Two copies of a `#pragma once` header in the project are keyed on whether their times agree;
     copies inside torch (or the toolchain, the system) are not: their times are each machine's

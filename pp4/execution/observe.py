@@ -58,6 +58,9 @@ _WRITES = {"creat", "unlink", "unlinkat", "rmdir", "mkdir", "mkdirat", "rename",
 _LISTS = {"getdents", "getdents64"}
 # The observer resolves each path against the caller's folder itself: a change of folder needs nothing.
 _FREE = {"chdir", "fchdir"}
+# Calls that reach another process through a socket, whose answers no path shows. A connect to a
+# Unix socket with nothing at its path fails: an absence, observed like any other.
+_SOCKETS = {"connect", "bind"}
 _ESCAPE = re.compile(r"\\(.)")
 _ESCAPED = {"t": "\t", "n": "\n", "\\": "\\"}
 
@@ -71,6 +74,7 @@ class Trace:
     writes: frozenset  # paths created, written, renamed, removed (normalized)
     opaque: tuple  # lines that could not be understood: an observation that cannot be trusted
     through_proc: tuple = ()  # paths read through a process's folder link under /proc: not trusted either
+    sockets: tuple = ()  # the addresses of sockets it connected or bound: another process's answers
 
 
 def compiler() -> str | None:
@@ -167,7 +171,7 @@ def _unescape(field: str) -> str:
 def parse(log_text: str) -> Trace:
     """The trace of one observed command, from pp4-observe's log (observer.c says its format)."""
     reads: dict[tuple[str, bool], str] = {}
-    listed, executed, writes, opaque, through_proc = set(), set(), set(), [], []
+    listed, executed, writes, opaque, through_proc, sockets = set(), set(), set(), [], [], []
     for line in log_text.splitlines():
         fields = line.split("\t")
         if len(fields) < 5 or not fields[2].isdigit() or "?" in fields[3]:
@@ -176,6 +180,13 @@ def parse(log_text: str) -> Trace:
         name, err, flags = fields[1], int(fields[2]), fields[3]
         paths = [_unescape(f) for f in fields[4:]]
         if name in _FREE:
+            continue
+        if name in _SOCKETS:
+            if name == "connect" and "s" not in flags and err != 0:
+                if reads.get((paths[0], True)) != "ok":
+                    reads[(paths[0], True)] = errno.errorcode.get(err, f"E{err}")
+            else:
+                sockets.append(f"{name} {paths[0]}" if paths and paths[0] else name)
             continue
         if name in _LISTS:
             if err == 0:
@@ -205,7 +216,8 @@ def parse(log_text: str) -> Trace:
             reads[key] = result
         if name.startswith("execve") and err == 0:
             executed.add(path)
-    return Trace(reads, frozenset(listed), frozenset(executed), frozenset(writes), tuple(opaque), tuple(through_proc))
+    return Trace(reads, frozenset(listed), frozenset(executed), frozenset(writes), tuple(opaque), tuple(through_proc),
+                 tuple(sockets))
 
 
 def interpreters(path: str) -> list[str]:

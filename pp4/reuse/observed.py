@@ -242,13 +242,16 @@ def describe(state: str) -> str:
 def from_run(ran, outputs: set[str], states: States) -> tuple[list[list[str]], str | None]:
     """The observation set of a finished compile (pp4.execution.run.Ran), and why it must not be
     stored, if it must not: the observer could not run or could not read a call, the compile
-    wrote somewhere other than its outputs and temporary folder, or something it read changed
-    while it ran. outputs: the paths it was asked to write, as it saw them."""
+    talked to another process through a socket, wrote somewhere other than its outputs and
+    temporary folder, or something it read changed while it ran. outputs: the paths it was asked to write, as it saw them."""
     trace = ran.trace
     if trace is None:
         return [], f"it was not observed: {ran.trace_problem}"
     if trace.opaque:
         return [], f"the observer could not read {len(trace.opaque)} of its calls (first: {trace.opaque[0][:160]})"
+    if trace.sockets:
+        return [], (f"it reached another process through a socket ({trace.sockets[0][:160]}): what that "
+                    "process answered is an input no file shows")
     if trace.through_proc:
         return [], (f"it read {trace.through_proc[0][:160]}, a file reached through /proc that pp4 cannot key "
                     "(name the file by its own path)")
