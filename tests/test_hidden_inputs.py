@@ -53,7 +53,7 @@ class Case:
                 p.write_text(text.replace("@SRC@", str(self.src)).replace("@BASE@", str(self.base)))
 
     def build(self, reuse: bool = True, work_files: dict[str, str] | None = None, src: Path | None = None,
-              env: dict | None = None):
+              env: dict | None = None, wrap: tuple[str, ...] = ()):
         """configure and ninja in a new folder; {object name: (status, tag, bytes)} and ninja's output."""
         self.n += 1
         work = self.base / f"work-{self.src.name}-{self.n}"
@@ -62,13 +62,15 @@ class Case:
             self.write(work_files, work)
         run([sys.executable, str(REPO / "configure.py"), "--arch", "9.0", "--ext-spec", str((src or self.src) / "ext.toml"),
              "--store", str(self.store)] + ([] if reuse else ["--no-reuse"]), work, env)
-        made = run([ninja_bin()], work, env)
+        made = run([*wrap, ninja_bin()], work, env)
         return objects(work), made.stdout + made.stderr
 
-    def check(self, want: str | None = None, work_files: dict[str, str] | None = None, src: Path | None = None):
-        """B against C after a change: the same bytes, and the tag the oracle expects."""
-        got, out = self.build(work_files=work_files, src=src)
-        real, _ = self.build(reuse=False, work_files=work_files, src=src)
+    def check(self, want: str | None = None, work_files: dict[str, str] | None = None, src: Path | None = None,
+              wrap: tuple[str, ...] = ()):
+        """B against C after a change: the same bytes, and the tag the oracle expects. wrap: a
+        command ninja runs under in both (another host name, say)."""
+        got, out = self.build(work_files=work_files, src=src, wrap=wrap)
+        real, _ = self.build(reuse=False, work_files=work_files, src=src, wrap=wrap)
         for name, (status, tag, data) in got.items():
             assert real[name][0] == "compiled"
             assert data == real[name][2], f"{name} ({status}) is not what a compile gives now; tags {tag} vs {real[name][1]}\n{out}"
@@ -494,6 +496,27 @@ os.execvp("as", ["as", *sys.argv[1:], extra])
     got, _ = case.build()
     assert got["u.cpp.o"][:2] == ("compiled", "no server")
     assert case.check("no server")["u.cpp.o"][0] == "reused"
+
+
+def test_a_compile_that_asks_the_host_name(base):
+    """An assembler wrapper that puts the machine's name into the object (`uname -n`): no path
+    shows it, so such a compile is never stored; on a machine of another name (a UTS namespace
+    here) the object is that machine's."""
+    if subprocess.run(["unshare", "--uts", "true"], capture_output=True).returncode != 0:
+        pytest.skip("unshare --uts is refused here (it needs root or user namespaces)")
+    tools = base / "tools"
+    tools.mkdir()
+    (tools / "as").write_text('#!/bin/sh\nextra=$(mktemp --suffix=.s)\n'
+                              'printf \'.section .rodata\\n.ascii "TAG[%s]"\\n\' "$(uname -n)" > "$extra"\n'
+                              'exec as "$@" "$extra"\n')
+    (tools / "as").chmod(0o755)
+    case = Case(base, {"u.cpp": "int u() { return 1; }\n"}, spec([f"-B{tools}/"]))
+    got, _ = case.build()
+    assert got["u.cpp.o"][:2] == ("compiled", os.uname().nodename)
+    event = next((base / "work-src-1" / "build" / ".pp4" / "events").glob("*.json")).read_text()
+    assert "asked the kernel which machine it runs on (uname" in event
+    other = ("unshare", "--uts", "sh", "-c", 'hostname pp4-elsewhere && exec "$@"', "sh")
+    assert case.check("pp4-elsewhere", wrap=other)["u.cpp.o"][0] == "compiled"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -61,6 +61,8 @@ _FREE = {"chdir", "fchdir"}
 # Calls that reach another process through a socket, whose answers no path shows. A connect to a
 # Unix socket with nothing at its path fails: an absence, observed like any other.
 _SOCKETS = {"connect", "bind"}
+# Calls that ask the kernel about the machine itself (its name, its kernel release): no path shows it.
+_MACHINE = {"uname"}
 _ESCAPE = re.compile(r"\\(.)")
 _ESCAPED = {"t": "\t", "n": "\n", "\\": "\\"}
 
@@ -75,6 +77,7 @@ class Trace:
     opaque: tuple  # lines that could not be understood: an observation that cannot be trusted
     through_proc: tuple = ()  # paths read through a process's folder link under /proc: not trusted either
     sockets: tuple = ()  # the addresses of sockets it connected or bound: another process's answers
+    machine: tuple = ()  # the calls that asked which machine it runs on (uname)
 
 
 def compiler() -> str | None:
@@ -171,7 +174,7 @@ def _unescape(field: str) -> str:
 def parse(log_text: str) -> Trace:
     """The trace of one observed command, from pp4-observe's log (observer.c says its format)."""
     reads: dict[tuple[str, bool], str] = {}
-    listed, executed, writes, opaque, through_proc, sockets = set(), set(), set(), [], [], []
+    listed, executed, writes, opaque, through_proc, sockets, machine = set(), set(), set(), [], [], [], []
     for line in log_text.splitlines():
         fields = line.split("\t")
         if len(fields) < 5 or not fields[2].isdigit() or "?" in fields[3]:
@@ -180,6 +183,9 @@ def parse(log_text: str) -> Trace:
         name, err, flags = fields[1], int(fields[2]), fields[3]
         paths = [_unescape(f) for f in fields[4:]]
         if name in _FREE:
+            continue
+        if name in _MACHINE:
+            machine.append(name)
             continue
         if name in _SOCKETS:
             if name == "connect" and "s" not in flags and err != 0:
@@ -217,7 +223,7 @@ def parse(log_text: str) -> Trace:
         if name.startswith("execve") and err == 0:
             executed.add(path)
     return Trace(reads, frozenset(listed), frozenset(executed), frozenset(writes), tuple(opaque), tuple(through_proc),
-                 tuple(sockets))
+                 tuple(sockets), tuple(machine))
 
 
 def interpreters(path: str) -> list[str]:

@@ -66,7 +66,7 @@
 #error "pp4-trace knows the system calls of x86_64 and aarch64 only"
 #endif
 
-enum kind { READ, NOFOLLOW, WRITE, LIST, EXEC, CHDIR, SOCKET };
+enum kind { READ, NOFOLLOW, WRITE, LIST, EXEC, CHDIR, SOCKET, MACHINE };
 
 /* A traced call: where its paths are. dirfd: the argument holding the folder the path at `path`
    is relative to (-1: the working folder). flags: the argument whose bits say write/nofollow/empty
@@ -150,6 +150,8 @@ static const struct call CALLS[] = {
        path (nothing there: the connect fails, an absence like any other), or its family. */
     C(connect, SOCKET, -1, -1, -1, -1, -1),
     C(bind, SOCKET, -1, -1, -1, -1, -1),
+    /* The machine's name and kernel release (gethostname asks this too): no path shows them. */
+    C(uname, MACHINE, -1, -1, -1, -1, -1),
 #ifdef SYS_io_uring_setup
     /* A ring's requests (IORING_OP_OPENAT, _STATX, ...) are carried out without a call this filter
        sees: a process that sets one up is reported, and its command's observation not trusted. */
@@ -286,6 +288,8 @@ static void read_call(struct seen *c, const struct seccomp_data *data) {
     }
     if (k->kind == SOCKET) {
         c->path = socket_address(c->pid, args[1], (size_t)args[2], c->flags);
+    } else if (k->kind == MACHINE) {
+        /* nothing to read: the call itself is what is logged */
     } else if (k->kind == LIST || k->nr == SYS_fchdir) {
         c->path = folder_of(c->pid, (long)(int)args[0]);
         if (!c->path) strcat(c->flags, "?");

@@ -242,7 +242,7 @@ def describe(state: str) -> str:
 def from_run(ran, outputs: set[str], states: States) -> tuple[list[list[str]], str | None]:
     """The observation set of a finished compile (pp4.execution.run.Ran), and why it must not be
     stored, if it must not: the observer could not run or could not read a call, the compile
-    talked to another process through a socket, wrote somewhere other than its outputs and
+    talked to another process through a socket or asked which machine it runs on, wrote somewhere other than its outputs and
     temporary folder, or something it read changed while it ran. outputs: the paths it was asked to write, as it saw them."""
     trace = ran.trace
     if trace is None:
@@ -252,6 +252,9 @@ def from_run(ran, outputs: set[str], states: States) -> tuple[list[list[str]], s
     if trace.sockets:
         return [], (f"it reached another process through a socket ({trace.sockets[0][:160]}): what that "
                     "process answered is an input no file shows")
+    if trace.machine:
+        return [], (f"it asked the kernel which machine it runs on ({trace.machine[0]}: the host name and kernel "
+                    "release), an input no file shows")
     if trace.through_proc:
         return [], (f"it read {trace.through_proc[0][:160]}, a file reached through /proc that pp4 cannot key "
                     "(name the file by its own path)")
