@@ -519,6 +519,25 @@ def test_a_compile_that_asks_the_host_name(base):
     assert case.check("pp4-elsewhere", wrap=other)["u.cpp.o"][0] == "compiled"
 
 
+@pytest.mark.parametrize("machine_file", ["/proc/cpuinfo", "/proc/sys/kernel/osrelease"])
+def test_a_compile_that_reads_what_the_machine_is(base, machine_file):
+    """An assembler wrapper that puts what /proc says of the machine (its CPU, its kernel) into the
+    object: a compile is not keyed on the machine, so such a compile is never stored, and a build
+    on another machine compiles its own."""
+    tools = base / "tools"
+    tools.mkdir()
+    (tools / "as").write_text('#!/bin/sh\nextra=$(mktemp --suffix=.s)\n'
+                              f'printf \'.section .rodata\\n.ascii "TAG[%s]"\\n\' "$(head -c 8 {machine_file} | tr -d \'\\n"\')" > "$extra"\n'
+                              'exec as "$@" "$extra"\n')
+    (tools / "as").chmod(0o755)
+    case = Case(base, {"u.cpp": "int u() { return 1; }\n"}, spec([f"-B{tools}/"]))
+    got, _ = case.build()
+    assert got["u.cpp.o"][0] == "compiled" and got["u.cpp.o"][1]
+    event = next((base / "work-src-1" / "build" / ".pp4" / "events").glob("*.json")).read_text()
+    assert f"asked the kernel which machine it runs on ({machine_file})" in event
+    assert case.check(got["u.cpp.o"][1])["u.cpp.o"][0] == "compiled"
+
+
 # ---------------------------------------------------------------------------------------------
 # nvcc
 

@@ -44,6 +44,12 @@ _FILES_UNDER_DEV = ("/dev/shm/", "/dev/mqueue/")
 # under /proc or /dev) a path reaches a real file that it does not name: not unseen, not trusted.
 _THROUGH_PROC = re.compile(r"^/(?:proc/(?:self|thread-self|\d+)(?:/task/\d+)?/(?:cwd|root|fd/\d+|map_files/[^/]+)"
                            r"|dev/(?:fd/\d+|stdin|stdout|stderr))/.|^/(?:proc|dev)/(?:.*/)?\.\.(?:/|$)")
+# Files under /proc and /sys that describe the machine itself (its CPU, kernel, name, boot,
+# hardware): a compile that reads one is not keyed on it, so it is never stored. nvcc, gcc and the
+# linker read none of them (they read /proc/self/exe and /proc/sys/vm/overcommit_memory).
+_MACHINE_FILES = re.compile(r"^/proc/(?:cpuinfo|version|version_signature|sys/kernel/(?:hostname|domainname|osrelease"
+                            r"|ostype|version|random/boot_id))$|^/sys/devices/system/cpu/(?:cpu\d+/|modalias$"
+                            r"|vulnerabilities/)|^/sys/(?:class|devices/virtual)/dmi/")
 
 # Calls that read a path, and whether they follow a final link (the log's 'n' flag can say not).
 _READS = {"open": True, "openat": True, "openat2": True, "stat": True, "lstat": False, "newfstatat": True,
@@ -77,7 +83,7 @@ class Trace:
     opaque: tuple  # lines that could not be understood: an observation that cannot be trusted
     through_proc: tuple = ()  # paths read through a process's folder link under /proc: not trusted either
     sockets: tuple = ()  # the addresses of sockets it connected or bound: another process's answers
-    machine: tuple = ()  # the calls that asked which machine it runs on (uname)
+    machine: tuple = ()  # what asked which machine it runs on: uname, or a file such as /proc/cpuinfo
 
 
 def compiler() -> str | None:
@@ -214,6 +220,8 @@ def parse(log_text: str) -> Trace:
         if (unseen in UNSEEN or unseen.startswith(_UNSEEN_UNDER)) and not unseen.startswith(_FILES_UNDER_DEV):
             if _THROUGH_PROC.match(unseen):
                 through_proc.append(path)
+            elif _MACHINE_FILES.match(unseen) and name in _READS:
+                machine.append(path)
             continue
         follow = _READS[name] and "n" not in flags
         result = "ok" if err == 0 else errno.errorcode.get(err, f"E{err}")

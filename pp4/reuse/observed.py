@@ -253,8 +253,9 @@ def from_run(ran, outputs: set[str], states: States) -> tuple[list[list[str]], s
         return [], (f"it reached another process through a socket ({trace.sockets[0][:160]}): what that "
                     "process answered is an input no file shows")
     if trace.machine:
-        return [], (f"it asked the kernel which machine it runs on ({trace.machine[0]}: the host name and kernel "
-                    "release), an input no file shows")
+        asked = trace.machine[0]
+        return [], (f"it asked the kernel which machine it runs on ({asked}"
+                    + (": the host name and kernel release" if asked == "uname" else "") + "), an input pp4 does not key")
     if trace.through_proc:
         return [], (f"it read {trace.through_proc[0][:160]}, a file reached through /proc that pp4 cannot key "
                     "(name the file by its own path)")
