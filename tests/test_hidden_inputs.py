@@ -292,6 +292,39 @@ def test_a_native_cpu_flag_is_keyed_on_what_the_compiler_makes_of_this_cpu(base)
     assert recorded == f"native:-march=native:{reading}"
 
 
+def test_nvccs_native_gpu_architecture_is_keyed_on_what_nvcc_makes_of_this_machine(base):
+    """nvcc's -arch=native asks the driver for the GPUs (and falls back to a default architecture
+    where there is none): no file shows it, so the object is keyed on the architectures nvcc's dry
+    run hands its passes here, and a store shared with a machine whose GPUs read otherwise never
+    hands this object over there."""
+    text = spec(sources=["u.cu"]).replace('kind = "cpp"\n', "").replace("cxx_flags", "cuda_flags")
+    case = Case(base, {"u.cu": tagged('"x"', head="") + "__global__ void k(int *p) { *p = 1; }\n"}, text)
+    # A spec's cuda_flags may not choose architectures; nvcc's own variable still can, and
+    # configure folds it into every CUDA command.
+    env = dict(os.environ, NVCC_APPEND_FLAGS="-arch=native")
+    assert [g[0] for g in case.build(env=env)[0].values()] == ["compiled"]
+    assert [g[0] for g in case.build(env=env)[0].values()] == ["reused"]  # the reading holds here
+    work = base / f"work-src-{case.n}"
+    found = set()
+    for path in (work / "build" / ".pp4").rglob("*.json"):
+        try:
+            doc = json.loads(path.read_text())
+        except ValueError:
+            continue
+        if isinstance(doc, list):
+            found |= {tuple(p) for p in doc if isinstance(p, list) and len(p) == 2
+                      and str(p[1]).startswith("native-gpu:")}
+    (nvcc, recorded), = found
+    real = json.loads((work / "build" / "actions.json").read_text())["actions"][0]["argv"][0]
+    said = subprocess.run([real, "-arch=native", "--dryrun", "-x", "cu", "-c", os.devnull, "-o", os.devnull],
+                          capture_output=True, env={"PATH": os.defpath, "LC_ALL": "C"})
+    archs = sorted(set(re.findall(rb"(?:-arch[= ]|--gpu-name[= ]|arch=|code=)((?:compute|sm|lto)_\w+)",
+                                  said.stdout + said.stderr)))
+    assert any(a.startswith(b"sm_") for a in archs), said.stderr
+    reading = hashlib.sha256(b" ".join(archs) + b" rc " + str(said.returncode).encode()).hexdigest()
+    assert recorded == f"native-gpu:-arch=native:{reading}"
+
+
 def test_mmd_in_the_flags_still_sees_system_headers(base):
     sysinc = base / "sysinc"
     sysinc.mkdir()

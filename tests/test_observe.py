@@ -286,6 +286,19 @@ def test_native_cpu_options_are_found_however_passed(argv, flags, compiler):
     assert (nativecpu.host_compiler(argv) if flags else None) == compiler
 
 
+@pytest.mark.parametrize("argv, flags", [
+    (["/t/nvcc", "-arch=native", "-c", "a.cu"], ["-arch=native"]),
+    (["/t/nvcc", "-arch", "native", "-c", "a.cu"], ["-arch=native"]),
+    (["/t/nvcc", "--gpu-architecture=native", "-c", "a.cu"], ["--gpu-architecture=native"]),
+    (["/t/nvcc", "-gencode", "arch=compute_90,code=sm_90", "-DNATIVE=native", "-c", "a.cu"], []),
+    (["/usr/bin/c++", "-arch=native", "-c", "a.cpp"], []),
+])
+def test_native_gpu_options_are_found_however_passed(argv, flags):
+    from pp4.reuse import nativecpu
+
+    assert nativecpu.gpu_flags_in(argv) == flags
+
+
 def test_a_file_reached_through_proc_is_not_trusted():
     """/proc/self/exe, /dev/urandom and the like name nothing of the project and are left out; a
     path that goes on past a process's folder link reaches a real file it does not name."""

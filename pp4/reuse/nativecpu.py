@@ -13,8 +13,18 @@ where <flags> are the native options of its command (space-separated) and <sha25
 name, feature switches and cache sizes spelled out. A lookup asks the compiler again, so a store
 shared by machines whose CPUs the compiler tells apart never hands one's object to the other.
 
-Not seen: a native option inside a response file or a specs file (their bytes are keyed, but the
-CPU is not).
+nvcc's `-arch=native` (`--gpu-architecture=native`, or the value as the next argument) is the same
+for the GPU: nvcc asks the driver which GPUs are there (and falls back to its default architecture
+where none is: a store shared by a machine without a GPU and one with would hand over the wrong
+architecture's code). Such a compile gets the observation
+
+    native-gpu:<flags>:<sha256>
+
+on nvcc's path, <sha256> hashing the architectures `nvcc FLAGS --dryrun -x cu -c /dev/null` hands
+its passes here (`-arch=sm_90`, `-arch compute_90`, ...), asked again at every lookup.
+
+Not seen: a native option inside a response file, a specs file or an nvcc options file (their bytes
+are keyed, but the CPU or GPU is not).
 """
 
 from __future__ import annotations
@@ -24,7 +34,11 @@ import os
 import re
 
 PREFIX = "native:"
+GPU_PREFIX = "native-gpu:"
 _NATIVE = re.compile(r"^-m(arch|tune|cpu)=native$")
+_GPU_ARCH_OPTIONS = ("-arch", "--gpu-architecture")
+# The architectures in nvcc --dryrun's commands for its passes.
+_GPU_ARCH_SAID = re.compile(rb"(?:-arch[= ]|--gpu-name[= ]|arch=|code=)((?:compute|sm|lto)_\w+)")
 
 
 def flags_in(argv) -> list[str]:
@@ -38,6 +52,32 @@ def flags_in(argv) -> list[str]:
                 arg = arg[len(spelling):]
         found.update(part for part in arg.split(",") if _NATIVE.match(part))
     return sorted(found)
+
+
+def gpu_flags_in(argv) -> list[str]:
+    """nvcc's native GPU architecture options, as `-arch=native` whichever way they are spelled."""
+    if os.path.basename(argv[0]) != "nvcc":
+        return []
+    found = set()
+    for i, arg in enumerate(argv[1:], 1):
+        for option in _GPU_ARCH_OPTIONS:
+            if arg == f"{option}=native" or (arg == option and i + 1 < len(argv) and argv[i + 1] == "native"):
+                found.add(f"{option}=native")
+    return sorted(found)
+
+
+def gpu_state(nvcc: str, flags: list[str]) -> str:
+    """The architectures nvcc at this (real) path makes of the flags on this machine."""
+    import subprocess
+
+    try:
+        proc = subprocess.run([nvcc, *flags, "--dryrun", "-x", "cu", "-c", os.devnull, "-o", os.devnull],
+                              capture_output=True, env={"PATH": os.defpath, "LC_ALL": "C"}, timeout=60)
+        said = b" ".join(sorted(set(_GPU_ARCH_SAID.findall(proc.stdout + proc.stderr)))) + b" rc " + \
+            str(proc.returncode).encode()
+    except (OSError, subprocess.SubprocessError) as e:
+        said = f"cannot run: {e}".encode()
+    return f"{GPU_PREFIX}{' '.join(flags)}:{hashlib.sha256(said).hexdigest()}"
 
 
 def host_compiler(argv) -> str | None:
@@ -67,4 +107,5 @@ def state(compiler: str, flags: list[str]) -> str:
 
 
 def flags_of(recorded: str) -> list[str]:
-    return recorded[len(PREFIX):].rpartition(":")[0].split()
+    prefix = GPU_PREFIX if recorded.startswith(GPU_PREFIX) else PREFIX
+    return recorded[len(prefix):].rpartition(":")[0].split()

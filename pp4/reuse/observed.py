@@ -100,11 +100,11 @@ class States:
             self._memo[key] = found
         return found
 
-    def native(self, compiler: str, flags: list[str]) -> str:
-        key = (compiler, nativecpu.PREFIX + " ".join(flags))
+    def native(self, compiler: str, flags: list[str], gpu: bool = False) -> str:
+        key = (compiler, (nativecpu.GPU_PREFIX if gpu else nativecpu.PREFIX) + " ".join(flags))
         found = self._memo.get(key)
         if found is None:
-            found = self._memo[key] = nativecpu.state(compiler, flags)
+            found = self._memo[key] = (nativecpu.gpu_state if gpu else nativecpu.state)(compiler, flags)
         return found
 
     def now(self, path: str, recorded: str, to_real=None) -> str:
@@ -114,6 +114,8 @@ class States:
             others = recorded[len(TWINS):].split("|", 1)[0].split("\0")
             reals = [to_real(o) if to_real else o for o in others]
             return twins_state(others, [path, *reals]) if None not in reals else recorded
+        if recorded.startswith(nativecpu.GPU_PREFIX):
+            return self.native(path, nativecpu.flags_of(recorded), gpu=True)
         if recorded.startswith(nativecpu.PREFIX):
             return self.native(path, nativecpu.flags_of(recorded))
         if recorded.startswith(LISTING):
@@ -215,6 +217,8 @@ def describe(state: str) -> str:
     if state.startswith(TWINS):
         others, _, classes = state[len(TWINS):].rpartition("|")
         return f"{len(others.split(chr(0))) + 1} files of the same bytes with modification times {classes}"
+    if state.startswith(nativecpu.GPU_PREFIX):
+        return f"this machine's GPUs as nvcc reads them for {' '.join(nativecpu.flags_of(state))} ({state[-64:][:12]})"
     if state.startswith(nativecpu.PREFIX):
         return f"this CPU as the compiler reads it for {' '.join(nativecpu.flags_of(state))} ({state[-64:][:12]})"
     if state.startswith(loadercache.PREFIX):
@@ -344,6 +348,11 @@ def _native_cpu(ran, pairs: dict, states: States) -> None:
     real = ran.real(compiler) if compiler else None
     if real is not None:
         pairs[(compiler, nativecpu.PREFIX)] = states.native(real, flags)
+    # nvcc's -arch=native: the same for the GPU, which nvcc asks the driver about.
+    gpu = nativecpu.gpu_flags_in(ran.command)
+    nvcc = ran.real(ran.command[0]) if gpu else None
+    if nvcc is not None:
+        pairs[(ran.command[0], nativecpu.GPU_PREFIX)] = states.native(nvcc, gpu, gpu=True)
 
 
 def by_folder(pairs: list[list[str]]) -> list[list[list[str]]]:
