@@ -54,3 +54,17 @@ def test_no_build_yet_is_said_plainly(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "pp4.report", "--build", str(tmp_path)], cwd=tmp_path,
                           capture_output=True, text=True, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
     assert proc.returncode == 2 and "no ninja log" in proc.stderr and "run `ninja` first" in proc.stderr
+
+
+def test_edges_that_share_their_times_are_each_an_edge(tmp_path):
+    """Claims of restored objects take less than the log's millisecond, so two edges can have the
+    same start and end: each is a step. One edge of several outputs (configure's: one command) is one."""
+    from pp4.report import timeline
+
+    log = ("# ninja log v6\n"
+           "0\t40\t0\tbuild.ninja\taaaa\n0\t40\t0\tbuild/pp4.json\taaaa\n"
+           "41\t41\t0\tbuild/x/obj/a.cpp.o\tbbbb\n41\t41\t0\tbuild/x/obj/b.cpp.o\tcccc\n"
+           "41\t41\t0\tbuild/x/obj/c.cpp.o\tdddd\n42\t90\t0\tbuild/x/x.so\teeee\n")
+    steps = timeline.steps_of(timeline.last_run(log), str(tmp_path))
+    assert [s.output for s in steps] == ["build.ninja", "build/x/obj/a.cpp.o", "build/x/obj/b.cpp.o",
+                                         "build/x/obj/c.cpp.o", "build/x/x.so"]

@@ -39,11 +39,11 @@ class ReportError(Exception):
     pass
 
 
-def last_run(log_text: str) -> list[tuple[float, float, str]]:
-    """(start s, end s, output) of the last run in a .ninja_log (v5 to v7). ninja appends an
-    edge's line when it ends, with times from that run's start: within a run the ends never go
-    down, so a line ending before the one above it starts another run."""
-    run: list[tuple[float, float, str]] = []
+def last_run(log_text: str) -> list[tuple[float, float, str, str]]:
+    """(start s, end s, output, command hash) of the last run in a .ninja_log (v5 to v7). ninja
+    appends an edge's line when it ends, with times from that run's start: within a run the ends
+    never go down, so a line ending before the one above it starts another run."""
+    run: list[tuple[float, float, str, str]] = []
     last_end = None
     for line in log_text.splitlines():
         if line.startswith("#"):
@@ -56,7 +56,7 @@ def last_run(log_text: str) -> list[tuple[float, float, str]]:
             continue
         if last_end is not None and end < last_end:
             run = []
-        run.append((start, end, output))
+        run.append((start, end, output, fields[4]))
         last_end = end
     return run
 
@@ -93,17 +93,18 @@ def graph_inputs(ninja: str, work: str) -> dict[str, set[str]]:
     return inputs
 
 
-def steps_of(run: list[tuple[float, float, str]], state_dir: str) -> list[Step]:
-    """One step per edge: an edge of several outputs (configure's) has a line for each, with the
-    same times, in a row."""
+def steps_of(run: list[tuple[float, float, str, str]], state_dir: str) -> list[Step]:
+    """One step per edge: an edge of several outputs (configure's) has a line for each, in a row,
+    with the same times and command. (Two edges can share their times: claims of restored objects
+    take less than the log's millisecond.)"""
     known = events.Events(state_dir)
     steps = []
     edges = []
-    for start, end, output in run:
-        if edges and edges[-1][:2] == (start, end):
+    for start, end, output, command in run:
+        if edges and edges[-1][:2] == (start, end) and edges[-1][3] == command:
             continue
-        edges.append((start, end, output))
-    for start, end, output in edges:
+        edges.append((start, end, output, command))
+    for start, end, output, _ in edges:
         ev = known.get(output)
         if ev is None:
             how, cpu = "other", None
