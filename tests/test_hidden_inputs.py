@@ -89,6 +89,19 @@ def objects(work: Path) -> dict[str, tuple[str, str | None, bytes]]:
     return out
 
 
+def observations_of(work: Path, prefix: str) -> set[tuple[str, str]]:
+    """The (path, state) observations of a build's sets whose state starts with prefix."""
+    found = set()
+    for path in (work / "build" / ".pp4").rglob("*.json"):
+        try:
+            doc = json.loads(path.read_text())
+        except ValueError:
+            continue
+        if isinstance(doc, list):
+            found |= {tuple(p) for p in doc if isinstance(p, list) and len(p) == 2 and str(p[1]).startswith(prefix)}
+    return found
+
+
 def spec(flags: list[str] = (), include_dirs: list[str] = (), sources=("u.cpp",), extra: str = "") -> str:
     return (f'name = "hidden"\nkind = "cpp"\nsources = {json.dumps(list(sources))}\n'
             f"cxx_flags = {json.dumps(['-O1', *flags])}\ninclude_dirs = {json.dumps(list(include_dirs))}\n{extra}")
@@ -275,15 +288,7 @@ def test_a_native_cpu_flag_is_keyed_on_what_the_compiler_makes_of_this_cpu(base)
     case = Case(base, {"u.cpp": tagged('"x"', head="")}, spec(["-march=native"]))
     first_build(case, "x")  # stored, and restored in a fresh folder: the reading holds here
     work = base / f"work-src-{case.n}"
-    found = set()
-    for path in (work / "build" / ".pp4").rglob("*.json"):
-        try:
-            doc = json.loads(path.read_text())
-        except ValueError:
-            continue
-        if isinstance(doc, list):
-            found |= {tuple(p) for p in doc if isinstance(p, list) and len(p) == 2 and str(p[1]).startswith("native:")}
-    (compiler, recorded), = found
+    (compiler, recorded), = observations_of(work, "native:")
     said = subprocess.run([compiler, "-###", "-E", "-x", "c", os.devnull, "-march=native"], capture_output=True,
                           env={"PATH": os.defpath, "LC_ALL": "C"})
     (cc1,) = [ln for ln in said.stderr.splitlines() if b"/cc1" in ln]
@@ -305,16 +310,7 @@ def test_nvccs_native_gpu_architecture_is_keyed_on_what_nvcc_makes_of_this_machi
     assert [g[0] for g in case.build(env=env)[0].values()] == ["compiled"]
     assert [g[0] for g in case.build(env=env)[0].values()] == ["reused"]  # the reading holds here
     work = base / f"work-src-{case.n}"
-    found = set()
-    for path in (work / "build" / ".pp4").rglob("*.json"):
-        try:
-            doc = json.loads(path.read_text())
-        except ValueError:
-            continue
-        if isinstance(doc, list):
-            found |= {tuple(p) for p in doc if isinstance(p, list) and len(p) == 2
-                      and str(p[1]).startswith("native-gpu:")}
-    (nvcc, recorded), = found
+    (nvcc, recorded), = observations_of(work, "native-gpu:")
     real = json.loads((work / "build" / "actions.json").read_text())["actions"][0]["argv"][0]
     said = subprocess.run([real, "-arch=native", "--dryrun", "-x", "cu", "-c", os.devnull, "-o", os.devnull],
                           capture_output=True, env={"PATH": os.defpath, "LC_ALL": "C"})
