@@ -204,6 +204,15 @@ static char *folder_of(pid_t pid, long dirfd) {
     return target;
 }
 
+/* name under the folder base (an empty name: base itself), as a new string; NULL without memory. */
+static char *under(const char *base, const char *name) {
+    char *joined = malloc(strlen(base) + strlen(name) + 2);
+    if (!joined) return NULL;
+    if (!name[0]) strcpy(joined, base);
+    else sprintf(joined, "%s%s%s", base, strcmp(base, "/") ? "/" : "", name);
+    return joined;
+}
+
 /* The path argument `index` of a call, absolute; NULL (and '?' in flags) when it cannot be known. */
 static char *path_arg(struct seen *c, const uint64_t *args, int dirfd_index, int index) {
     if (!args[index] && dirfd_index >= 0 && c->call->kind == WRITE) {
@@ -217,11 +226,7 @@ static char *path_arg(struct seen *c, const uint64_t *args, int dirfd_index, int
     if (path[0] == '/') return path;
     char *base = folder_of(c->pid, dirfd_index >= 0 ? (long)(int)args[dirfd_index] : AT_FDCWD);
     if (!base) { free(path); strcat(c->flags, "?"); return NULL; }
-    char *joined = malloc(strlen(base) + strlen(path) + 2);
-    if (joined) {
-        if (!path[0]) strcpy(joined, base);
-        else sprintf(joined, "%s%s%s", base, strcmp(base, "/") ? "/" : "", path);
-    }
+    char *joined = under(base, path);
     free(base);
     free(path);
     return joined;
@@ -243,9 +248,7 @@ static char *socket_address(pid_t pid, unsigned long addr, size_t len, char *fla
         memcpy(name, un.sun_path, sizeof un.sun_path);
         name[sizeof un.sun_path] = 0;
         if (name[0] == '/') return strdup(name);
-        char *base = folder_of(pid, AT_FDCWD), *joined = NULL;
-        if (base && (joined = malloc(strlen(base) + strlen(name) + 2)))
-            sprintf(joined, "%s%s%s", base, strcmp(base, "/") ? "/" : "", name);
+        char *base = folder_of(pid, AT_FDCWD), *joined = base ? under(base, name) : NULL;
         free(base);
         if (!joined) strcat(flags, "?");
         return joined;
