@@ -458,8 +458,7 @@ def main(argv: list[str]) -> int:
                         *(str(ROOT / "pp4" / m) for m in ("plan/modules.py", "plan/torchflags.py", "plan/ninjafile.py",
                                                           "sources/extensions.py", "sources/exl3.py", "sources/setuppy.py",
                                                           "toolchain/compilerenv.py", "toolchain/compilers.py")),
-                        str(torch_package_dir() / "version.py"), *spec_files,
-                        *((str(listing_stamp),) if source_folders else ())]
+                        str(torch_package_dir() / "version.py"), *spec_files]
     settings = ninjafile.BuildSettings(
         python=python_command(), configure=str(ROOT / "configure.py"), configure_args=tuple(argv),
         ninja=ninjarun.installed(), nvcc=str(tc.nvcc), cxx=chosen.cxx,  # as in compile_actions

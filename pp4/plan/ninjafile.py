@@ -45,9 +45,10 @@ class BuildSettings:
     # of the generator edge, so that a deleted build folder makes ninja run configure again.
     generator_outputs: tuple[str, ...] = ()
     # A setup.py's source folders: their names (pp4/sources/listing.py's stamp, an input of the
-    # generator edge) are listed again when a folder changes, without configure unless they changed.
+    # generator edge when there are such folders) are listed again when a folder changes, without
+    # configure unless they changed.
     source_folders: tuple[str, ...] = ()
-    source_listing: str | None = None
+    source_listing: str = ""
     source_listing_ignore: tuple[str, ...] = ()
 
 
@@ -188,17 +189,17 @@ def render(settings: BuildSettings, rules: str, plans: list[ModulePlan],
     w.newline()
     _build(w, "compile_commands.json", "compdb", implicit=["build.ninja"])
     _build(w, "compdb", "phony", "compile_commands.json")
-    _build(w, ["build.ninja", *settings.generator_outputs], "configure", implicit=list(settings.generator_inputs))
+    listing = [settings.source_listing] if settings.source_folders else []
+    _build(w, ["build.ninja", *settings.generator_outputs], "configure", implicit=[*settings.generator_inputs, *listing])
     # An input of configure that is gone (the sources configure unpacks into a deleted build folder,
     # a removed spec or source folder) makes ninja run configure again, which makes it anew or says
     # what is wrong, instead of stopping at "missing and no known rule to make it".
-    if settings.source_folders:
-        _build(w, settings.source_listing, "source_listing", implicit=list(settings.source_folders),
+    if listing:
+        _build(w, listing, "source_listing", implicit=list(settings.source_folders),
                variables={"folders": _shell(settings.source_folders),
                           "ignore": _shell(a for name in settings.source_listing_ignore for a in ("--ignore", name))})
     for path in (*settings.generator_inputs, *settings.source_folders):
-        if path != settings.source_listing:
-            _build(w, path, "phony")
+        _build(w, path, "phony")
     w.newline()
     # A setup.py project's modules go into its own wheel (pp4/wheel/project.py), not one wheel each.
     projects: dict[str, list[ModulePlan]] = {}
