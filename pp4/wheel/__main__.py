@@ -76,11 +76,12 @@ def pack(config: Path, actions: Path, target: str, dist_dir: Path, stamp: Path, 
 
 def stage(config: Path, setup_py: Path, stage_dir: Path, targets: list[str]) -> int:
     """A setup.py project's wheel without its modules, made while they build."""
+    from pp4.sources.extensions import ExtensionError
     from pp4.wheel import project
+
     # Off the critical path: on a machine whose cores all compile, it waits for an idle moment
     # instead of taking a compile's share.
     os.nice(19)
-    from pp4.sources.extensions import ExtensionError
     try:
         project.stage(config.parent, setup_py, targets, stage_dir)
     except (WheelError, ExtensionError) as e:
