@@ -427,6 +427,9 @@ def main(argv: list[str]) -> int:
         "limits": json.loads(limits.to_json()),
         "reuse": {"store": store_dir, "remote": remote, "roots": sorted({str(e.root) for e in exts}),
                   "relocation": places, "executor": executor_doc,
+                  # what tells a unit which module it is for: variants share a unit only where its
+                  # preprocessing is proven not to read them (pp4/reuse/variants.py)
+                  "name_macros": [plan.MODULE_NAME_MACRO, exl3.PYBIND11_INTERNALS_MACRO],
                   "toolchain": toolchain.identity(tc), "state_dir": str(statedir.of_build(builddir))},
         "compile": compile_section,
     }

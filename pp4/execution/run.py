@@ -71,9 +71,10 @@ def date_time_flags(argv: list[str]) -> list[str]:
 
 
 def run(argv: list[str], env: dict[str, str], limits: Limits, scratch_parent: str | Path, root: Root | None,
-        observed: bool = True, compile: bool = True) -> Ran:
+        observed: bool = True, compile: bool = True, stdout: Path | None = None) -> Ran:
     """Run argv (this machine's paths) in `root` (None: where it is), observed unless `observed`
-    is False or the observer cannot run here. Its stderr is returned, not printed."""
+    is False or the observer cannot run here. Its stderr is returned, not printed; its stdout goes
+    to the file `stdout` when given (else where the caller's goes)."""
     root_problem = None
     if root is not None:
         root_problem = unavailable(str(scratch_parent))
@@ -103,11 +104,12 @@ def run(argv: list[str], env: dict[str, str], limits: Limits, scratch_parent: st
     t0 = time.monotonic()
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     try:
-        with open(errors, "wb") as err:
+        with open(errors, "wb") as err, open(stdout or os.devnull, "wb") as out:
             # stderr to a file, not a pipe: in the root, the process that waits for the command
             # keeps subprocess's error pipe open until the command ends.
             proc = subprocess.run(full, env=process_env(env, Path(tmp)), preexec_fn=prepare, stdin=subprocess.DEVNULL,
-                                  stderr=err, cwd=None if root is not None else os.getcwd())
+                                  stdout=out if stdout else None, stderr=err,
+                                  cwd=None if root is not None else os.getcwd())
         returncode = proc.returncode
     except OSError as e:
         with open(errors, "ab") as err:

@@ -25,6 +25,8 @@ from pp4.toolchain.provision import Toolchain
 _ARCH = re.compile(r"^(\d+)\.(\d+)([af]?)(\+PTX)?$")
 # What a CppExtension does without (torch.utils.cpp_extension links these for CUDAExtension only).
 CUDA_LIBRARIES = ("c10_cuda", "torch_cuda")
+# The macro that tells a unit which module it is compiled for, as torch's builds define it.
+MODULE_NAME_MACRO = "TORCH_EXTENSION_NAME"
 
 
 class PlanError(Exception):
@@ -156,7 +158,7 @@ def _jit_compile_flags(ext: Extension, torch: TorchBuildFlags, toolchain: Toolch
                        supported_archs: list[str] | None, folded: Folded) -> tuple[list[str], list[str]]:
     """(C++ flags, nvcc flags) as torch.utils.cpp_extension.load builds: what pp4's own extensions
     and EXL3 (whose upstream builds it that way) use, and a spec's default."""
-    common = [f"-DTORCH_EXTENSION_NAME={ext.module}", "-DTORCH_API_INCLUDE_EXTENSION_H", *_macros(ext)]
+    common = [f"-D{MODULE_NAME_MACRO}={ext.module}", "-DTORCH_API_INCLUDE_EXTENSION_H", *_macros(ext)]
     common += [f"-I{inc}" for inc in ext.include_paths()]
     for inc in [*torch.include_dirs, toolchain.include_dir, torch.python_include]:
         common += ["-isystem", str(inc)]
@@ -182,7 +184,7 @@ def _setuptools_compile_flags(ext: Extension, torch: TorchBuildFlags, toolchain:
     if ext.kind == "cuda":
         includes.append(toolchain.include_dir)
     common = [*_macros(ext), *(f"-I{d}" for d in [*includes, *st.include_dirs])]
-    defines = ["-DTORCH_API_INCLUDE_EXTENSION_H", f"-DTORCH_EXTENSION_NAME={ext.module}"]
+    defines = ["-DTORCH_API_INCLUDE_EXTENSION_H", f"-D{MODULE_NAME_MACRO}={ext.module}"]
     std = f"-std={torch.cxx_standard}"
     cxx = [*st.cflags, *common, *ext.cxx_flags, *defines]
     if not any(f.startswith("-std=") for f in ext.cxx_flags):

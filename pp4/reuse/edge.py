@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+import attrs
+
 from pp4.reuse import actionkey, events, observed
 from pp4.reuse.notices import env_notices, machine_notices, notify_once
 from pp4.reuse.wrapper import MARKER_SUFFIX, Action, ReuseConfig, Reuser, time_problem
@@ -40,6 +42,14 @@ def compile_one(cfg: ReuseConfig, env: dict[str, str], argv: list[str]) -> int:
                     events.write(cfg.state_dir,
                                  reuser.hit_event(action, hit, time.monotonic() - t0, via="wrapper, after the same compile"))
                     return 0
+            shared = reuser.lookup_variant(action)
+            if shared is not None and reuser.materialize(shared, action):
+                adopted = reuser.adopt(action, shared)
+                event = reuser.hit_event(action, shared, time.monotonic() - t0,
+                                         via="wrapper, from another variant's compile: its preprocessing reads none of "
+                                             + ", ".join(cfg.name_macros))
+                events.write(cfg.state_dir, attrs.evolve(event, action_key=adopted or shared.entry.action_key))
+                return 0
             return _compile(cfg, reuser, action)
     finally:
         reuser.hasher.save()
@@ -82,5 +92,5 @@ def _compile(cfg: ReuseConfig, reuser: Reuser, action: Action) -> int:
     reuser.write_depfile(action, pairs, ran)
     stored = reuser.store_compile(action, pairs, problem, ran.seconds)
     reuser.event(action, status="compiled", compile_duration_s=round(ran.seconds, 3), compile_cpu_s=ran.cpu_seconds,
-                 missed=reuser.missed, **stored)
+                 missed=reuser.missed, not_shared=reuser.shared_refused, **stored)
     return 0

@@ -45,6 +45,7 @@ class CompileEvent:
     input_sets: tuple[str, ...] = attrs.field(default=(), converter=tuple)
     not_stored: str | None = None  # why a compiled object was not stored
     missed: str | None = None  # why the newest stored entry of the command did not hold
+    not_shared: str | None = None  # why another variant's stored object was not proven to be this one
     remote: str | None = None  # the remote tier a compiled object was published to
     executed_on: str | None = None  # the cluster node that compiled it
     compile_duration_s: float | None = None  # reused: the stored compile's

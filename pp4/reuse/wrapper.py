@@ -36,7 +36,7 @@ from pp4 import statedir
 from pp4.execution import depfile
 from pp4.execution.root import Root
 from pp4.files import canonical_json, sha256_and_size
-from pp4.reuse import events, inputsets, observed
+from pp4.reuse import events, inputsets, observed, variants
 from pp4.reuse.actionkey import CompileArgs, FileHasher
 from pp4.store.front import Found, StoreFront
 from pp4.store.manifests import ManifestEntry
@@ -62,6 +62,7 @@ class ReuseConfig:
     remote: dict | None = None  # {"url" (no password), "mode", "ttl"}: the remote tier, if any
     places: dict = attrs.field(factory=dict)  # {"$TORCH": folder, ...}: mounted at fixed paths in the root
     executor: dict | None = None  # {"address", "timeout_s", "toolchain"}: misses compile on a Ray cluster
+    name_macros: tuple[str, ...] = ()  # the macros that carry a module's name (pp4/reuse/variants.py)
 
     @classmethod
     def load(cls, path: str | Path) -> "ReuseConfig":
@@ -71,7 +72,8 @@ class ReuseConfig:
                    compilers=Compilers.from_dict(doc["compile"]["compilers"]),
                    state_dir=r["state_dir"], limits=Limits.from_dict(doc["limits"]),
                    folded=doc["compile"].get("folded", {}), remote=r.get("remote"),
-                   places=r.get("relocation") or {}, executor=r.get("executor"))
+                   places=r.get("relocation") or {}, executor=r.get("executor"),
+                   name_macros=tuple(r.get("name_macros") or ()))
 
     def tmpdir(self) -> Path:
         return Path(self.limits.tmpdir) if self.limits.tmpdir else Path(os.environ.get("TMPDIR", "/tmp"))
@@ -96,6 +98,7 @@ class Action:
     root: Root | None  # the fixed root it runs in; None where namespaces cannot be made here
     command: tuple[str, ...]  # as it runs: the root's paths, `-D` values as written
     mkey: str
+    nkey: str | None = None  # the key it shares with other variants' compiles of the unit (pp4/reuse/variants.py)
 
     def outputs(self) -> set[str]:
         """The paths it writes, as it sees them."""
@@ -143,6 +146,7 @@ class Reuser:
         self._root_ok: bool | None = None
         self.root_problem: str | None = None  # why compiles cannot run in the fixed root here
         self.missed: str | None = None  # why the last lookup's newest entry did not hold
+        self.shared_refused: str | None = None  # why another variant's object was not proven this one's
 
     # -- the action -------------------------------------------------------------------------
 
@@ -159,7 +163,9 @@ class Reuser:
         if self.root_works():
             root = Root.make(os.getcwd(), self.cfg.places, self.cfg.root_for(args.source), self.cfg.builddir())
         command = tuple(root.command(list(args.argv)) if root is not None else args.argv)
-        return Action(args, env, root, command, manifest_key(command, env, root is not None))
+        in_root = root is not None
+        return Action(args, env, root, command, manifest_key(command, env, in_root),
+                      variants.name_free_key(command, env, in_root, self.cfg.name_macros))
 
     # -- lookup -----------------------------------------------------------------------------
 
@@ -182,6 +188,49 @@ class Reuser:
             return False
 
         return self.front.find(action.mkey, sound, holds)
+
+    def lookup_variant(self, action: Action) -> Found | None:
+        """Another variant's object for this unit, where this compile is proven to give the same
+        (pp4/reuse/variants.py): a stored compile whose command is this one but for the name
+        macros, whose observations hold now. The proof runs once, and only for such an entry."""
+        if self.front is None or action.nkey is None:
+            return None
+        proof: dict[str, str | None] = {}
+
+        def holds(entry: ManifestEntry) -> bool:
+            return all(self.sets.matches(self.store_sets, sid, action.root) for sid in entry.input_sets)
+
+        def fits(entry: ManifestEntry, record) -> bool:
+            p = record.payload
+            other, command = p.get("manifest_key"), p.get("command")
+            if not isinstance(command, list) or not isinstance(p.get("env"), dict) or other == action.mkey:
+                return False
+            in_root = bool(p.get("in_root"))
+            if (manifest_key(command, p["env"], in_root) != other or not sound_entry(other, entry)
+                    or variants.name_free_key(command, p["env"], in_root, self.cfg.name_macros) != action.nkey):
+                return False
+            if "why" not in proof:
+                proof["why"] = variants.unproven(list(action.args.argv), action.args.language, action.env,
+                                                 self.cfg.name_macros, self.cfg.limits, self.cfg.runs_dir(),
+                                                 action.root)
+                self.shared_refused = proof["why"]
+            return proof["why"] is None
+
+        return self.front.find(action.nkey, lambda entry: True, holds, fits=fits)
+
+    def adopt(self, action: Action, hit: Found) -> str | None:
+        """Keep another variant's object as this command's own (its own manifest entry and action
+        record), so that later lookups and the prepass find it without a proof. Its action key."""
+        sids = list(hit.entry.input_sets)
+        akey = action_key(action.mkey, sids)
+        sets = {sid: data for sid in sids if (data := self.front.set_bytes(sid)) is not None}
+        payload = {**hit.record.payload, "manifest_key": action.mkey, "command": list(action.command),
+                   "env": action.env, "in_root": action.root is not None,
+                   "shared_from": {"manifest_key": hit.record.payload.get("manifest_key"),
+                                   "compiled_for": hit.record.payload.get("compiled_for")}}
+        kept = self.front.keep(action.mkey, ManifestEntry(akey, sids), sets, action.args.output,
+                               hit.record.object_sha256, payload, sound=lambda e: sound_entry(action.mkey, e))
+        return akey if kept.record is not None and kept.record.object_sha256 == hit.record.object_sha256 else None
 
     def note_miss(self, entry: ManifestEntry, action: Action) -> None:
         """Why the newest stored entry of this command did not hold, for the compile's event: the
@@ -264,15 +313,19 @@ class Reuser:
         if kept.existed and kept.record.object_sha256 != sha:
             return dict(result, not_stored=f"the store holds another object for this action "
                                            f"({kept.record.object_sha256[:16]}): the compiler is not deterministic here")
+        if action.nkey is not None:  # where other variants of this unit look (pp4/reuse/variants.py)
+            self.front.add_entry(action.nkey, ManifestEntry(akey, sids), sound=lambda e: True)
         return dict(result, action_key=akey, remote=kept.remote)
 
     @contextmanager
     def compile_lock(self, action: Action):
-        """The store's lock of this command while it compiles (pp4/store/front.py)."""
+        """The store's lock of this command while it compiles (pp4/store/front.py): of its
+        name-free form where it has one, so that the same unit of two variants compiles once when
+        the second can share the first's object."""
         if self.front is None:
             yield False
             return
-        with self.front.compile_lock(action.mkey) as waited:
+        with self.front.compile_lock(action.nkey or action.mkey) as waited:
             yield waited
 
     # -- events -----------------------------------------------------------------------------

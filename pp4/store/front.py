@@ -32,6 +32,7 @@ from pp4.store.manifests import MANIFEST_ENTRIES, ManifestEntry, Manifests
 from pp4.store.records import ActionRecord, CorruptObject, ObjectMissing, StoreError
 
 Check = Callable[[ManifestEntry], bool]
+Fits = Callable[[ManifestEntry, ActionRecord], bool]
 
 
 @attrs.frozen
@@ -69,7 +70,8 @@ class StoreFront:
 
     # -- finding ------------------------------------------------------------------------------
 
-    def find(self, mkey: str, sound: Check, holds: Check) -> Found | None:
+    def find(self, mkey: str, sound: Check, holds: Check, fits: Fits | None = None) -> Found | None:
+        """fits(entry, record): a further condition on the action record an entry names."""
         for entry in reversed(self.manifests.read(mkey)):
             if not sound(entry) or not holds(entry):
                 continue
@@ -78,18 +80,18 @@ class StoreFront:
             except StoreError as e:
                 print(f"pp4.reuse: warning: {e} (compiling instead)", file=sys.stderr)
                 return None
-            if record is not None:
+            if record is not None and (fits is None or fits(entry, record)):
                 return Found(entry, record)
         if self.remote is not None:
             from pp4.store.remote import RemoteUnavailable
 
             try:
-                return self._find_remote(mkey, sound, holds)
+                return self._find_remote(mkey, sound, holds, fits)
             except RemoteUnavailable:
                 self.remote = None  # said once (pp4/store/remote/tier.py); this process goes on locally
         return None
 
-    def _find_remote(self, mkey: str, sound: Check, holds: Check) -> Found | None:
+    def _find_remote(self, mkey: str, sound: Check, holds: Check, fits: Fits | None) -> Found | None:
         remote = self.remote
         for entry in reversed(remote.entries(mkey)):
             if not sound(entry):
@@ -108,6 +110,8 @@ class StoreFront:
                 record = self._fill_local(*fetched)
                 if record is None:
                     return None
+            if fits is not None and not fits(entry, record):
+                continue
             self.add_entry(mkey, entry, sound)
             return Found(entry, record, tier="remote")
         return None
@@ -126,6 +130,10 @@ class StoreFront:
                 hashed.write(self.sets, sid, data)
             self._sets_here.add(sid)
         return True
+
+    def set_bytes(self, sid: str) -> bytes | None:
+        """An observation set as the local store holds it (checked against its name)."""
+        return hashed.read(self.sets, sid)
 
     def _fill_local(self, record: ActionRecord, blob: bytes) -> ActionRecord | None:
         self.tmpdir.mkdir(parents=True, exist_ok=True)
