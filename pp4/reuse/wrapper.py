@@ -8,8 +8,9 @@ hash of the command as it runs there (fixed paths, `-D` values as written) and i
 its *observation set* is every path its processes asked about with the state found there
 (pp4/reuse/observed.py); the *action key* (manifest key + the set's name) names the stored object.
 A lookup takes the manifest's entries newest first and restores the first whose every observation
-holds now, then writes the dependency file from the set's files. Otherwise the unit compiles and is
-stored, unless it cannot be trusted: not observed, an input changed while it ran, it wrote outside
+holds now, then writes the dependency file from the set's files. A compile edge that misses may
+still restore another variant's object of the unit, where the compilers prove the module's name
+cannot reach it (pp4/reuse/variants.py). Otherwise the unit compiles and is stored, unless it cannot be trusted: not observed, an input changed while it ran, it wrote outside
 its outputs, or gcc says its preprocessing expanded a time macro that SOURCE_DATE_EPOCH does not
 fix (pp4/execution/run.py).
 
@@ -40,7 +41,7 @@ from pp4.reuse import events, inputsets, observed, variants
 from pp4.reuse.actionkey import CompileArgs, FileHasher
 from pp4.store.front import Found, StoreFront
 from pp4.store.manifests import ManifestEntry
-from pp4.store.records import StoreError
+from pp4.store.records import ActionRecord, StoreError
 from pp4.toolchain.compilers import Compilers
 from pp4.toolchain.limits import Limits
 
@@ -198,9 +199,14 @@ class Reuser:
         proof: dict[str, str | None] = {}
 
         def holds(entry: ManifestEntry) -> bool:
-            return all(self.sets.matches(self.store_sets, sid, action.root) for sid in entry.input_sets)
+            if all(self.sets.matches(self.store_sets, sid, action.root) for sid in entry.input_sets):
+                return True
+            if self.shared_refused is None:
+                differs = self.first_difference(entry, action)
+                self.shared_refused = f"another variant's compile read what differs here: {differs}" if differs else None
+            return False
 
-        def fits(entry: ManifestEntry, record) -> bool:
+        def fits(entry: ManifestEntry, record: ActionRecord) -> bool:
             p = record.payload
             other, command = p.get("manifest_key"), p.get("command")
             if not isinstance(command, list) or not isinstance(p.get("env"), dict) or other == action.mkey:
@@ -235,18 +241,20 @@ class Reuser:
     def note_miss(self, entry: ManifestEntry, action: Action) -> None:
         """Why the newest stored entry of this command did not hold, for the compile's event: the
         first question of someone whose build compiled what they expected restored."""
-        if self.missed is not None:
-            return
+        if self.missed is None:
+            self.missed = self.first_difference(entry, action)
+
+    def first_difference(self, entry: ManifestEntry, action: Action) -> str | None:
+        """The first observation of an entry that does not hold here, and how many more."""
         to_real = action.root.real if action.root is not None else (lambda p: p)
         for sid in entry.input_sets:
             pairs = self.sets.load(self.store_sets, sid)
             if pairs is None:
-                self.missed = f"its newest stored entry names an observation set the store lacks ({sid[:16]})"
-                return
+                return f"its newest stored entry names an observation set the store lacks ({sid[:16]})"
             changed = observed.differences(pairs, to_real, self.states)
             if changed:
-                self.missed = f"{changed[0]} (and {len(changed) - 1} more)" if len(changed) > 1 else changed[0]
-                return
+                return f"{changed[0]} (and {len(changed) - 1} more)" if len(changed) > 1 else changed[0]
+        return None
 
     def materialize(self, hit: Found, action: Action) -> bool:
         """Put the stored object at the output, rechecked, and the dependency file beside it."""
@@ -319,13 +327,13 @@ class Reuser:
 
     @contextmanager
     def compile_lock(self, action: Action):
-        """The store's lock of this command while it compiles (pp4/store/front.py): of its
-        name-free form where it has one, so that the same unit of two variants compiles once when
-        the second can share the first's object."""
+        """The store's lock of this command while it compiles (pp4/store/front.py). Not of its
+        name-free form: two variants' compiles of a unit run side by side rather than one waiting
+        for the other, whose object a proof may then refuse."""
         if self.front is None:
             yield False
             return
-        with self.front.compile_lock(action.nkey or action.mkey) as waited:
+        with self.front.compile_lock(action.mkey) as waited:
             yield waited
 
     # -- events -----------------------------------------------------------------------------

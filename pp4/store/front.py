@@ -1,16 +1,20 @@
 """The store as one compile sees it: one call down to find an object, one to keep one; the tier order
 lives here and nowhere else.
 
-    find(mkey, sound, holds)   the local store's entries for a command, newest first; then the
+    find(mkey, sound, holds[, fits])
+                               the local store's entries for a command, newest first; then the
                                remote tier's, whose input sets are fetched (checked) into the local
                                set folder first, and whose object, once an entry holds, is checked
-                               and put into the local store, which then serves it
+                               and put into the local store, which then serves it; `fits`, when
+                               given, must accept the action record too
     keep(mkey, entry, sets, object, payload)
                                the input sets, the object, the manifest entry, in that order (an
                                entry never names what is not there); then the remote tier
 
 What an entry must satisfy is the caller's (pp4.reuse): `sound(entry)`, its action key follows from
-its inputs, and `holds(entry)`, every observation of its input sets holds now. The store never asks
+its inputs, `holds(entry)`, every observation of its input sets holds now, and for another variant's
+entry `fits(entry, record)`, the record's command is this one's but for the module's name and the
+compile is proven not to read it. The store never asks
 why. Every fault of a tier ends as a miss or as "not stored", said once on stderr, never as a wrong
 object.
 """
