@@ -144,14 +144,20 @@ def test_changed_flag(tree, tmp_path):
         spec.unlink()
 
 
-def test_other_module_name_shares_nothing(tree):
-    """A -D value is keyed as written: a macro can carry the module name anywhere (token pasting, a
-    header that stringizes it), which no look at the text can rule out."""
+def test_other_module_name_shares_only_what_is_proven(tree):
+    """A -D value is keyed as written (a macro can carry the module name anywhere); another module
+    name shares a unit only where the compilers prove the name cannot reach it (docs/reuse.md): the
+    two CUDA units, never the unit that defines the module. Each shared object is the object a real
+    compile under the new name gives."""
     spec = tree.src / "ext-renamed.toml"
     spec.write_text((tree.src / "ext.toml").read_text().replace('name = "pp4_fixture"', 'name = "pp4_fixture_b"'))
     try:
-        assert tree.build(spec=spec) == {"ops.cpp.o": "compiled", "scale.cu.o": "compiled", "shift.cu.o": "compiled"}
+        assert tree.build(spec=spec) == {"ops.cpp.o": "compiled", "scale.cu.o": "reused", "shift.cu.o": "reused"}
+        objects = Path("build") / "pp4_fixture_b" / "obj" / "src"
+        shared = {u: (tree.work / objects / u).read_bytes() for u in ("scale.cu.o", "shift.cu.o")}
         assert tree.build(spec=spec) == ALL_REUSED
+        assert tree.build("--no-reuse", spec=spec) == {u: "compiled" for u in ALL_REUSED}
+        assert {u: (tree.work / objects / u).read_bytes() for u in shared} == shared
     finally:
         spec.unlink()
 
