@@ -37,6 +37,38 @@ def run_id() -> str | None:
     return f"{pid}-{found[1][19]}" if found else None
 
 
+# ninja's options that take a value (ninja --help); the words left over are the targets asked for.
+_VALUED_OPTIONS = {"-C", "-f", "-j", "-k", "-l", "-d", "-t", "-w"}
+
+
+def requested_targets() -> list[str] | None:
+    """The targets the ninja this process runs under was asked for ([] for its default); None
+    when there is no such ninja, or it ran a tool (`-t`)."""
+    pid = ninja_ancestor()
+    if pid is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            words = [w.decode(errors="replace") for w in f.read().split(b"\0")[1:] if w]
+    except OSError:
+        return None
+    targets, i = [], 0
+    while i < len(words):
+        w = words[i]
+        if w == "-t" or w.startswith("-t"):
+            return None
+        if w in _VALUED_OPTIONS:
+            i += 2
+            continue
+        if w == "--":
+            targets += words[i + 1:]
+            break
+        if not w.startswith("-"):
+            targets.append(w)
+        i += 1
+    return targets
+
+
 def started(pid: int) -> float | None:
     """When a running process started, in seconds since the epoch; None once it has ended (a
     zombie that its parent has not reaped yet counts as ended)."""

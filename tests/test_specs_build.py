@@ -69,6 +69,8 @@ def test_a_spec_in_its_own_folder_builds_one_target_certifies_what_is_built_and_
     # The spec's root is the project folder its ../ paths share: objects are named from there.
     assert sorted(compiled(one.stdout)) == ["build/pp4_answer/obj/csrc/answer.cpp.o", "build/pp4_answer/obj/csrc/twice.c.o"]
     assert call(work, "pp4_answer", "[m.answer(), m.twice(21), m.greeting]") == [42, 42, "hello"]
+    # `ninja TARGET` ends, as a whole build does, with what it did.
+    assert re.search(r"^pp4: last build: \d+ edges in .*; compiled 2 ", one.stdout, re.M), one.stdout
 
     # The wheels of what is built: pp4_answer's, and pp4_other named as not built; nothing compiled.
     packed = run([ninja_bin(), "wheel-built"], work)

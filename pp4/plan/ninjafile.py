@@ -171,7 +171,8 @@ def render(settings: BuildSettings, rules: str, plans: list[ModulePlan],
         # The pin holds the plan's source key: a plan configure rewrote (another source tree, other
         # provenance) pins the module again even where its bytes did not change.
         _build(w, pin_path(plan), "pin", out_mod, implicit=[plan_json_path(settings.builddir, plan)],
-               variables={"plan": _shell([plan_json_path(settings.builddir, plan)])})
+               variables={"plan": _shell([plan_json_path(settings.builddir, plan)]),
+                          "target": _shell([plan.extension.target])})
         _build(w, plan.extension.target, "phony", [out_mod, pin_path(plan)])
         _build(w, wheel_stamp_path(settings.builddir, plan.extension.target), "wheel", pin_path(plan),
                implicit=[settings.actions, RUNTIME_LOADER, out_mod, *(str(s.object) for s in plan.steps)],

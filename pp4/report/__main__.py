@@ -24,7 +24,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--svg", help="where the picture goes (default: BUILD/report.svg)")
     ap.add_argument("--summary", action="store_true",
                     help="only the line, and never fail (what the certificate edge runs at the end of a build)")
+    ap.add_argument("--if-asked-for", metavar="TARGET",
+                    help="with --summary: only when the ninja running this asked for TARGET alone")
     args = ap.parse_args(argv)
+    if args.if_asked_for is not None and ninjarun.requested_targets() != [args.if_asked_for]:
+        return 0
     build = Path(args.build)
     try:
         steps, path = timeline.load(".", str(build), ninjarun.binary())
