@@ -11,6 +11,7 @@ token pasting), makes gcc say so, and `Ran.time_macros` lists what it said.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import resource
@@ -104,12 +105,11 @@ def run(argv: list[str], env: dict[str, str], limits: Limits, scratch_parent: st
     t0 = time.monotonic()
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     try:
-        with open(errors, "wb") as err, open(stdout or os.devnull, "wb") as out:
+        with open(errors, "wb") as err, open(stdout, "wb") if stdout else contextlib.nullcontext() as out:
             # stderr to a file, not a pipe: in the root, the process that waits for the command
             # keeps subprocess's error pipe open until the command ends.
             proc = subprocess.run(full, env=process_env(env, Path(tmp)), preexec_fn=prepare, stdin=subprocess.DEVNULL,
-                                  stdout=out if stdout else None, stderr=err,
-                                  cwd=None if root is not None else os.getcwd())
+                                  stdout=out, stderr=err, cwd=None if root is not None else os.getcwd())
         returncode = proc.returncode
     except OSError as e:
         with open(errors, "ab") as err:
