@@ -548,6 +548,45 @@ def test_a_compile_that_asks_the_host_name(base):
     assert case.check("pp4-elsewhere", wrap=other)["u.cpp.o"][0] == "compiled"
 
 
+def test_a_compile_that_reads_shared_memory_another_process_left(base):
+    """An assembler wrapper that puts what another process left in System V shared memory into the
+    object: no path shows it (shmget takes a number), so such a compile is never stored, and when
+    the memory says something else, the object says it too."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.shmat.restype = ctypes.c_void_p
+    key = 0x50500000 + os.getpid() % 0x10000
+    shmid = libc.shmget(key, 64, 0o1000 | 0o600)  # IPC_CREAT
+    assert shmid >= 0, os.strerror(ctypes.get_errno())
+    shared = libc.shmat(shmid, None, 0)
+    ctypes.memmove(shared, b"one\0", 4)
+    tools = base / "tools"
+    tools.mkdir()
+    (tools / "as").write_text(f"""#!{sys.executable} -B
+import ctypes, os, sys, tempfile
+libc = ctypes.CDLL(None)
+libc.shmat.restype = ctypes.c_void_p
+shmid = libc.shmget({key}, 64, 0)
+tag = ctypes.string_at(libc.shmat(shmid, None, 0)).decode() if shmid >= 0 else "none"
+fd, extra = tempfile.mkstemp(suffix=".s")
+os.write(fd, ('.section .rodata\\n.ascii "TAG[' + tag + ']"\\n').encode())
+os.execvp("as", ["as", *sys.argv[1:], extra])
+""")
+    (tools / "as").chmod(0o755)
+    case = Case(base, {"u.cpp": "int u() { return 1; }\n"}, spec([f"-B{tools}/"]))
+    try:
+        got, _ = case.build()
+        assert got["u.cpp.o"][:2] == ("compiled", "one")
+        event = next((base / "work-src-1" / "build" / ".pp4" / "events").glob("*.json")).read_text()
+        assert "through System V shared memory (shmget)" in event
+        ctypes.memmove(shared, b"two\0", 4)
+        assert case.check("two")["u.cpp.o"][0] == "compiled"
+    finally:
+        libc.shmdt(ctypes.c_void_p(shared))
+        libc.shmctl(shmid, 0, None)  # IPC_RMID
+
+
 @pytest.mark.parametrize("machine_file", ["/proc/cpuinfo", "/proc/sys/kernel/osrelease"])
 def test_a_compile_that_reads_what_the_machine_is(base, machine_file):
     """An assembler wrapper that puts what /proc says of the machine (its CPU, its kernel) into the

@@ -69,6 +69,13 @@ _FREE = {"chdir", "fchdir"}
 _SOCKETS = {"connect", "bind"}
 # Calls that ask the kernel about the machine itself (its name, its kernel release): no path shows it.
 _MACHINE = {"uname"}
+# Other ways to another process, or to what one left behind, that no path shows.
+CHANNELS = {**dict.fromkeys(("shmget", "shmat", "shmctl"), "System V shared memory"),
+            **dict.fromkeys(("msgget", "msgrcv", "msgctl"), "a System V message queue"),
+            **dict.fromkeys(("semget", "semctl", "semop", "semtimedop"), "System V semaphores"),
+            "mq_open": "a POSIX message queue",
+            **dict.fromkeys(("process_vm_readv", "ptrace", "pidfd_getfd"), "another process's memory or descriptors"),
+            **dict.fromkeys(("keyctl", "request_key"), "the kernel's key store")}
 _ESCAPE = re.compile(r"\\(.)")
 _ESCAPED = {"t": "\t", "n": "\n", "\\": "\\"}
 
@@ -84,6 +91,7 @@ class Trace:
     through_proc: tuple = ()  # paths read through a process's folder link under /proc: not trusted either
     sockets: tuple = ()  # the addresses of sockets it connected or bound: another process's answers
     machine: tuple = ()  # what asked which machine it runs on: uname, or a file such as /proc/cpuinfo
+    channels: tuple = ()  # the calls that reached another process other than by socket (CHANNELS)
 
 
 def compiler() -> str | None:
@@ -180,7 +188,7 @@ def _unescape(field: str) -> str:
 def parse(log_text: str) -> Trace:
     """The trace of one observed command, from pp4-observe's log (observer.c says its format)."""
     reads: dict[tuple[str, bool], str] = {}
-    listed, executed, writes, opaque, through_proc, sockets, machine = set(), set(), set(), [], [], [], []
+    listed, executed, writes, opaque, through_proc, sockets, machine, channels = set(), set(), set(), [], [], [], [], []
     for line in log_text.splitlines():
         fields = line.split("\t")
         if len(fields) < 5 or not fields[2].isdigit() or "?" in fields[3]:
@@ -192,6 +200,9 @@ def parse(log_text: str) -> Trace:
             continue
         if name in _MACHINE:
             machine.append(name)
+            continue
+        if name in CHANNELS:
+            channels.append(name)
             continue
         if name in _SOCKETS:
             if name == "connect" and "s" not in flags and err != 0:
@@ -231,7 +242,7 @@ def parse(log_text: str) -> Trace:
         if name.startswith("execve") and err == 0:
             executed.add(path)
     return Trace(reads, frozenset(listed), frozenset(executed), frozenset(writes), tuple(opaque), tuple(through_proc),
-                 tuple(sockets), tuple(machine))
+                 tuple(sockets), tuple(machine), tuple(channels))
 
 
 def interpreters(path: str) -> list[str]:

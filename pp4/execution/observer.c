@@ -66,7 +66,7 @@
 #error "pp4-trace knows the system calls of x86_64 and aarch64 only"
 #endif
 
-enum kind { READ, NOFOLLOW, WRITE, LIST, EXEC, CHDIR, SOCKET, MACHINE };
+enum kind { READ, NOFOLLOW, WRITE, LIST, EXEC, CHDIR, SOCKET, MACHINE, CHANNEL };
 
 /* A traced call: where its paths are. dirfd: the argument holding the folder the path at `path`
    is relative to (-1: the working folder). flags: the argument whose bits say write/nofollow/empty
@@ -152,6 +152,27 @@ static const struct call CALLS[] = {
     C(bind, SOCKET, -1, -1, -1, -1, -1),
     /* The machine's name and kernel release (gethostname asks this too): no path shows them. */
     C(uname, MACHINE, -1, -1, -1, -1, -1),
+    /* Other ways to another process, or to what another process left, that no path shows: System V
+       shared memory, message queues and semaphores, POSIX message queues, another process's memory
+       or descriptors, the kernel's key store. The call itself is what is logged. */
+    C(shmget, CHANNEL, -1, -1, -1, -1, -1),
+    C(shmat, CHANNEL, -1, -1, -1, -1, -1),
+    C(shmctl, CHANNEL, -1, -1, -1, -1, -1),
+    C(msgget, CHANNEL, -1, -1, -1, -1, -1),
+    C(msgrcv, CHANNEL, -1, -1, -1, -1, -1),
+    C(msgctl, CHANNEL, -1, -1, -1, -1, -1),
+    C(semget, CHANNEL, -1, -1, -1, -1, -1),
+    C(semctl, CHANNEL, -1, -1, -1, -1, -1),
+    C(semop, CHANNEL, -1, -1, -1, -1, -1),
+    C(semtimedop, CHANNEL, -1, -1, -1, -1, -1),
+    C(mq_open, CHANNEL, -1, -1, -1, -1, -1),
+    C(process_vm_readv, CHANNEL, -1, -1, -1, -1, -1),
+    C(ptrace, CHANNEL, -1, -1, -1, -1, -1),
+#ifdef SYS_pidfd_getfd
+    C(pidfd_getfd, CHANNEL, -1, -1, -1, -1, -1),
+#endif
+    C(keyctl, CHANNEL, -1, -1, -1, -1, -1),
+    C(request_key, CHANNEL, -1, -1, -1, -1, -1),
 #ifdef SYS_io_uring_setup
     /* A ring's requests (IORING_OP_OPENAT, _STATX, ...) are carried out without a call this filter
        sees: a process that sets one up is reported, and its command's observation not trusted. */
@@ -291,7 +312,7 @@ static void read_call(struct seen *c, const struct seccomp_data *data) {
     }
     if (k->kind == SOCKET) {
         c->path = socket_address(c->pid, args[1], (size_t)args[2], c->flags);
-    } else if (k->kind == MACHINE) {
+    } else if (k->kind == MACHINE || k->kind == CHANNEL) {
         /* nothing to read: the call itself is what is logged */
     } else if (k->kind == LIST || k->nr == SYS_fchdir) {
         c->path = folder_of(c->pid, (long)(int)args[0]);

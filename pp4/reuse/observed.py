@@ -30,6 +30,7 @@ import os
 import re
 import stat
 
+from pp4.execution.observe import CHANNELS
 from pp4.execution.root import FIXED
 from pp4.reuse import loadercache, nativecpu
 from pp4.reuse.actionkey import FileHasher
@@ -246,7 +247,7 @@ def describe(state: str) -> str:
 def from_run(ran, outputs: set[str], states: States) -> tuple[list[list[str]], str | None]:
     """The observation set of a finished compile (pp4.execution.run.Ran), and why it must not be
     stored, if it must not: the observer could not run or could not read a call, the compile
-    talked to another process through a socket or asked which machine it runs on, wrote somewhere
+    talked to another process (a socket, shared memory, ...) or asked which machine it runs on, wrote somewhere
     other than its outputs and temporary folder, or something it read changed while it ran.
     outputs: the paths it was asked to write, as it saw them."""
     trace = ran.trace
@@ -257,6 +258,10 @@ def from_run(ran, outputs: set[str], states: States) -> tuple[list[list[str]], s
     if trace.sockets:
         return [], (f"it reached another process through a socket ({trace.sockets[0][:160]}): what that "
                     "process answered is an input no file shows")
+    if trace.channels:
+        call = trace.channels[0]
+        return [], (f"it reached another process, or what one left, through {CHANNELS[call]} ({call}): an input "
+                    "no file shows")
     if trace.machine:
         asked = trace.machine[0]
         return [], (f"it asked the kernel which machine it runs on ({asked}"
