@@ -579,12 +579,44 @@ os.execvp("as", ["as", *sys.argv[1:], extra])
         got, _ = case.build()
         assert got["u.cpp.o"][:2] == ("compiled", "one")
         event = next((base / "work-src-1" / "build" / ".pp4" / "events").glob("*.json")).read_text()
-        assert "through System V shared memory (shmget)" in event
+        assert "it read System V shared memory (shmget)" in event
         ctypes.memmove(shared, b"two\0", 4)
         assert case.check("two")["u.cpp.o"][0] == "compiled"
     finally:
         libc.shmdt(ctypes.c_void_p(shared))
         libc.shmctl(shmid, 0, None)  # IPC_RMID
+
+
+def test_a_compile_that_reads_an_extended_attribute(base):
+    """An assembler wrapper that puts a file's extended attribute into the object: the file's
+    content and presence stay the same when the attribute changes, so such a compile is never
+    stored."""
+    probe = base / "xattr-probe"
+    probe.write_text("")
+    try:
+        os.setxattr(probe, "user.pp4", b"x")
+    except OSError as e:
+        pytest.skip(f"this file system keeps no user extended attributes ({e})")
+    tagged_file = base / "tagged"
+    tagged_file.write_text("the same bytes throughout\n")
+    os.setxattr(tagged_file, "user.pp4tag", b"one")
+    tools = base / "tools"
+    tools.mkdir()
+    (tools / "as").write_text(f"""#!{sys.executable} -B
+import os, sys, tempfile
+tag = os.getxattr({str(tagged_file)!r}, "user.pp4tag").decode()
+fd, extra = tempfile.mkstemp(suffix=".s")
+os.write(fd, ('.section .rodata\\n.ascii "TAG[' + tag + ']"\\n').encode())
+os.execvp("as", ["as", *sys.argv[1:], extra])
+""")
+    (tools / "as").chmod(0o755)
+    case = Case(base, {"u.cpp": "int u() { return 1; }\n"}, spec([f"-B{tools}/"]))
+    got, _ = case.build()
+    assert got["u.cpp.o"][:2] == ("compiled", "one")
+    event = next((base / "work-src-1" / "build" / ".pp4" / "events").glob("*.json")).read_text()
+    assert "it read a file's extended attributes (getxattr)" in event
+    os.setxattr(tagged_file, "user.pp4tag", b"two")
+    assert case.check("two")["u.cpp.o"][0] == "compiled"
 
 
 @pytest.mark.parametrize("machine_file", ["/proc/cpuinfo", "/proc/sys/kernel/osrelease"])

@@ -54,8 +54,7 @@ _MACHINE_FILES = re.compile(r"^/proc/(?:cpuinfo|version|version_signature|sys/ke
 # Calls that read a path, and whether they follow a final link (the log's 'n' flag can say not).
 _READS = {"open": True, "openat": True, "openat2": True, "stat": True, "lstat": False, "newfstatat": True,
           "statx": True, "access": True, "faccessat": True, "faccessat2": True, "readlink": False,
-          "readlinkat": False, "execve": True, "execveat": True, "statfs": True, "getxattr": True,
-          "lgetxattr": False, "listxattr": True, "llistxattr": False}
+          "readlinkat": False, "execve": True, "execveat": True, "statfs": True}
 # Calls that change the file system.
 _WRITES = {"creat", "unlink", "unlinkat", "rmdir", "mkdir", "mkdirat", "rename", "renameat", "renameat2", "link",
            "linkat", "symlink", "symlinkat", "chmod", "fchmodat", "chown", "lchown", "fchownat", "truncate",
@@ -69,8 +68,11 @@ _FREE = {"chdir", "fchdir"}
 _SOCKETS = {"connect", "bind"}
 # Calls that ask the kernel about the machine itself (its name, its kernel release): no path shows it.
 _MACHINE = {"uname"}
-# Other ways to another process, or to what one left behind, that no path shows.
-CHANNELS = {**dict.fromkeys(("shmget", "shmat", "shmctl"), "System V shared memory"),
+# Inputs that neither a file's content nor its presence shows: other ways to another process or to
+# what one left behind, and extended attributes (which nvcc, gcc and the linker do not read).
+CHANNELS = {**dict.fromkeys(("getxattr", "lgetxattr", "fgetxattr", "listxattr", "llistxattr", "flistxattr"),
+                            "a file's extended attributes"),
+            **dict.fromkeys(("shmget", "shmat", "shmctl"), "System V shared memory"),
             **dict.fromkeys(("msgget", "msgrcv", "msgctl"), "a System V message queue"),
             **dict.fromkeys(("semget", "semctl", "semop", "semtimedop"), "System V semaphores"),
             "mq_open": "a POSIX message queue",

@@ -152,9 +152,10 @@ static const struct call CALLS[] = {
     C(bind, SOCKET, -1, -1, -1, -1, -1),
     /* The machine's name and kernel release (gethostname asks this too): no path shows them. */
     C(uname, MACHINE, -1, -1, -1, -1, -1),
-    /* Other ways to another process, or to what another process left, that no path shows: System V
-       shared memory, message queues and semaphores, POSIX message queues, another process's memory
-       or descriptors, the kernel's key store. The call itself is what is logged. */
+    /* Other ways to another process, or to what another process left, that no file's content shows:
+       System V shared memory, message queues and semaphores, POSIX message queues, another
+       process's memory or descriptors, an open file's extended attributes (getxattr and the like,
+       above, log their path), the kernel's key store. The call itself is what is logged. */
     C(shmget, CHANNEL, -1, -1, -1, -1, -1),
     C(shmat, CHANNEL, -1, -1, -1, -1, -1),
     C(shmctl, CHANNEL, -1, -1, -1, -1, -1),
@@ -171,6 +172,8 @@ static const struct call CALLS[] = {
 #ifdef SYS_pidfd_getfd
     C(pidfd_getfd, CHANNEL, -1, -1, -1, -1, -1),
 #endif
+    C(fgetxattr, CHANNEL, -1, -1, -1, -1, -1),
+    C(flistxattr, CHANNEL, -1, -1, -1, -1, -1),
     C(keyctl, CHANNEL, -1, -1, -1, -1, -1),
     C(request_key, CHANNEL, -1, -1, -1, -1, -1),
 #ifdef SYS_io_uring_setup

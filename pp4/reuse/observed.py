@@ -260,8 +260,7 @@ def from_run(ran, outputs: set[str], states: States) -> tuple[list[list[str]], s
                     "process answered is an input no file shows")
     if trace.channels:
         call = trace.channels[0]
-        return [], (f"it reached another process, or what one left, through {CHANNELS[call]} ({call}): an input "
-                    "no file shows")
+        return [], f"it read {CHANNELS[call]} ({call}), an input that no file's content or presence shows"
     if trace.machine:
         asked = trace.machine[0]
         return [], (f"it asked the kernel which machine it runs on ({asked}"
