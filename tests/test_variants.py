@@ -11,7 +11,9 @@ import shutil
 import sys
 from pathlib import Path
 
-from conftest import REPO
+import pytest
+
+from conftest import REPO, RedisServer
 from pp4.reuse.events import Events
 from test_specs_build import ninja_bin, run
 
@@ -88,3 +90,30 @@ def test_the_name_free_command_leaves_out_only_the_name_macros_and_the_outputs()
     assert name_free(["g++", "-c", "u.cpp", "-o", "u.o"], macros) is None
     text = b"#define TORCH_EXTENSION_NAME_X 1\n#undef PYBIND11_STDLIB\nint x;\n# define TORCH_EXTENSION_NAME a\n"
     assert consulted(text, macros) == ["PYBIND11_STDLIB"]
+
+
+@pytest.mark.slow
+def test_a_variant_in_another_checkout_shares_through_the_remote_store(tmp_path, toolchain):
+    """Variant a built in one checkout with its own local store, sent to Redis; variant b in another
+    checkout with an empty local store finds a's compiles under the name-free key in the remote
+    tier, proves them, and restores them: each the object a --no-reuse compile of b gives."""
+    pytest.importorskip("redis", reason="the Redis client (pip install 'pp4[redis]')")
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed")
+    server = RedisServer(tmp_path / "redis")
+    try:
+        one = configured(tmp_path, "one", "--store", str(tmp_path / "store-one"), "--remote-store", server.url())
+        run([ninja_bin(), "variant-a"], one)
+        two = configured(tmp_path, "two", "--store", str(tmp_path / "store-two"), "--remote-store", server.url())
+        run([ninja_bin(), "variant-b"], two)
+    finally:
+        server.stop()
+    b = events_of(two, "variant-b")
+    shared = {u for u, e in b.items() if e["status"] == "reused"}
+    assert shared == {"plain.cpp", "pasted.cpp", "kernel.cu"}, {u: (e["status"], e.get("not_shared")) for u, e in b.items()}
+    assert all(b[u]["tier"] == "remote" and "another variant" in b[u]["via"] for u in shared)
+    alone = configured(tmp_path, "alone", "--no-reuse")
+    run([ninja_bin(), "variant-b"], alone)
+    for unit in shared:
+        rel = Path("build/variant-b/obj/src") / f"{unit}.o"
+        assert sha(two / rel) == sha(alone / rel), f"{unit}: the shared object is not what a compile gives"

@@ -322,7 +322,7 @@ class Reuser:
             return dict(result, not_stored=f"the store holds another object for this action "
                                            f"({kept.record.object_sha256[:16]}): the compiler is not deterministic here")
         if action.nkey is not None:  # where other variants of this unit look (pp4/reuse/variants.py)
-            self.front.add_entry(action.nkey, ManifestEntry(akey, sids), sound=lambda e: True)
+            self.front.index(action.nkey, ManifestEntry(akey, sids), published=kept.remote is not None)
         return dict(result, action_key=akey, remote=kept.remote)
 
     @contextmanager

@@ -10,6 +10,8 @@ lives here and nowhere else.
     keep(mkey, entry, sets, object, payload)
                                the input sets, the object, the manifest entry, in that order (an
                                entry never names what is not there); then the remote tier
+    index(key, entry, published)
+                               a kept entry named under a second key as well, in both tiers
 
 What an entry must satisfy is the caller's (pp4.reuse): `sound(entry)`, its action key follows from
 its inputs, `holds(entry)`, every observation of its input sets holds now, and for another variant's
@@ -197,6 +199,13 @@ class StoreFront:
             print(f"pp4.reuse: warning: cannot write the store's manifest {self.manifests.path(mkey)} "
                   f"({e.strerror}); this object will not be reused until it is compiled again with room "
                   "in the store", file=sys.stderr)
+
+    def index(self, key: str, entry: ManifestEntry, published: bool) -> None:
+        """Name a kept entry under a second key too (a name-free key: pp4/reuse/variants.py), locally
+        and, where the compile was published, in the remote tier, which holds its object already."""
+        self.add_entry(key, entry, sound=lambda e: True)
+        if published and self.remote is not None:
+            self.remote.publish_entry(key, entry, keep=lambda e: True)
 
     def _publish(self, mkey: str, entry: ManifestEntry, sets: dict[str, bytes], record: ActionRecord,
                  object_path: str, sound: Check) -> str | None:

@@ -128,16 +128,28 @@ class RemoteTier:
                 self.storage.put(f"set/{sid}", data)
             self.storage.put(f"obj/{record.object_sha256}", Path(object_path).read_bytes())
             self.storage.put(f"act/{record.action_key}", encode_record(record))
-            kept = [e for e in self.entries(mkey) if e.action_key != entry.action_key and keep(e)]
-            # Read, merge, write: two writers at once may lose one entry (a later miss, never a wrong hit).
-            doc = {"entries": [e.to_json() for e in (kept + [entry])[-MANIFEST_ENTRIES:]]}
-            self.storage.put(f"man/{mkey}", canonical_json(doc))
-            return True
         except RemoteUnavailable as e:
             self.down(str(e))
             return False
         except OSError as e:  # the object to send vanished: nothing half-published names it
             print(f"pp4.reuse: warning: cannot send {object_path} to the remote store ({e.strerror})", file=sys.stderr)
+            return False
+        # Read, merge, write: two writers at once may lose one entry (a later miss, never a wrong hit).
+        return self.publish_entry(mkey, entry, keep)
+
+    def publish_entry(self, key: str, entry: ManifestEntry, keep) -> bool:
+        """Add an entry to the remote manifest under key, the entry's sets, object and record being
+        there already: the last step of publish, and how the name-free index of variants
+        (pp4/reuse/variants.py) names what a compile published under its own key."""
+        if not self.writes:
+            return False
+        try:
+            kept = [e for e in self.entries(key) if e.action_key != entry.action_key and keep(e)]
+            doc = {"entries": [e.to_json() for e in (kept + [entry])[-MANIFEST_ENTRIES:]]}
+            self.storage.put(f"man/{key}", canonical_json(doc))
+            return True
+        except RemoteUnavailable as e:
+            self.down(str(e))
             return False
 
     # -- faults ----------------------------------------------------------------------------
