@@ -96,7 +96,10 @@ def test_poisoned_truncated_or_mismatched_remote_values_are_refused_and_never_us
     good_bytes = object_bytes(tmp_path / "a", good)
     (obj_key,) = server.keys("obj")
     (act_key,) = server.keys("act")
-    (man_key,) = server.keys("man")
+    # Two manifests: the command's own, and the name-free index of variants (docs/reuse.md).
+    record = json.loads(server.client.get(act_key))
+    man_key = f"pp4:man/{record['payload']['manifest_key']}"
+    assert man_key in server.keys("man") and len(server.keys("man")) == 2
 
     def poisoned_build(name: str, why: str) -> None:
         obj, out = build(tmp_path / name, "--remote-store", server.url())

@@ -199,6 +199,8 @@ class Reuser:
         proof: dict[str, str | None] = {}
 
         def holds(entry: ManifestEntry) -> bool:
+            if action_key(action.mkey, list(entry.input_sets)) == entry.action_key:
+                return False  # this very command's entry: the direct lookup's, which it did not satisfy
             if all(self.sets.matches(self.store_sets, sid, action.root) for sid in entry.input_sets):
                 return True
             if self.shared_refused is None:
