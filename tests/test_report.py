@@ -68,3 +68,18 @@ def test_edges_that_share_their_times_are_each_an_edge(tmp_path):
     steps = timeline.steps_of(timeline.last_run(log), str(tmp_path))
     assert [s.output for s in steps] == ["build.ninja", "build/x/obj/a.cpp.o", "build/x/obj/b.cpp.o",
                                          "build/x/obj/c.cpp.o", "build/x/x.so"]
+
+
+def test_the_critical_path_is_the_longest_chain_not_whatever_ended_last():
+    """Two jobs, three units: the long one and a short one start at once, the second short one waits
+    for a job slot, so it ends last, just before the link. The build could not have been shorter
+    than the long unit and the link: that is the critical path, not the unit that waited for a slot."""
+    from pp4.report.timeline import Step, critical_path
+
+    long_unit = Step("a.o", 0.0, 100.0, "compiled")
+    short = Step("b.o", 0.0, 2.0, "compiled")
+    waited = Step("c.o", 98.0, 100.5, "compiled")
+    link = Step("m.so", 100.5, 101.0, "other")
+    inputs = {"m.so": {"a.o", "b.o", "c.o"}, "all": {"m.so"}}
+    assert critical_path([long_unit, short, waited, link], inputs) == [long_unit, link]
+    assert critical_path([], inputs) == []

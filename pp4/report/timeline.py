@@ -117,12 +117,11 @@ def steps_of(run: list[tuple[float, float, str, str]], state_dir: str) -> list[S
 
 
 def critical_path(steps: list[Step], inputs: dict[str, set[str]]) -> list[Step]:
-    """The chain the run waited on: from the edge that ended last, back through the input edge that
-    ended last before it started (through phony targets, which take no time), to one that waited
-    on nothing built in this run."""
+    """The longest chain of edges of the run, each an input of the next (through phony targets,
+    which take no time) and done before the next started, by the sum of their durations: the wall
+    time no number of jobs would have gone below (Bazel's critical path). In a build that waited on
+    job slots rather than on inputs, it is not the chain of whatever happened to end last."""
     by_output = {s.output: s for s in steps}
-    if not steps:
-        return []
 
     def built_inputs(output: str, seen: set[str]) -> list[Step]:
         found = []
@@ -136,13 +135,20 @@ def critical_path(steps: list[Step], inputs: dict[str, set[str]]) -> list[Step]:
                 found += built_inputs(i, seen)  # a phony target or a file no edge of this run made
         return found
 
-    chain = [max(steps, key=lambda s: s.end_s)]
-    while True:
-        before = [s for s in built_inputs(chain[-1].output, set()) if s.end_s <= chain[-1].start_s + 0.5]
-        if not before:
-            break
-        chain.append(max(before, key=lambda s: s.end_s))
-    return chain[::-1]
+    longest: dict[int, tuple[float, list[Step]]] = {}
+
+    def chain_to(step: Step) -> tuple[float, list[Step]]:
+        if id(step) not in longest:
+            best: tuple[float, list[Step]] = (0.0, [])
+            for before in built_inputs(step.output, set()):
+                if before is not step and before.end_s <= step.start_s + 0.5:
+                    best = max(best, chain_to(before), key=lambda c: c[0])
+            longest[id(step)] = (best[0] + step.seconds, best[1] + [step])
+        return longest[id(step)]
+
+    if not steps:
+        return []
+    return max((chain_to(s) for s in steps), key=lambda c: c[0])[1]
 
 
 def summary(steps: list[Step], path: list[Step]) -> str:
