@@ -4,11 +4,15 @@ run the proof for every compile of TARGET in a configured build folder, in paral
 edge would run it (its fixed root, its limits), and tabulate proven units, refusals by reason, and
 the proof's seconds against the unit's compile time as the build log has it.
 
-    python bench/variant_proofs.py [--build build] [--target exl3-facc] [--jobs N] [--json FILE]
+    python bench/variant_proofs.py [--build build] [--target exl3-facc] [--jobs N] [--json FILE] [--lookup]
 
 Run it from the folder configure ran in. It compiles nothing and writes nothing into the build.
 Whether a proven unit is then shared also needs the other variant's stored entry to hold (a patched
-file the unit reads makes it another unit): a build of both says that (the events' `via`)."""
+file the unit reads makes it another unit). With --lookup, after the other variant is built into
+the build's store, each unit goes through the compile edge's lookup of another variant's entries
+instead (those that hold now, then the proof: pp4/reuse/wrapper.py), restoring nothing and leaving
+out entries of its own command: how many of TARGET's units a build would share, and why each other
+one would compile."""
 
 from __future__ import annotations
 
@@ -35,6 +39,7 @@ def main() -> int:
     ap.add_argument("--target", default="exl3-facc")
     ap.add_argument("--jobs", type=int, default=os.cpu_count())
     ap.add_argument("--json")
+    ap.add_argument("--lookup", action="store_true", help="the edge's whole lookup against the build's store")
     args = ap.parse_args()
     cfg = ReuseConfig.load(Path(args.build) / "pp4.json")
     reuser = Reuser(cfg)
@@ -43,10 +48,16 @@ def main() -> int:
 
     def prove(a: dict) -> dict:
         compile_args = parse_compile(a["argv"])
-        action = reuser.action(compile_args, a["env"])
         t0 = time.monotonic()
-        why = variants.unproven(list(compile_args.argv), compile_args.language, action.env, cfg.name_macros,
-                                cfg.limits, cfg.runs_dir(), action.root)
+        if args.lookup:  # a Reuser per unit, as each compile edge has its own
+            edge = Reuser(cfg)
+            action = edge.action(compile_args, a["env"])
+            shared = edge.lookup_variant(action) is not None
+            why = None if shared else (edge.shared_refused or "no stored entry of another variant holds")
+        else:
+            action = reuser.action(compile_args, a["env"])
+            why = variants.unproven(list(compile_args.argv), compile_args.language, action.env, cfg.name_macros,
+                                    cfg.limits, cfg.runs_dir(), action.root)
         return {"output": a["output"], "proven": why is None, "why": why, "seconds": round(time.monotonic() - t0, 2)}
 
     t0 = time.monotonic()
@@ -54,9 +65,11 @@ def main() -> int:
         results = list(pool.map(prove, actions))
     wall = time.monotonic() - t0
     proven = [r for r in results if r["proven"]]
-    reasons = collections.Counter(r["why"] for r in results if not r["proven"])
+    reasons = collections.Counter(r["why"].split(": ")[0] for r in results if not r["proven"])
     seconds = sorted(r["seconds"] for r in results)
-    print(f"{args.target}: {len(proven)} of {len(results)} units proven not to read {', '.join(cfg.name_macros)}; "
+    what = "restored from another variant's compile, proven" if args.lookup else \
+        f"proven not to read {', '.join(cfg.name_macros)}"
+    print(f"{args.target}: {len(proven)} of {len(results)} units {what}; "
           f"{wall:.1f} s wall on {args.jobs} jobs; a proof {seconds[len(seconds) // 2]:.2f} s median, "
           f"{seconds[-1]:.2f} s the longest")
     for why, n in reasons.most_common():
