@@ -10,9 +10,10 @@ its *observation set* is every path its processes asked about with the state fou
 A lookup takes the manifest's entries newest first and restores the first whose every observation
 holds now, then writes the dependency file from the set's files. A compile edge that misses may
 still restore another variant's object of the unit, where the compilers prove the module's name
-cannot reach it (pp4/reuse/variants.py). Otherwise the unit compiles and is stored, unless it cannot be trusted: not observed, an input changed while it ran, it wrote outside
-its outputs, or gcc says its preprocessing expanded a time macro that SOURCE_DATE_EPOCH does not
-fix (pp4/execution/run.py).
+cannot reach it (pp4/reuse/variants.py). Otherwise the unit compiles and is stored, unless it
+cannot be trusted: not observed, an input changed while it ran, it wrote outside its outputs, or
+gcc says its preprocessing expanded a time macro that SOURCE_DATE_EPOCH does not fix
+(pp4/execution/run.py).
 
 The prepass, which every compile edge waits for, does the lookups of all compiles whose object is
 missing in one process (each path's state worked out once) and restores the hits; each of those
@@ -99,7 +100,6 @@ class Action:
     root: Root | None  # the fixed root it runs in; None where namespaces cannot be made here
     command: tuple[str, ...]  # as it runs: the root's paths, `-D` values as written
     mkey: str
-    nkey: str | None = None  # the key it shares with other variants' compiles of the unit (pp4/reuse/variants.py)
 
     def outputs(self) -> set[str]:
         """The paths it writes, as it sees them."""
@@ -164,9 +164,12 @@ class Reuser:
         if self.root_works():
             root = Root.make(os.getcwd(), self.cfg.places, self.cfg.root_for(args.source), self.cfg.builddir())
         command = tuple(root.command(list(args.argv)) if root is not None else args.argv)
-        in_root = root is not None
-        return Action(args, env, root, command, manifest_key(command, env, in_root),
-                      variants.name_free_key(command, env, in_root, self.cfg.name_macros))
+        return Action(args, env, root, command, manifest_key(command, env, root is not None))
+
+    def name_free_key(self, action: Action) -> str | None:
+        """The key the compile shares with other variants' compiles of the unit (pp4/reuse/variants.py):
+        asked by a compile edge only, never by the prepass, which looks up actions' own keys."""
+        return variants.name_free_key(action.command, action.env, action.root is not None, self.cfg.name_macros)
 
     # -- lookup -----------------------------------------------------------------------------
 
@@ -183,25 +186,30 @@ class Reuser:
             return False
 
         def holds(entry: ManifestEntry) -> bool:
-            if all(self.sets.matches(self.store_sets, sid, action.root) for sid in entry.input_sets):
+            if self.observations_hold(entry, action):
                 return True
             self.note_miss(entry, action)
             return False
 
         return self.front.find(action.mkey, sound, holds)
 
+    def observations_hold(self, entry: ManifestEntry, action: Action) -> bool:
+        """Whether every observation of the entry's input sets holds now, at this compile's paths."""
+        return all(self.sets.matches(self.store_sets, sid, action.root) for sid in entry.input_sets)
+
     def lookup_variant(self, action: Action) -> Found | None:
         """Another variant's object for this unit, where this compile is proven to give the same
         (pp4/reuse/variants.py): a stored compile whose command is this one but for the name
         macros, whose observations hold now. The proof runs once, and only for such an entry."""
-        if self.front is None or action.nkey is None:
+        nkey = self.name_free_key(action) if self.front is not None else None
+        if nkey is None:
             return None
         proof: dict[str, str | None] = {}
 
         def holds(entry: ManifestEntry) -> bool:
             if action_key(action.mkey, list(entry.input_sets)) == entry.action_key:
                 return False  # this very command's entry: the direct lookup's, which it did not satisfy
-            if all(self.sets.matches(self.store_sets, sid, action.root) for sid in entry.input_sets):
+            if self.observations_hold(entry, action):
                 return True
             if self.shared_refused is None:
                 differs = self.first_difference(entry, action)
@@ -215,7 +223,7 @@ class Reuser:
                 return False
             in_root = bool(p.get("in_root"))
             if (manifest_key(command, p["env"], in_root) != other or not sound_entry(other, entry)
-                    or variants.name_free_key(command, p["env"], in_root, self.cfg.name_macros) != action.nkey):
+                    or variants.name_free_key(command, p["env"], in_root, self.cfg.name_macros) != nkey):
                 return False
             if "why" not in proof:
                 proof["why"] = variants.unproven(list(action.args.argv), action.args.language, action.env,
@@ -224,7 +232,7 @@ class Reuser:
                 self.shared_refused = proof["why"]
             return proof["why"] is None
 
-        return self.front.find(action.nkey, lambda entry: True, holds, fits=fits)
+        return self.front.find(nkey, lambda entry: True, holds, fits=fits)
 
     def adopt(self, action: Action, hit: Found) -> str | None:
         """Keep another variant's object as this command's own (its own manifest entry and action
@@ -323,8 +331,9 @@ class Reuser:
         if kept.existed and kept.record.object_sha256 != sha:
             return dict(result, not_stored=f"the store holds another object for this action "
                                            f"({kept.record.object_sha256[:16]}): the compiler is not deterministic here")
-        if action.nkey is not None:  # where other variants of this unit look (pp4/reuse/variants.py)
-            self.front.index(action.nkey, ManifestEntry(akey, sids), published=kept.remote is not None)
+        nkey = self.name_free_key(action)
+        if nkey is not None:  # where other variants of this unit look (pp4/reuse/variants.py)
+            self.front.index(nkey, ManifestEntry(akey, sids), published=kept.remote is not None)
         return dict(result, action_key=akey, remote=kept.remote)
 
     @contextmanager
