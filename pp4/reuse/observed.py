@@ -247,8 +247,9 @@ def describe(state: str) -> str:
 def from_run(ran, outputs: set[str], states: States) -> tuple[list[list[str]], str | None]:
     """The observation set of a finished compile (pp4.execution.run.Ran), and why it must not be
     stored, if it must not: the observer could not run or could not read a call, the compile
-    talked to another process (a socket, shared memory, ...) or asked which machine it runs on, wrote somewhere
-    other than its outputs and temporary folder, or something it read changed while it ran.
+    talked to another process (a socket, shared memory, ...) or asked which machine it runs on,
+    wrote somewhere other than its outputs and temporary folder, or something it read changed
+    while it ran.
     outputs: the paths it was asked to write, as it saw them."""
     trace = ran.trace
     if trace is None:

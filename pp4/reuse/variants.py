@@ -156,10 +156,10 @@ def _receives(words: list[str], macro: str) -> bool:
     return False
 
 
-def consulted(stderr: bytes, macros: tuple[str, ...]) -> list[str]:
-    """The name macros a -dU preprocessing consulted (its #define and #undef lines)."""
+def consulted(text: bytes, macros: tuple[str, ...]) -> list[str]:
+    """The name macros a -dU preprocessing consulted (the #define and #undef lines of its text)."""
     alternatives = b"|".join(re.escape(m.encode()) for m in macros)
-    found = re.findall(rb"^#(?:define|undef) (" + alternatives + rb")(?![A-Za-z0-9_])", stderr, re.M)
+    found = re.findall(rb"^#(?:define|undef) (" + alternatives + rb")(?![A-Za-z0-9_])", text, re.M)
     return sorted({m.decode() for m in found})
 
 
@@ -187,8 +187,8 @@ def unproven(argv: list[str], language: str, env: dict[str, str], macros: tuple[
         if flags:
             return _flag_problem(flags[0])
         passes, tool_env = [preprocessing_of_compile(list(argv))], {}
+    Path(scratch_parent).mkdir(parents=True, exist_ok=True)
     for command in passes:
-        Path(scratch_parent).mkdir(parents=True, exist_ok=True)
         fd, text = tempfile.mkstemp(prefix="name-proof-", suffix=".ii", dir=scratch_parent)
         os.close(fd)
         try:
