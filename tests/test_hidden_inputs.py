@@ -111,6 +111,22 @@ def tagged(expr: str = "P", head: str = HAS_PROBE) -> str:
     return head + f'extern "C" const char pp4_tag[] = "TAG[" {expr} "]";\n'
 
 
+def tagging_assembler(base: Path, finds_tag: str) -> Path:
+    """A -B folder whose `as` (a Python script) assembles, beside what it is given, the TAG that the
+    Python lines `finds_tag` put in `tag`: how a compiler helper brings in an input no header shows."""
+    tools = base / "tools"
+    tools.mkdir()
+    (tools / "as").write_text(f"""#!{sys.executable} -B
+import os, sys, tempfile
+{finds_tag}
+fd, extra = tempfile.mkstemp(suffix=".s")  # in the compile's own temporary folder
+os.write(fd, ('.section .rodata\\n.ascii "TAG[' + tag + ']"\\n').encode())
+os.execvp("as", ["as", *sys.argv[1:], extra])
+""")
+    (tools / "as").chmod(0o755)
+    return tools
+
+
 def first_build(case: Case, want: str) -> None:
     got, _ = case.build()
     assert {s for s, _, _ in got.values()} == {"compiled"}
@@ -494,21 +510,14 @@ def test_a_compile_that_asks_another_process_through_a_socket(base):
     sock = base / "tag.sock"
     server = socketserver.UnixStreamServer(str(sock), Tag)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    tools = base / "tools"
-    tools.mkdir()
-    (tools / "as").write_text(f"""#!{sys.executable} -B
-import os, socket, sys, tempfile
+    tools = tagging_assembler(base, f"""import socket
 s = socket.socket(socket.AF_UNIX)
 try:
     s.connect({str(sock)!r})
     tag = s.recv(64).decode()
 except OSError:
     tag = "no server"
-fd, extra = tempfile.mkstemp(suffix=".s")  # in the compile's own temporary folder
-os.write(fd, ('.section .rodata\\n.ascii "TAG[' + tag + ']"\\n').encode())
-os.execvp("as", ["as", *sys.argv[1:], extra])
 """)
-    (tools / "as").chmod(0o755)
     case = Case(base, {"u.cpp": "int u() { return 1; }\n"}, spec([f"-B{tools}/"]))
     try:
         got, _ = case.build()
@@ -561,19 +570,12 @@ def test_a_compile_that_reads_shared_memory_another_process_left(base):
     assert shmid >= 0, os.strerror(ctypes.get_errno())
     shared = libc.shmat(shmid, None, 0)
     ctypes.memmove(shared, b"one\0", 4)
-    tools = base / "tools"
-    tools.mkdir()
-    (tools / "as").write_text(f"""#!{sys.executable} -B
-import ctypes, os, sys, tempfile
+    tools = tagging_assembler(base, f"""import ctypes
 libc = ctypes.CDLL(None)
 libc.shmat.restype = ctypes.c_void_p
 shmid = libc.shmget({key}, 64, 0)
 tag = ctypes.string_at(libc.shmat(shmid, None, 0)).decode() if shmid >= 0 else "none"
-fd, extra = tempfile.mkstemp(suffix=".s")
-os.write(fd, ('.section .rodata\\n.ascii "TAG[' + tag + ']"\\n').encode())
-os.execvp("as", ["as", *sys.argv[1:], extra])
 """)
-    (tools / "as").chmod(0o755)
     case = Case(base, {"u.cpp": "int u() { return 1; }\n"}, spec([f"-B{tools}/"]))
     try:
         got, _ = case.build()
@@ -600,16 +602,7 @@ def test_a_compile_that_reads_an_extended_attribute(base):
     tagged_file = base / "tagged"
     tagged_file.write_text("the same bytes throughout\n")
     os.setxattr(tagged_file, "user.pp4tag", b"one")
-    tools = base / "tools"
-    tools.mkdir()
-    (tools / "as").write_text(f"""#!{sys.executable} -B
-import os, sys, tempfile
-tag = os.getxattr({str(tagged_file)!r}, "user.pp4tag").decode()
-fd, extra = tempfile.mkstemp(suffix=".s")
-os.write(fd, ('.section .rodata\\n.ascii "TAG[' + tag + ']"\\n').encode())
-os.execvp("as", ["as", *sys.argv[1:], extra])
-""")
-    (tools / "as").chmod(0o755)
+    tools = tagging_assembler(base, f'tag = os.getxattr({str(tagged_file)!r}, "user.pp4tag").decode()')
     case = Case(base, {"u.cpp": "int u() { return 1; }\n"}, spec([f"-B{tools}/"]))
     got, _ = case.build()
     assert got["u.cpp.o"][:2] == ("compiled", "one")
