@@ -327,6 +327,30 @@ def test_a_process_that_sets_up_io_uring_is_not_trusted(tmp_path):
     assert ran.trace is not None and any("\tio_uring_setup\t" in line for line in ran.trace.opaque), ran.trace
 
 
+def test_a_process_that_remaps_paths_without_mount_is_not_trusted(tmp_path):
+    """The mount API's other calls (a copy of a tree attached over a folder, in a user namespace of
+    the compile's own) and entering another process's namespaces change what a path names without
+    mount(2): each is reported, whether it worked or not, so the observation is never trusted."""
+    if observe.unavailable():
+        pytest.skip(observe.unavailable())
+    src = tmp_path / "remap.c"
+    src.write_text("#define _GNU_SOURCE\n#include <fcntl.h>\n#include <sys/syscall.h>\n#include <unistd.h>\n"
+                   "int main(int argc, char **argv) {\n"
+                   "  if (argv[1][0] == 't') syscall(SYS_open_tree, AT_FDCWD, argv[2], 1);\n"
+                   "  if (argv[1][0] == 'm') syscall(SYS_move_mount, -1, \"\", AT_FDCWD, argv[2], 4);\n"
+                   "  if (argv[1][0] == 'f') syscall(SYS_fsopen, \"tmpfs\", 0);\n"
+                   "  if (argv[1][0] == 's') syscall(SYS_setns, -1, 0);\n"
+                   "  return 0; }\n")
+    subprocess.run([observe.compiler(), str(src), "-o", str(tmp_path / "remap")], check=True)
+    for how, call in (("t", "open_tree"), ("m", "move_mount"), ("f", "fsopen"), ("s", "setns")):
+        ran = run([str(tmp_path / "remap"), how, str(tmp_path)], {"PATH": "/usr/bin:/bin"}, Limits(),
+                  tmp_path / "runs", None, compile=False)
+        assert ran.trace is not None and any(f"\t{call}\t" in line for line in ran.trace.opaque), (call, ran.trace)
+    ran = run([str(tmp_path / "remap"), "-", str(tmp_path)], {"PATH": "/usr/bin:/bin"}, Limits(), tmp_path / "runs",
+              None, compile=False)
+    assert ran.trace is not None and ran.trace.opaque == ()
+
+
 def test_sockets_and_folder_opens_are_seen_for_what_they_are(tmp_path):
     """A program that connects to a server (TCP, or a Unix socket that is there) is never trusted:
     another process answered it. A Unix socket with nothing at its path is an absence; opening a

@@ -141,6 +141,19 @@ static const struct call CALLS[] = {
     C(mount, WRITE, -1, 1, -1, -1, -1),
     C(umount2, WRITE, -1, 0, -1, -1, -1),
     C(pivot_root, WRITE, -1, 0, -1, -1, 1),
+    /* The mount API without mount(2) (a copy of a tree attached over a folder), and entering another
+       process's namespaces: after either, a path may name other bytes than it names here. */
+#ifdef SYS_open_tree
+    C(open_tree, WRITE, 0, 1, -1, -1, -1),
+    C(move_mount, WRITE, 0, 1, -1, 2, 3),
+    C(fsopen, WRITE, -1, -1, -1, -1, -1),
+    C(fsmount, WRITE, -1, -1, -1, -1, -1),
+    C(fspick, WRITE, 0, 1, -1, -1, -1),
+#endif
+#ifdef SYS_mount_setattr
+    C(mount_setattr, WRITE, 0, 1, -1, -1, -1),
+#endif
+    C(setns, WRITE, -1, -1, -1, -1, -1),
     C(name_to_handle_at, READ, 0, 1, -1, -1, -1),
     C(open_by_handle_at, WRITE, -1, -1, -1, -1, -1),
     C(inotify_add_watch, READ, -1, 1, -1, -1, -1),
