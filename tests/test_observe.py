@@ -351,6 +351,38 @@ def test_a_process_that_remaps_paths_without_mount_is_not_trusted(tmp_path):
     assert ran.trace is not None and ran.trace.opaque == ()
 
 
+def test_an_open_resolved_in_another_root_is_not_trusted(tmp_path):
+    """openat2 with RESOLVE_IN_ROOT opens "/inner.h" under its descriptor's folder, not /inner.h;
+    every RESOLVE_ bit changes what an open finds, so such an open makes the observation opaque.
+    A plain openat2 is a read like any other."""
+    if observe.unavailable():
+        pytest.skip(observe.unavailable())
+    src = tmp_path / "inroot.c"
+    src.write_text("#define _GNU_SOURCE\n#include <fcntl.h>\n#include <linux/openat2.h>\n#include <stdio.h>\n"
+                   "#include <sys/syscall.h>\n#include <unistd.h>\n"
+                   "int main(int argc, char **argv) {\n"
+                   "  struct open_how how = {.flags = O_RDONLY, .resolve = argv[1][0] == 'r' ? RESOLVE_IN_ROOT : 0};\n"
+                   "  int dir = open(argv[2], O_RDONLY | O_DIRECTORY);\n"
+                   "  int fd = syscall(SYS_openat2, dir, argv[3], &how, sizeof how);\n"
+                   "  char text[64] = {0}; if (fd >= 0) read(fd, text, sizeof text - 1);\n"
+                   "  fputs(text, stdout); return fd < 0; }\n")
+    subprocess.run([observe.compiler(), str(src), "-o", str(tmp_path / "inroot")], check=True)
+    inner = tmp_path / "root"
+    inner.mkdir()
+    (inner / "inner.h").write_text("int from_the_inner_root;\n")
+    env = {"PATH": "/usr/bin:/bin"}
+    # The oracle: what the program printed is the file under the descriptor's folder.
+    printed = tmp_path / "printed"
+    ran = run([str(tmp_path / "inroot"), "r", str(inner), "/inner.h"], env, Limits(), tmp_path / "runs", None,
+              compile=False, stdout=printed)
+    assert ran.returncode == 0 and "from_the_inner_root" in printed.read_text(), ran
+    assert ran.trace is not None and any("\topenat2\t" in line for line in ran.trace.opaque), ran.trace
+    ran = run([str(tmp_path / "inroot"), "-", str(inner), "inner.h"], env, Limits(), tmp_path / "runs", None,
+              compile=False, stdout=printed)
+    assert ran.returncode == 0 and ran.trace is not None and ran.trace.opaque == ()
+    assert ran.trace.reads[(str(inner / "inner.h"), True)] == "ok"
+
+
 def test_sockets_and_folder_opens_are_seen_for_what_they_are(tmp_path):
     """A program that connects to a server (TCP, or a Unix socket that is there) is never trusted:
     another process answered it. A Unix socket with nothing at its path is an absence; opening a

@@ -310,7 +310,12 @@ static void read_call(struct seen *c, const struct seccomp_data *data) {
     if (k->nr == SYS_openat2) {
         struct open_how how;
         struct iovec local = {&how, sizeof how}, remote = {(void *)args[2], sizeof how};
-        flags = process_vm_readv(c->pid, &local, 1, &remote, 1, 0) == sizeof how ? how.flags : 0;
+        int read = process_vm_readv(c->pid, &local, 1, &remote, 1, 0) == sizeof how;
+        flags = read ? how.flags : 0;
+        /* RESOLVE_IN_ROOT resolves "/x.h" under the descriptor's folder, and the other RESOLVE_
+           bits make an open fail where a plain one, and this observer's own look, succeed: what
+           was found there is not what the path names here. */
+        if (!read || how.resolve) strcat(c->flags, "?");
     }
     int opens = k->nr == SYS_openat || k->nr == SYS_openat2;
 #ifdef SYS_open
