@@ -612,11 +612,13 @@ def test_a_compile_that_reads_an_extended_attribute(base):
     assert case.check("two")["u.cpp.o"][0] == "compiled"
 
 
-@pytest.mark.parametrize("machine_file", ["/proc/cpuinfo", "/proc/sys/kernel/osrelease"])
+@pytest.mark.parametrize("machine_file", ["/proc/cpuinfo", "/proc/sys/kernel/osrelease", "/proc/self/mountinfo",
+                                          "/proc/self/cgroup"])
 def test_a_compile_that_reads_what_the_machine_is(base, machine_file):
-    """An assembler wrapper that puts what /proc says of the machine (its CPU, its kernel) into the
-    object: a compile is not keyed on the machine, so such a compile is never stored, and a build
-    on another machine compiles its own."""
+    """An assembler wrapper that puts what /proc says of the machine or the run (its CPU, its
+    kernel, the folders mounted into the compile's root, its control group) into the object: a
+    compile is not keyed on them, so such a compile is never stored, and the next build compiles
+    its own."""
     tools = base / "tools"
     tools.mkdir()
     (tools / "as").write_text('#!/bin/sh\nextra=$(mktemp --suffix=.s)\n'
@@ -627,7 +629,7 @@ def test_a_compile_that_reads_what_the_machine_is(base, machine_file):
     got, _ = case.build()
     assert got["u.cpp.o"][0] == "compiled" and got["u.cpp.o"][1]
     event = next((base / "work-src-1" / "build" / ".pp4" / "events").glob("*.json")).read_text()
-    assert f"asked the kernel which machine it runs on ({machine_file})" in event
+    assert f"it read {machine_file}, which describes this machine or this run" in event
     assert case.check(got["u.cpp.o"][1])["u.cpp.o"][0] == "compiled"
 
 

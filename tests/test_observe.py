@@ -313,6 +313,21 @@ def test_a_file_reached_through_proc_is_not_trusted():
     assert t.reads == {("/dev/shm/cfg/x.h", True): "ok"} and t.opaque == ()
 
 
+def test_a_file_under_proc_sys_or_dev_is_neutral_only_if_real_compiles_read_it():
+    """What nvcc, gcc, the linker and gcc's LTO driver read there is left out; reading what any
+    other file there holds (the mounts, the load, a device) describes the machine or the run, and
+    is reported; a stat of one only says it exists."""
+    neutral = ["/proc/self/exe", "/proc/4242/exe", "/proc/sys/vm/overcommit_memory", "/proc/filesystems",
+               "/sys/devices/system/cpu/online", "/dev/urandom", "/dev/null", "/dev/stdin", "/dev/nvidiactl",
+               "/dev/nvidia-caps/nvidia-cap1", "/proc/driver/nvidia/params", "/proc/self/fd", "/proc/self/fd/4"]
+    describing = ["/proc/self/mountinfo", "/proc/loadavg", "/proc/uptime", "/proc/self/status", "/proc/mounts",
+                  "/sys/fs/cgroup/cpu.max", "/sys/class/net/eth0/address", "/dev/sda", "/dev/tty", "/proc"]
+    log = "".join(f"7\topenat\t0\t\t{p}\n" for p in neutral + describing)
+    log += "7\tnewfstatat\t0\t\t/proc/loadavg\n7\treadlink\t0\tn\t/proc/self/exe\n"
+    t = observe.parse(log)
+    assert list(t.machine) == describing and t.reads == {} and t.opaque == ()
+
+
 def test_a_process_that_sets_up_io_uring_is_not_trusted(tmp_path):
     """io_uring carries out opens and stats without a system call the filter sees: its set-up is
     reported, so the observation is never trusted."""

@@ -44,12 +44,22 @@ _FILES_UNDER_DEV = ("/dev/shm/", "/dev/mqueue/")
 # under /proc or /dev) a path reaches a real file that it does not name: not unseen, not trusted.
 _THROUGH_PROC = re.compile(r"^/(?:proc/(?:self|thread-self|\d+)(?:/task/\d+)?/(?:cwd|root|fd/\d+|map_files/[^/]+)"
                            r"|dev/(?:fd/\d+|stdin|stdout|stderr))/.|^/(?:proc|dev)/(?:.*/)?\.\.(?:/|$)")
-# Files under /proc and /sys that describe the machine itself (its CPU, kernel, name, boot,
-# hardware): a compile that reads one is not keyed on it, so it is never stored. nvcc, gcc and the
-# linker read none of them (they read /proc/self/exe and /proc/sys/vm/overcommit_memory).
-_MACHINE_FILES = re.compile(r"^/proc/(?:cpuinfo|version|version_signature|sys/kernel/(?:hostname|domainname|osrelease"
-                            r"|ostype|version|random/boot_id))$|^/sys/devices/system/cpu/(?:cpu\d+/|modalias$"
-                            r"|vulnerabilities/)|^/sys/(?:class|devices/virtual)/dmi/")
+# What a command may read under /proc, /sys and /dev without being keyed on it: what nvcc, gcc, the
+# linker and gcc's LTO driver read there (pp4-observe of real compiles and links: the program's own
+# path, the kernel's overcommit setting, the CPUs online, the list of file systems libselinux
+# checks, random bytes, the null device), a process's own folder links (what they name is seen
+# where it is read), the standard streams (a compile's input is /dev/null), and the NVIDIA driver's
+# files, which `-arch=native` reads and which pp4 keys through nvcc's dry run instead. Every other
+# file there describes the machine or the run (its CPU, kernel, mounts, load, uptime, cgroups,
+# a process's status, a device's contents): a compile that reads one is not keyed on it, so it is
+# never stored.
+_NEUTRAL_FILES = re.compile(r"^/dev/(?:null|zero|full|random|urandom|stdin|stdout|stderr|nvidia[^/]*|nvidia-caps/.+)$"
+                            r"|^/proc/(?:self|thread-self|\d+)(?:/task/\d+)?/(?:exe|cwd|root|fd|fd/\d+)$"
+                            r"|^/proc/(?:sys/vm/overcommit_memory|filesystems)$|^/proc/driver/nvidia/"
+                            r"|^/sys/devices/system/cpu/(?:online|possible|present)$|^/sys/module/nvidia")
+# The calls that read what a file holds (or what a link names): a stat or an access of a file
+# there says only that it exists.
+_CONTENT_READS = {"open", "openat", "openat2", "readlink", "readlinkat", "execve", "execveat"}
 
 # Calls that read a path, and whether they follow a final link (the log's 'n' flag can say not).
 _READS = {"open": True, "openat": True, "openat2": True, "stat": True, "lstat": False, "newfstatat": True,
@@ -92,7 +102,7 @@ class Trace:
     opaque: tuple  # lines that could not be understood: an observation that cannot be trusted
     through_proc: tuple = ()  # paths read through a process's folder link under /proc: not trusted either
     sockets: tuple = ()  # the addresses of sockets it connected or bound: another process's answers
-    machine: tuple = ()  # what asked which machine it runs on: uname, or a file such as /proc/cpuinfo
+    machine: tuple = ()  # what asked which machine it runs on (uname), or a file that describes it or the run
     channels: tuple = ()  # the calls that reached another process other than by socket (CHANNELS)
 
 
@@ -233,7 +243,7 @@ def parse(log_text: str) -> Trace:
         if (unseen in UNSEEN or unseen.startswith(_UNSEEN_UNDER)) and not unseen.startswith(_FILES_UNDER_DEV):
             if _THROUGH_PROC.match(unseen):
                 through_proc.append(path)
-            elif _MACHINE_FILES.match(unseen) and name in _READS:
+            elif name in _CONTENT_READS and not _NEUTRAL_FILES.match(unseen):
                 machine.append(path)
             continue
         follow = _READS[name] and "n" not in flags

@@ -247,7 +247,8 @@ def describe(state: str) -> str:
 def from_run(ran, outputs: set[str], states: States) -> tuple[list[list[str]], str | None]:
     """The observation set of a finished compile (pp4.execution.run.Ran), and why it must not be
     stored, if it must not: the observer could not run or could not read a call, the compile
-    talked to another process (a socket, shared memory, ...) or asked which machine it runs on,
+    talked to another process (a socket, shared memory, ...), asked which machine it runs on or
+    read a file under /proc, /sys or /dev that describes it or the run,
     wrote somewhere other than its outputs and temporary folder, or something it read changed
     while it ran.
     outputs: the paths it was asked to write, as it saw them."""
@@ -264,8 +265,9 @@ def from_run(ran, outputs: set[str], states: States) -> tuple[list[list[str]], s
         return [], f"it read {CHANNELS[call]} ({call}), an input that no file's content or presence shows"
     if trace.machine:
         asked = trace.machine[0]
-        return [], (f"it asked the kernel which machine it runs on ({asked}"
-                    + (": the host name and kernel release" if asked == "uname" else "") + "), an input pp4 does not key")
+        if asked == "uname":
+            return [], "it asked the kernel which machine it runs on (uname: the host name and kernel release), an input pp4 does not key"
+        return [], f"it read {asked[:160]}, which describes this machine or this run, an input pp4 does not key"
     if trace.through_proc:
         return [], (f"it read {trace.through_proc[0][:160]}, a file reached through /proc that pp4 cannot key "
                     "(name the file by its own path)")
