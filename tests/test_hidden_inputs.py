@@ -612,6 +612,42 @@ def test_a_compile_that_reads_an_extended_attribute(base):
     assert case.check("two")["u.cpp.o"][0] == "compiled"
 
 
+def test_a_header_that_is_a_named_pipe_another_process_feeds(base):
+    """A header that is a named pipe: its bytes are whatever another process writes into it now,
+    which no file's content shows. Such a compile is never stored; each build compiles what the
+    pipe gives."""
+    import threading
+
+    case = Case(base, {"u.cpp": tagged("V", head='#include "feed.h"\n')}, spec())
+    fifo = case.src / "feed.h"
+    os.mkfifo(fifo)
+    value, stop = ["one"], threading.Event()
+
+    def feed():
+        while not stop.is_set():
+            try:
+                fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)  # ENXIO until a compile opens it
+            except OSError:
+                time.sleep(0.01)
+                continue
+            os.set_blocking(fd, True)
+            with os.fdopen(fd, "w") as pipe:
+                pipe.write(f'#define V "{value[0]}"\n')
+
+    feeder = threading.Thread(target=feed, daemon=True)
+    feeder.start()
+    try:
+        got, _ = case.build()
+        assert got["u.cpp.o"][:2] == ("compiled", "one")
+        event = next((base / "work-src-1" / "build" / ".pp4" / "events").glob("*.json")).read_text()
+        assert "a named pipe, socket or device" in event, event
+        value[0] = "two"
+        assert case.check("two")["u.cpp.o"][0] == "compiled"
+    finally:
+        stop.set()
+        feeder.join(5)
+
+
 @pytest.mark.parametrize("machine_file", ["/proc/cpuinfo", "/proc/sys/kernel/osrelease", "/proc/self/mountinfo",
                                           "/proc/self/cgroup"])
 def test_a_compile_that_reads_what_the_machine_is(base, machine_file):

@@ -302,6 +302,9 @@ def from_run(ran, outputs: set[str], states: States) -> tuple[list[list[str]], s
         bare = state[1:] if state.startswith(NOFOLLOW) else state
         if (result == "ok") != (bare != ABSENT) and result in ("ok", "ENOENT", "ENOTDIR"):
             return [], f"{real} appeared or vanished while it was compiled"
+        if bare == SPECIAL and result == "ok":
+            return [], (f"it reached {real}, a named pipe, socket or device, whose bytes another process or the "
+                        "kernel gives: an input no file's content shows")
         pairs[(path, "f" if follow else "l")] = state
     for folder in trace.listed:
         real = ran.real(folder)
