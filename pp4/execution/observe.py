@@ -49,7 +49,9 @@ _THROUGH_PROC = re.compile(r"^/(?:proc/(?:self|thread-self|\d+)(?:/task/\d+)?/(?
 # path, the kernel's overcommit setting, the CPUs online, the list of file systems libselinux
 # checks, random bytes, the null device), a process's own folder links (what they name is seen
 # where it is read), the standard streams (a compile's input is /dev/null), and the NVIDIA driver's
-# files, which `-arch=native` reads and which pp4 keys through nvcc's dry run instead. Every other
+# files, which `-arch=native` reaches through the driver and which pp4 keys through nvcc's dry run
+# instead (what a compile reads there on a GPU host was not checked: another file there makes its
+# compiles unstorable, each event naming it, not stale). Every other
 # file there describes the machine or the run (its CPU, kernel, mounts, load, uptime, cgroups,
 # a process's status, a device's contents): a compile that reads one is not keyed on it, so it is
 # never stored.

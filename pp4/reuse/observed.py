@@ -266,7 +266,8 @@ def from_run(ran, outputs: set[str], states: States) -> tuple[list[list[str]], s
     if trace.machine:
         asked = trace.machine[0]
         if asked == "uname":
-            return [], "it asked the kernel which machine it runs on (uname: the host name and kernel release), an input pp4 does not key"
+            return [], ("it asked the kernel which machine it runs on (uname: the host name and kernel release), "
+                        "an input pp4 does not key")
         return [], f"it read {asked[:160]}, which describes this machine or this run, an input pp4 does not key"
     if trace.through_proc:
         return [], (f"it read {trace.through_proc[0][:160]}, a file reached through /proc that pp4 cannot key "
