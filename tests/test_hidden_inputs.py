@@ -665,10 +665,11 @@ def test_a_compile_that_reads_what_the_machine_is(base, machine_file, same_each_
                               'exec as "$@" "$extra"\n')
     (tools / "as").chmod(0o755)
     case = Case(base, {"u.cpp": "int u() { return 1; }\n"}, spec([f"-B{tools}/"]))
-    got, _ = case.build()
+    got, out = case.build()
     assert got["u.cpp.o"][0] == "compiled" and got["u.cpp.o"][1]
     event = next((base / "work-src-1" / "build" / ".pp4" / "events").glob("*.json")).read_text()
     assert f"it read {machine_file}, which describes this machine or this run" in event
+    assert f"1 of them not stored (first, build/hidden/obj/u.cpp.o: it read {machine_file}" in out, out
     if same_each_run:  # then a real compile now gives these very bytes
         assert case.check(got["u.cpp.o"][1])["u.cpp.o"][0] == "compiled"
     else:

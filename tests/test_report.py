@@ -83,3 +83,17 @@ def test_the_critical_path_is_the_longest_chain_not_whatever_ended_last():
     inputs = {"m.so": {"a.o", "b.o", "c.o"}, "all": {"m.so"}}
     assert critical_path([long_unit, short, waited, link], inputs) == [long_unit, link]
     assert critical_path([], inputs) == []
+
+
+def test_the_summary_says_which_compiles_were_kept_out_of_the_store():
+    """A compile that is never stored is compiled by every build: the line after each build says
+    how many and why the first was kept out, as its event says."""
+    from pp4.report.timeline import Step, summary
+
+    stored = Step("a.o", 0.0, 10.0, "compiled", 9.0)
+    kept_out = Step("b.o", 0.0, 12.0, "compiled", 11.0, "it read /proc/uptime, which describes this machine or this run")
+    restored = Step("c.o", 0.0, 0.1, "restored, local")
+    line = summary([stored, kept_out, restored], [kept_out])
+    assert "compiled 2 (20 s of CPU), 1 of them not stored (first, b.o: it read /proc/uptime, " in line, line
+    assert "not stored" not in summary([stored, restored], [stored])
+

@@ -29,6 +29,7 @@ class Step:
     end_s: float
     how: str  # a key of COLOURS
     cpu_s: float | None = None  # a compile's process tree, where its event says
+    not_stored: str | None = None  # compiled and kept out of the store: why, as its event says
 
     @property
     def seconds(self) -> float:
@@ -112,7 +113,7 @@ def steps_of(run: list[tuple[float, float, str, str]], state_dir: str) -> list[S
             how, cpu = "compiled", ev.compile_cpu_s
         else:
             how, cpu = f"restored, {ev.tier or 'local'}", None
-        steps.append(Step(output, start, end, how, cpu))
+        steps.append(Step(output, start, end, how, cpu, ev.not_stored if how == "compiled" else None))
     return steps
 
 
@@ -159,8 +160,12 @@ def summary(steps: list[Step], path: list[Step]) -> str:
     cpu = sum(s.cpu_s or 0.0 for s in compiled)
     restored = {t: sum(s.how == f"restored, {t}" for s in steps) for t in ("local", "remote")}
     longest = max(path, key=lambda s: s.seconds) if path else None
+    # A compile kept out of the store is compiled again by every build: say so where it is seen.
+    unstored = [s for s in compiled if s.not_stored]
     return (f"pp4: last build: {len(steps)} edges in {human_duration(wall)}; compiled {len(compiled)}"
             + (f" ({human_duration(cpu)} of CPU)" if compiled else "")
+            + (f", {len(unstored)} of them not stored (first, {unstored[0].output}: {unstored[0].not_stored[:160]})"
+               if unstored else "")
             + f", restored {restored['local']} from the local store and {restored['remote']} from the remote one; "
             + f"critical path {len(path)} edges, {human_duration(sum(s.seconds for s in path))}"
             + (f" (longest: {longest.output}, {human_duration(longest.seconds)})" if longest else ""))
