@@ -40,6 +40,17 @@ LOG = """\
 """
 
 
+def observed_program(tmp_path, name: str, source: str):
+    """A small C program built with the observer's own compiler, to run under the observer (the
+    test is skipped where the observer cannot run)."""
+    if observe.unavailable():
+        pytest.skip(observe.unavailable())
+    src = tmp_path / f"{name}.c"
+    src.write_text(source)
+    subprocess.run([observe.compiler(), str(src), "-o", str(tmp_path / name)], check=True)
+    return tmp_path / name
+
+
 def test_the_log_is_read_as_the_observer_wrote_it():
     t = observe.parse(LOG)
     assert t.reads[("/work/a.c", True)] == "ok"
@@ -331,14 +342,11 @@ def test_a_file_under_proc_sys_or_dev_is_neutral_only_if_real_compiles_read_it()
 def test_a_process_that_sets_up_io_uring_is_not_trusted(tmp_path):
     """io_uring carries out opens and stats without a system call the filter sees: its set-up is
     reported, so the observation is never trusted."""
-    if observe.unavailable():
-        pytest.skip(observe.unavailable())
-    src = tmp_path / "ring.c"
-    src.write_text("#include <string.h>\n#include <sys/syscall.h>\n#include <unistd.h>\n"
-                   "int main(void) { char params[120]; memset(params, 0, sizeof params);\n"
-                   "  syscall(SYS_io_uring_setup, 1, params); return 0; }\n")
-    subprocess.run([observe.compiler(), str(src), "-o", str(tmp_path / "ring")], check=True)
-    ran = run([str(tmp_path / "ring")], {"PATH": "/usr/bin:/bin"}, Limits(), tmp_path / "runs", None, compile=False)
+    program = observed_program(tmp_path, "ring",
+                               "#include <string.h>\n#include <sys/syscall.h>\n#include <unistd.h>\n"
+                               "int main(void) { char params[120]; memset(params, 0, sizeof params);\n"
+                               "  syscall(SYS_io_uring_setup, 1, params); return 0; }\n")
+    ran = run([str(program)], {"PATH": "/usr/bin:/bin"}, Limits(), tmp_path / "runs", None, compile=False)
     assert ran.trace is not None and any("\tio_uring_setup\t" in line for line in ran.trace.opaque), ran.trace
 
 
@@ -346,22 +354,20 @@ def test_a_process_that_remaps_paths_without_mount_is_not_trusted(tmp_path):
     """The mount API's other calls (a copy of a tree attached over a folder, in a user namespace of
     the compile's own) and entering another process's namespaces change what a path names without
     mount(2): each is reported, whether it worked or not, so the observation is never trusted."""
-    if observe.unavailable():
-        pytest.skip(observe.unavailable())
-    src = tmp_path / "remap.c"
-    src.write_text("#define _GNU_SOURCE\n#include <fcntl.h>\n#include <sys/syscall.h>\n#include <unistd.h>\n"
-                   "int main(int argc, char **argv) {\n"
-                   "  if (argv[1][0] == 't') syscall(SYS_open_tree, AT_FDCWD, argv[2], 1);\n"
-                   "  if (argv[1][0] == 'm') syscall(SYS_move_mount, -1, \"\", AT_FDCWD, argv[2], 4);\n"
-                   "  if (argv[1][0] == 'f') syscall(SYS_fsopen, \"tmpfs\", 0);\n"
-                   "  if (argv[1][0] == 's') syscall(SYS_setns, -1, 0);\n"
-                   "  return 0; }\n")
-    subprocess.run([observe.compiler(), str(src), "-o", str(tmp_path / "remap")], check=True)
+    program = observed_program(tmp_path, "remap",
+                               "#define _GNU_SOURCE\n#include <fcntl.h>\n"
+                               "#include <sys/syscall.h>\n#include <unistd.h>\n"
+                               "int main(int argc, char **argv) {\n"
+                               "  if (argv[1][0] == 't') syscall(SYS_open_tree, AT_FDCWD, argv[2], 1);\n"
+                               "  if (argv[1][0] == 'm') syscall(SYS_move_mount, -1, \"\", AT_FDCWD, argv[2], 4);\n"
+                               "  if (argv[1][0] == 'f') syscall(SYS_fsopen, \"tmpfs\", 0);\n"
+                               "  if (argv[1][0] == 's') syscall(SYS_setns, -1, 0);\n"
+                               "  return 0; }\n")
     for how, call in (("t", "open_tree"), ("m", "move_mount"), ("f", "fsopen"), ("s", "setns")):
-        ran = run([str(tmp_path / "remap"), how, str(tmp_path)], {"PATH": "/usr/bin:/bin"}, Limits(),
+        ran = run([str(program), how, str(tmp_path)], {"PATH": "/usr/bin:/bin"}, Limits(),
                   tmp_path / "runs", None, compile=False)
         assert ran.trace is not None and any(f"\t{call}\t" in line for line in ran.trace.opaque), (call, ran.trace)
-    ran = run([str(tmp_path / "remap"), "-", str(tmp_path)], {"PATH": "/usr/bin:/bin"}, Limits(), tmp_path / "runs",
+    ran = run([str(program), "-", str(tmp_path)], {"PATH": "/usr/bin:/bin"}, Limits(), tmp_path / "runs",
               None, compile=False)
     assert ran.trace is not None and ran.trace.opaque == ()
 
@@ -370,29 +376,28 @@ def test_an_open_resolved_in_another_root_is_not_trusted(tmp_path):
     """openat2 with RESOLVE_IN_ROOT opens "/inner.h" under its descriptor's folder, not /inner.h;
     every RESOLVE_ bit changes what an open finds, so such an open makes the observation opaque.
     A plain openat2 is a read like any other."""
-    if observe.unavailable():
-        pytest.skip(observe.unavailable())
-    src = tmp_path / "inroot.c"
-    src.write_text("#define _GNU_SOURCE\n#include <fcntl.h>\n#include <linux/openat2.h>\n#include <stdio.h>\n"
-                   "#include <sys/syscall.h>\n#include <unistd.h>\n"
-                   "int main(int argc, char **argv) {\n"
-                   "  struct open_how how = {.flags = O_RDONLY, .resolve = argv[1][0] == 'r' ? RESOLVE_IN_ROOT : 0};\n"
-                   "  int dir = open(argv[2], O_RDONLY | O_DIRECTORY);\n"
-                   "  int fd = syscall(SYS_openat2, dir, argv[3], &how, sizeof how);\n"
-                   "  char text[64] = {0}; if (fd >= 0) read(fd, text, sizeof text - 1);\n"
-                   "  fputs(text, stdout); return fd < 0; }\n")
-    subprocess.run([observe.compiler(), str(src), "-o", str(tmp_path / "inroot")], check=True)
+    program = observed_program(tmp_path, "inroot",
+                               "#define _GNU_SOURCE\n#include <fcntl.h>\n"
+                               "#include <linux/openat2.h>\n#include <stdio.h>\n"
+                               "#include <sys/syscall.h>\n#include <unistd.h>\n"
+                               "int main(int argc, char **argv) {\n"
+                               "  struct open_how how = {.flags = O_RDONLY,\n"
+                               "                         .resolve = argv[1][0] == 'r' ? RESOLVE_IN_ROOT : 0};\n"
+                               "  int dir = open(argv[2], O_RDONLY | O_DIRECTORY);\n"
+                               "  int fd = syscall(SYS_openat2, dir, argv[3], &how, sizeof how);\n"
+                               "  char text[64] = {0}; if (fd >= 0) read(fd, text, sizeof text - 1);\n"
+                               "  fputs(text, stdout); return fd < 0; }\n")
     inner = tmp_path / "root"
     inner.mkdir()
     (inner / "inner.h").write_text("int from_the_inner_root;\n")
     env = {"PATH": "/usr/bin:/bin"}
     # The oracle: what the program printed is the file under the descriptor's folder.
     printed = tmp_path / "printed"
-    ran = run([str(tmp_path / "inroot"), "r", str(inner), "/inner.h"], env, Limits(), tmp_path / "runs", None,
+    ran = run([str(program), "r", str(inner), "/inner.h"], env, Limits(), tmp_path / "runs", None,
               compile=False, stdout=printed)
     assert ran.returncode == 0 and "from_the_inner_root" in printed.read_text(), ran
     assert ran.trace is not None and any("\topenat2\t" in line for line in ran.trace.opaque), ran.trace
-    ran = run([str(tmp_path / "inroot"), "-", str(inner), "inner.h"], env, Limits(), tmp_path / "runs", None,
+    ran = run([str(program), "-", str(inner), "inner.h"], env, Limits(), tmp_path / "runs", None,
               compile=False, stdout=printed)
     assert ran.returncode == 0 and ran.trace is not None and ran.trace.opaque == ()
     assert ran.trace.reads[(str(inner / "inner.h"), True)] == "ok"
@@ -402,32 +407,30 @@ def test_sockets_and_folder_opens_are_seen_for_what_they_are(tmp_path):
     """A program that connects to a server (TCP, or a Unix socket that is there) is never trusted:
     another process answered it. A Unix socket with nothing at its path is an absence; opening a
     folder to list it (O_DIRECTORY, which glibc's __O_TMPFILE also holds) is a read, O_TMPFILE a write."""
-    if observe.unavailable():
-        pytest.skip(observe.unavailable())
-    src = tmp_path / "talk.c"
-    src.write_text("#define _GNU_SOURCE\n#include <fcntl.h>\n#include <netinet/in.h>\n#include <string.h>\n"
-                   "#include <sys/socket.h>\n#include <sys/un.h>\n#include <unistd.h>\n"
-                   "int main(int argc, char **argv) {\n"
-                   "  struct sockaddr_un un = {.sun_family = AF_UNIX};\n"
-                   "  strcpy(un.sun_path, argv[1]);\n"
-                   "  connect(socket(AF_UNIX, SOCK_STREAM, 0), (struct sockaddr *)&un, sizeof un);\n"
-                   "  if (argc > 3) { struct sockaddr_in in = {.sin_family = AF_INET, .sin_port = htons(9),\n"
-                   "                  .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};\n"
-                   "    connect(socket(AF_INET, SOCK_STREAM, 0), (struct sockaddr *)&in, sizeof in); }\n"
-                   "  close(open(argv[2], O_RDONLY | O_DIRECTORY));\n"
-                   "  close(open(argv[2], O_TMPFILE | O_RDWR, 0600));\n"
-                   "  return 0; }\n")
-    subprocess.run([observe.compiler(), str(src), "-o", str(tmp_path / "talk")], check=True)
+    program = observed_program(tmp_path, "talk",
+                               "#define _GNU_SOURCE\n#include <fcntl.h>\n#include <netinet/in.h>\n#include <string.h>\n"
+                               "#include <sys/socket.h>\n#include <sys/un.h>\n#include <unistd.h>\n"
+                               "int main(int argc, char **argv) {\n"
+                               "  struct sockaddr_un un = {.sun_family = AF_UNIX};\n"
+                               "  strcpy(un.sun_path, argv[1]);\n"
+                               "  connect(socket(AF_UNIX, SOCK_STREAM, 0), (struct sockaddr *)&un, sizeof un);\n"
+                               "  if (argc > 3) { struct sockaddr_in in = {.sin_family = AF_INET,\n"
+                               "                  .sin_port = htons(9),\n"
+                               "                  .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};\n"
+                               "    connect(socket(AF_INET, SOCK_STREAM, 0), (struct sockaddr *)&in, sizeof in); }\n"
+                               "  close(open(argv[2], O_RDONLY | O_DIRECTORY));\n"
+                               "  close(open(argv[2], O_TMPFILE | O_RDWR, 0600));\n"
+                               "  return 0; }\n")
     env = {"PATH": "/usr/bin:/bin"}
     folder = tmp_path / "folder"
     folder.mkdir()
-    ran = run([str(tmp_path / "talk"), str(tmp_path / "none.sock"), str(folder)], env, Limits(), tmp_path / "runs",
+    ran = run([str(program), str(tmp_path / "none.sock"), str(folder)], env, Limits(), tmp_path / "runs",
               None, compile=False)
     t = ran.trace
     assert t.sockets == () and t.opaque == ()
     assert t.reads[(str(tmp_path / "none.sock"), True)] == "ENOENT" and t.reads[(str(folder), True)] == "ok"
     assert str(folder) in t.writes  # the O_TMPFILE open
-    ran = run([str(tmp_path / "talk"), str(tmp_path / "none.sock"), str(folder), "tcp"], env, Limits(),
+    ran = run([str(program), str(tmp_path / "none.sock"), str(folder), "tcp"], env, Limits(),
               tmp_path / "runs", None, compile=False)
     assert ran.trace.sockets == ("connect family 2",)
     pairs, why = observed.from_run(ran, set(), observed.States(FileHasher()))
