@@ -44,23 +44,6 @@ def reads(log: str) -> list[tuple[str, str]]:
     return found
 
 
-def scratch_command(argv: list[str], out: str) -> list[str]:
-    """The compile, writing its object to OUT and no dependency file."""
-    cmd, skip = [], False
-    for i, a in enumerate(argv):
-        if skip:
-            skip = False
-            continue
-        if a in ("-MF", "-o"):
-            skip = True
-            cmd += ["-o", out] if a == "-o" else []
-            continue
-        if a in ("-MD", "-MMD"):
-            continue
-        cmd.append(a)
-    return cmd
-
-
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("build", type=Path)
@@ -75,8 +58,11 @@ def main() -> int:
         objects = []
         for i, action in enumerate(actions):
             log, out = os.path.join(scratch, f"log{i}"), os.path.join(scratch, f"o{i}.o")
-            proc = subprocess.run(observe.command(log) + scratch_command(action["argv"], out), env=action["env"],
-                                  capture_output=True, text=True)
+            # Only its outputs go elsewhere, as the audit's recompiles do (pp4/certify/audit.py).
+            argv = list(action["argv"])
+            argv[argv.index("-o") + 1] = out
+            argv[argv.index("-MF") + 1] = out + ".d"
+            proc = subprocess.run(observe.command(log) + argv, env=action["env"], capture_output=True, text=True)
             print(f"{action['output']}: rc {proc.returncode}", file=sys.stderr)
             objects.append(out)
             seen.update(reads(log))
