@@ -658,12 +658,8 @@ def test_a_compile_that_reads_what_the_machine_is(base, machine_file, same_each_
     kernel, its control group, the mounts of its root, whose ids differ from run to run) into the
     object: a compile is not keyed on them, so such a compile is never stored, and the next build
     compiles its own."""
-    tools = base / "tools"
-    tools.mkdir()
-    (tools / "as").write_text('#!/bin/sh\nextra=$(mktemp --suffix=.s)\n'
-                              f'printf \'.section .rodata\\n.ascii "TAG[%s]"\\n\' "$(head -c 8 {machine_file} | tr -d \'\\n"\')" > "$extra"\n'
-                              'exec as "$@" "$extra"\n')
-    (tools / "as").chmod(0o755)
+    tools = tagging_assembler(base, f"with open({machine_file!r}, 'rb') as f:\n"
+                                    "    tag = f.read(8).decode('latin-1').replace('\\n', '').replace('\"', '')")
     case = Case(base, {"u.cpp": "int u() { return 1; }\n"}, spec([f"-B{tools}/"]))
     got, out = case.build()
     assert got["u.cpp.o"][0] == "compiled" and got["u.cpp.o"][1]
