@@ -17,8 +17,13 @@ def _stat(pid: int) -> tuple[str, list[str]] | None:
     return text[text.index("(") + 1:text.rindex(")")], text[text.rindex(")") + 2:].split()
 
 
+# Where the walk up to ninja starts: this process's parent, or, in a worker of the compile server
+# (pp4/reuse/server.py), the parent of the client that handed the edge over.
+ANCESTORS_FROM: int | None = None
+
+
 def ninja_ancestor() -> int | None:
-    pid = os.getppid()
+    pid = ANCESTORS_FROM or os.getppid()
     for _ in range(4):  # the edge's shell, then ninja
         found = _stat(pid)
         if found is None:
@@ -35,6 +40,13 @@ def run_id() -> str | None:
     pid = ninja_ancestor()
     found = _stat(pid) if pid is not None else None
     return f"{pid}-{found[1][19]}" if found else None
+
+
+def is_running(run: str) -> bool:
+    """Whether the ninja of RUN (run_id's pid-starttime) is still that process."""
+    pid, _, start = run.partition("-")
+    found = _stat(int(pid)) if pid.isdigit() else None
+    return found is not None and found[1][19] == start
 
 
 # ninja's options that take a value (ninja --help); the words left over are the targets asked for.

@@ -215,10 +215,12 @@ def test_sigkill_of_a_compile_mid_build(seed, tmp_path, victim):
                              if argv and Path(argv[0]).name in ("cc1plus", "cicc", "ptxas", "cudafe++")), None)
             pid = wait_for(pick, 120, "a compiler process")
             os.kill(pid, signal.SIGKILL)
-        else:  # the reuse wrapper with its shell and its compiler: ninja gives each job its own group
+        else:  # the edge's wrapper (or its client) with its shell: ninja gives each job its own
+            # group; a compile server's worker that runs the edge, and its compiler, end with the client
             def pick():
                 return next((pid for pid, argv in processes_in(work)
-                             if "pp4.reuse" in argv and "--prepass" not in argv and "--" in argv
+                             if ("pp4.reuse" in argv or any(a.endswith("pp4/reuse/client.py") for a in argv))
+                             and "--prepass" not in argv and "--" in argv
                              and any(Path(a).name in ("nvcc", "c++", "g++") for a in argv)), None)
             pid = wait_for(pick, 120, "a reuse wrapper running a compile")
             pgid = os.getpgid(pid)

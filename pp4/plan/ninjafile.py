@@ -21,6 +21,9 @@ from pp4.sources.extensions import project_wheel_target
 # knows nothing of the wheel's code.)
 RUNTIME_LOADER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "wheel", "runtime.py")
 
+# What each compile edge starts (a path, as above): it hands the edge to the build's compile server.
+REUSE_CLIENT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "reuse", "client.py")
+
 
 @attrs.frozen
 class BuildSettings:
@@ -120,6 +123,7 @@ def render(settings: BuildSettings, rules: str, plans: list[ModulePlan],
     w.variable("builddir", ninja_syntax.escape(settings.builddir))  # .ninja_log and .ninja_deps live here
     w.newline()
     w.variable("python", _shell(settings.python))
+    w.variable("reuse_client", _shell([REUSE_CLIENT]))
     w.variable("configure", _shell([settings.configure]))
     w.variable("configure_args", _shell(settings.configure_args))
     w.variable("ninja", _shell([settings.ninja]))
