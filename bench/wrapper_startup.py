@@ -1,17 +1,20 @@
 #!/usr/bin/env python3
 """What starting the reuse wrapper costs each compile edge, for pp4 trees side by side.
 
-For each tree (this checkout, or `git archive REV` unpacked somewhere), the command a compile edge
-of BUILD_DIR runs, `python -m pp4.reuse CONFIG --env ... -- COMPILER ARGS`, is started with that
-tree on PYTHONPATH and the marker the prepass leaves for a restored object in place, so that the
-process only starts, loads its modules and the build's config, claims the object and ends: the
-start-up every compile edge pays before any work. Trees alternate, RUNS rounds; the median wall
-time of each is reported, with the pp4 modules the process imported (python -X importtime) and
-their lines.
+For each tree (this checkout, or `git archive REV` unpacked somewhere), RUNS compile edges of
+BUILD_DIR's first compile run under a real ninja (-j 1), each as that tree's build.ninja runs it:
+`python -m pp4.reuse CONFIG --env ... -- COMPILER ARGS`, or, where the tree has the compile server
+(pp4/reuse/client.py), `python -S -I client.py ...` handing the edge to the server of the ninja run.
+Each edge finds the marker the prepass leaves for a restored object, so it only starts, loads its
+modules and the build's config, claims the object and ends: the start-up every compile edge pays
+before any work. Per-edge times come from ninja's log (ms); the first edge of a served run, which
+starts the server and runs itself, is shown apart. Trees alternate over ROUNDS ninja runs; also
+shown: the pp4 modules a direct start imports (python -X importtime) and their lines.
 
-    python bench/wrapper_startup.py BUILD_DIR [--tree NAME=PATH]... [--runs 20] [--json OUT]
+    python bench/wrapper_startup.py BUILD_DIR [--tree NAME=PATH]... [--runs 20] [--rounds 3] [--json OUT]
 
-Run it from the folder configure ran in for BUILD_DIR. Without --tree: this checkout alone.
+Run it from the folder configure ran in for BUILD_DIR. Without --tree: this checkout, served and
+direct (PP4_NO_SERVER=1).
 """
 
 from __future__ import annotations
@@ -19,13 +22,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+NINJA = shutil.which("ninja") or str(Path(sys.executable).parent / "ninja")
 
 
 def edge_command(build: Path, action: dict) -> list[str]:
@@ -42,6 +49,26 @@ def claim_once(cmd: list[str], marker: Path, tree: Path, extra: list[str] = ()) 
     if proc.returncode != 0 or marker.exists():
         raise SystemExit(f"the wrapper of {tree} did not claim the object: rc {proc.returncode}\n{proc.stderr[-2000:]}")
     return wall, proc.stderr
+
+
+def ninja_edges(cmd: list[str], marker: Path, tree: Path, runs: int, served: bool) -> list[float]:
+    """Seconds of each of RUNS claiming edges run one after another by a real ninja."""
+    cwd = os.getcwd()
+    with tempfile.TemporaryDirectory(prefix="startup-") as folder:
+        q = shlex.quote
+        lines = ["rule claim",
+                 f"  command = cd {q(cwd)} && echo bench > {q(str(marker))} && $cmd && test ! -e {q(str(marker))} "
+                 f"&& touch {q(folder)}/$out", ""]
+        env = f"env PYTHONPATH={q(str(tree))}" + ("" if served else " PP4_NO_SERVER=1")
+        for i in range(runs):
+            lines += [f"build e{i}: claim" + (f" | e{i - 1}" if i else ""), f"  cmd = {env} {shlex.join(cmd)}"]
+        Path(folder, "build.ninja").write_text("\n".join(lines) + "\n")
+        ran = subprocess.run([NINJA, "-j1", f"e{runs - 1}"], cwd=folder, capture_output=True, text=True)
+        if ran.returncode != 0:
+            raise SystemExit(f"the edges failed:\n{ran.stdout[-3000:]}{ran.stderr[-2000:]}")
+        log = [ln.split("\t") for ln in Path(folder, ".ninja_log").read_text().splitlines()[1:]]
+        by_edge = {f[3]: (int(f[1]) - int(f[0])) / 1000 for f in log}
+        return [by_edge[f"e{i}"] for i in range(runs)]
 
 
 def pp4_modules(importtime: str, tree: Path) -> tuple[int, int]:
@@ -66,32 +93,40 @@ def main() -> int:
     ap.add_argument("build", type=Path)
     ap.add_argument("--tree", action="append", default=[], metavar="NAME=PATH")
     ap.add_argument("--runs", type=int, default=20)
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
-    trees = dict(t.split("=", 1) for t in args.tree) or {"this checkout": str(REPO)}
-    trees = {name: Path(path).resolve() for name, path in trees.items()}
+    trees = {name: Path(path).resolve() for name, path in (t.split("=", 1) for t in args.tree)}
+    ways = [(name, tree, (tree / "pp4" / "reuse" / "client.py").exists()) for name, tree in trees.items()]
+    if not ways:
+        ways = [("this checkout, served", REPO, True), ("this checkout, direct", REPO, False)]
     build = args.build.resolve()
     action = json.loads((build / "actions.json").read_text())["actions"][0]
     if not Path(action["output"]).exists():
         raise SystemExit(f"{action['output']} is not built: build BUILD_DIR first (`ninja`)")
     marker = Path(action["output"] + ".pp4-reused")
-    cmd = edge_command(build, action)
-    walls: dict[str, list[float]] = {name: [] for name in trees}
-    for _ in range(args.runs):
-        for name, tree in trees.items():
-            walls[name].append(claim_once(cmd, marker, tree)[0])
+    direct = edge_command(build, action)
+    edges: dict[str, list[float]] = {name: [] for name, _, _ in ways}
+    firsts: dict[str, list[float]] = {name: [] for name, _, _ in ways}
+    for _ in range(args.rounds):
+        for name, tree, served in ways:
+            cmd = [direct[0], "-S", "-I", str(tree / "pp4" / "reuse" / "client.py"), *direct[3:]] if served else direct
+            times = ninja_edges(cmd, marker, tree, args.runs, served)
+            firsts[name].append(times[0])
+            edges[name] += times[1:] if served else times
     result = {}
-    for name, tree in trees.items():
-        _, report = claim_once(cmd, marker, tree, ["-X", "importtime"])
+    for name, tree, served in ways:
+        _, report = claim_once(direct, marker, tree, ["-X", "importtime"])
         modules, lines = pp4_modules(report, tree)
-        result[name] = {"tree": str(tree), "median_s": statistics.median(walls[name]), "runs": walls[name],
+        result[name] = {"tree": str(tree), "served": served, "median_s": statistics.median(edges[name]),
+                        "edges_s": edges[name], "first_edge_s": firsts[name] if served else None,
                         "pp4_modules": modules, "pp4_lines": lines}
-        print(f"{name:24} start-up median {1000 * result[name]['median_s']:6.1f} ms of {args.runs}; "
-              f"{modules} pp4 modules imported ({lines} lines)")
-    if len(trees) > 1:
-        first, *rest = trees
-        for name in rest:
-            print(f"{name} / {first}: {result[name]['median_s'] / result[first]['median_s']:.3f}")
+        first = f"; a run's first edge (starts the server) {1000 * statistics.median(firsts[name]):.0f} ms" if served else ""
+        print(f"{name:28} start-up per edge, median {1000 * result[name]['median_s']:6.1f} ms of {len(edges[name])}"
+              f"{first}; a direct start imports {modules} pp4 modules ({lines} lines)")
+    first_name, *rest = result
+    for name in rest:
+        print(f"{first_name} / {name}: {result[first_name]['median_s'] / result[name]['median_s']:.3f}")
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
     return 0
