@@ -1,7 +1,8 @@
 """Filter `ninja -t compdb` output into a compile_commands.json that clangd can use.
 
-Ninja records the launcher in front of each compile (python -m pp4.reuse CONFIG ... --); clangd needs
-the compiler first, so each command is cut to what follows the launcher's `--`.
+Ninja records the launcher in front of each compile (`test -e ... || python -S -I .../pp4/reuse/client.py
+CONFIG ... --`, or `python -m pp4.reuse CONFIG ... --`); clangd needs the compiler first, so each
+command is cut to what follows the launcher's `--`.
 """
 
 from __future__ import annotations
@@ -15,11 +16,11 @@ from pp4 import interrupt
 
 def strip_launcher(command: str) -> str:
     args = shlex.split(command)
-    if "-m" in args and "--" in args:
-        i = args.index("-m")
-        if i + 1 < len(args) and args[i + 1] in ("pp4.execution.launch", "pp4.reuse"):
-            return shlex.join(args[args.index("--") + 1:])
-    return command
+    if "--" not in args:
+        return command
+    client = any(a.endswith("/pp4/reuse/client.py") for a in args)
+    module = "-m" in args and args.index("-m") + 1 < len(args) and args[args.index("-m") + 1] == "pp4.reuse"
+    return shlex.join(args[args.index("--") + 1:]) if client or module else command
 
 
 @interrupt.command("pp4.plan.compdb")
