@@ -12,7 +12,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from test_build import ninja_bin, run
+from test_build import ninja_bin
 from test_faults import certify, configure, env_with, ninja, objects_of, processes_in, wait_for
 
 # Each unit makes g++ evaluate a constexpr loop: a few seconds of real compiling, the same every time.
@@ -86,10 +86,16 @@ def start_ninja(work: Path, *args: str, **env) -> subprocess.Popen:
 
 @pytest.fixture
 def reference(tmp_path, toolchain) -> dict[str, bytes]:
-    """The objects of a build in which every edge runs itself."""
+    """The objects of a build in which every edge runs itself (PP4_NO_SERVER=1: none is served)."""
     work = tmp_path / "reference"
-    configure(work, spec(tmp_path / "ref-src", 300_000), "--no-reuse", "-j", "2")
-    run([ninja_bin()], work, env_with(PP4_NO_SERVER="1"))
+    configure(work, spec(tmp_path / "ref-src", 300_000), "--no-reuse", "-j", "1")
+    proc = start_ninja(work, PP4_NO_SERVER="1")
+    compiles, served = set(), set()
+    while proc.poll() is None:
+        compiles.update(unit_compilers(work))
+        served.update([found[0]] if (found := served_compiler(work)) else [])
+    assert proc.returncode == 0, proc.communicate()[0]
+    assert compiles and not served, (compiles, served)
     return {n: p.read_bytes() for n, p in objects_of(work).items()}
 
 
