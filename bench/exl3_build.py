@@ -66,6 +66,8 @@ import sysconfig
 import time
 from pathlib import Path
 
+import accounting  # bench/accounting.py: this script's folder is on sys.path
+
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
@@ -117,6 +119,7 @@ def timed(cmd: list[str], cwd: Path, env: dict, log: Path, deadline: float | Non
             raise PhaseError(f"killed at this call's deadline after {wall:.1f} s: {shlex.join(cmd)[:200]}",
                              {"killed_after_s": round(wall, 2)})
         wall = time.monotonic() - t0
+    accounting.reap_orphans()  # the compile server and its workers: their CPU is the build's
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     with open(log, "rb") as f:
@@ -782,6 +785,7 @@ def main() -> int:
                     "relative to the extension's folder)")
     ap.add_argument("--table", action="store_true", help="only print WORK/results.json's table")
     args = ap.parse_args()
+    accounting.become_subreaper()  # the builds' compile servers, reaped here and counted
     if args.table:
         doc = json.loads((args.work / "results.json").read_text())
         print(render_table(doc))

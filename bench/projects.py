@@ -31,6 +31,8 @@ import tarfile
 import time
 from pathlib import Path
 
+import accounting  # bench/accounting.py: this script's folder is on sys.path
+
 REPO = Path(__file__).resolve().parent.parent
 
 PROJECTS = {
@@ -113,6 +115,7 @@ def timed(cmd: list[str], cwd: Path, env: dict, log: Path) -> dict:
     with open(log, "w") as f:
         proc = subprocess.run(cmd, cwd=cwd, env=env, stdout=f, stderr=subprocess.STDOUT)
     wall = time.monotonic() - t0
+    accounting.reap_orphans()  # the compile server and its workers: their CPU is the build's
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
         raise SystemExit(f"{shlex.join(cmd)} failed in {cwd}; see {log}:\n{log.read_text()[-3000:]}")
@@ -366,6 +369,7 @@ def main() -> int:
                          "setup.py's nvcc flags (a project that lists nine architectures takes minutes per unit)")
     ap.add_argument("--first", type=int, default=0, help="1: the first project builds setup.py first")
     args = ap.parse_args()
+    accounting.become_subreaper()  # the builds' compile servers, reaped here and counted
     if args.fetch:
         fetch(args.fetch)
         return 0

@@ -1,0 +1,36 @@
+"""Whole-build CPU for the benches. A ninja run's compile server (pp4/reuse/server.py) and its
+progress reporter outlive the edge that started them, so their CPU, and that of the server's
+workers (which run the compiles), never reaches the process that ran ninja: `time ninja` and
+RUSAGE_CHILDREN leave it out. A bench that times builds makes itself a child subreaper: those
+orphans become its children, and once ninja has ended it waits for them, so RUSAGE_CHILDREN holds
+the whole build."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import time
+
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def become_subreaper() -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER) failed: whole-build CPU cannot be counted")
+
+
+def reap_orphans(timeout_s: float = 120.0) -> int:
+    """Wait for every child left (call it when no subprocess of the bench's own is running); how many."""
+    reaped, deadline = 0, time.monotonic() + timeout_s
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return reaped
+        if pid:
+            reaped += 1
+        elif time.monotonic() > deadline:
+            raise TimeoutError(f"processes a build left behind still run after {timeout_s:.0f} s")
+        else:
+            time.sleep(0.05)
