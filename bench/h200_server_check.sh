@@ -12,7 +12,7 @@ source "$(dirname "$0")/device_setup.sh"
 WAY=${1:?served or direct}
 START=$SECONDS
 device_wheels ninja || exit 1
-[ "$WAY" = direct ] && export PP4_NO_SERVER=1
+CALL=1; [ "$WAY" = direct ] && { export PP4_NO_SERVER=1; CALL=2; }
 W=/tmp/ws-$WAY; rm -rf $W
 python3 - "$W" > "$OUT/sampled-$WAY.txt" 2>&1 <<'PY' &
 import os, sys, time
@@ -47,7 +47,7 @@ print(f"nvcc processes seen: {len(seen)}, run under a compile server's worker: {
 PY
 SAMPLER=$!
 PYTHONPATH=/tmp/site:$REPO python3 "$REPO/bench/exl3_build.py" --work $W "${CUDA_HOME_ARGS[@]}" --wheel-dir "$REPO/.whl" \
-  -j 16 --arch 9.0 --deadline $((575 - (SECONDS - START))) --phases pp4-cold --call "$WAY" --json "$OUT/build-$WAY.json" \
+  -j 16 --arch 9.0 --deadline $((575 - (SECONDS - START))) --phases pp4-cold --call "$CALL" --json "$OUT/build-$WAY.json" \
   2>&1 | tail -12 | tee "$OUT/build-$WAY.txt"
 touch $W/done; wait $SAMPLER; cat "$OUT/sampled-$WAY.txt"
 find $W -path '*/build/exl3/obj/*.o' -type f -print0 | sort -z | xargs -0 sha256sum | sed "s|$W/[^ ]*/build/|build/|" \
