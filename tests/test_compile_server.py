@@ -1,5 +1,5 @@
-"""The compile server (pp4/reuse/server.py): a ninja run's compile edges after its first run in
-workers forked by one server, with the same objects; Ctrl-C, a killed client and a killed server
+"""The compile server (pp4/reuse/server.py): a ninja run's compile edges run in workers forked by
+one server, which the prepass starts, with the same objects; Ctrl-C, a killed client and a killed server
 end the compile they ran; PP4_NO_SERVER=1 runs every edge itself. Each judged from the real
 process tree under a real ninja (the compilers' ancestors), never from pp4's own records."""
 
@@ -41,7 +41,7 @@ def spec(where: Path, spin: int) -> Path:
 def ancestors(pid: int) -> list[tuple[int, str]]:
     """(pid, command line) of pid and each process above it."""
     chain = []
-    while pid > 1:
+    while pid >= 1:
         try:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
             stat = Path(f"/proc/{pid}/stat").read_text()
@@ -58,14 +58,20 @@ def unit_compilers(work: Path) -> list[int]:
             if argv and Path(argv[0]).name in COMPILERS and any(a.endswith(f"/{n}.cpp") for a in argv for n in NAMES)]
 
 
+def server_of(pid: int) -> tuple[int, int] | None:
+    """(worker, server) of a process run by a compile server's worker, or None."""
+    # A worker is a fork of its server, and the compile's launcher a fork of the worker: all show
+    # the server's command line; the server is the topmost.
+    served = [p for p, cmd in ancestors(pid) if "-m pp4.reuse.server " in cmd]
+    return (served[-2], served[-1]) if len(served) >= 2 else None
+
+
 def served_compiler(work: Path) -> tuple[int, int, int] | None:
     """(compiler, worker, server) pids of a compile of work run by a server's worker, or None."""
     for pid in unit_compilers(work):
-        # A worker is a fork of its server, and the compile's launcher a fork of the worker: all
-        # show the server's command line; the server is the topmost.
-        served = [p for p, cmd in ancestors(pid) if "-m pp4.reuse.server " in cmd]
-        if len(served) >= 2:
-            return pid, served[-2], served[-1]
+        found = server_of(pid)
+        if found:
+            return pid, *found
     return None
 
 
@@ -99,19 +105,27 @@ def reference(tmp_path, toolchain) -> dict[str, bytes]:
     return {n: p.read_bytes() for n, p in objects_of(work).items()}
 
 
-def test_edges_after_the_first_run_in_one_servers_workers_with_the_same_objects(tmp_path, reference):
+def test_every_compile_runs_in_one_servers_workers_with_the_same_objects(tmp_path, reference):
+    """The prepass starts the run's server before any compile edge: all of them are served."""
     work = tmp_path / "work"
     configure(work, spec(tmp_path / "src", 300_000), "--store", str(tmp_path / "store"), "-j", "1")
     proc = start_ninja(work)
-    seen = set()
+    compiles, served, servers = set(), set(), set()
     while proc.poll() is None:
-        found = served_compiler(work)
-        if found:
-            seen.add(found[2])
+        for pid in unit_compilers(work):
+            chain = ancestors(pid)
+            if not chain or chain[-1][0] != 1:
+                continue  # a process of the chain ended while it was read: look again
+            compiles.add(pid)
+            found = server_of(pid)
+            if found:
+                served.add(pid)
+                servers.add(found[1])
     out = proc.communicate()[0]
     assert proc.returncode == 0, out
-    assert len(seen) == 1, f"the compiles after the first were not run by one server's workers: {seen}"
-    wait_for(lambda: gone(next(iter(seen))), 20, "the server to end with its ninja run")
+    assert compiles and served == compiles, f"compiles {compiles}, of them served {served}"
+    assert len(servers) == 1, f"not one server for the run: {servers}"
+    wait_for(lambda: gone(next(iter(servers))), 20, "the server to end with its ninja run")
     assert {n: p.read_bytes() for n, p in objects_of(work).items()} == reference
     certify(work)
 
@@ -122,13 +136,7 @@ def test_a_served_compile_ends_with_its_edge(tmp_path, toolchain, how):
     server: the worker and its compiler end at once, ninja fails, and the next build is whole."""
     work = tmp_path / "work"
     configure(work, spec(tmp_path / "src", 40_000_000), "--store", str(tmp_path / "store"), "-j", "1")
-    # A run's first edge runs itself while it starts the server: each unit takes so long here that
-    # the test ends the first edge's compile itself, and catches the second, served (ninja -k 0
-    # goes on after a failed edge).
-    proc = start_ninja(work, "-k", "0")
-    first = wait_for(lambda: next((pid for pid in unit_compilers(work)
-                                   if Path(f"/proc/{pid}/exe").resolve().name == "cc1plus"), None), 120, "the first compile")
-    os.kill(first, signal.SIGKILL)
+    proc = start_ninja(work)
     try:
         compiler, worker, server = wait_for(lambda: served_compiler(work), 240, "a compile run by the server")
         if how == "ctrl-c":
@@ -141,7 +149,7 @@ def test_a_served_compile_ends_with_its_edge(tmp_path, toolchain, how):
             os.kill(server, signal.SIGKILL)
         wait_for(lambda: gone(compiler) and gone(worker), 20, "the worker and its compiler to end")
         if how != "ctrl-c":
-            os.kill(proc.pid, signal.SIGINT)  # the rest of the build (-k 0 would go on to the next edge)
+            os.kill(proc.pid, signal.SIGINT)  # ninja may have started the next edge meanwhile
         out = proc.communicate(timeout=60)[0]
     finally:
         if proc.poll() is None:

@@ -26,9 +26,14 @@ def main(argv: list[str] | None = None) -> int:
             if len(argv) != 4:
                 print("usage: python -m pp4.reuse --prepass CONFIG ACTIONS STAMP", file=sys.stderr)
                 return 2
+            from pp4.reuse import client
             from pp4.reuse.prepass import prepass  # not imported by the compile edges
 
-            return prepass(ReuseConfig.load(argv[1]), Path(argv[2]), Path(argv[3]))
+            server = client.start_for(argv[1])  # loading while the prepass works: every compile edge is served
+            code = prepass(ReuseConfig.load(argv[1]), Path(argv[2]), Path(argv[3]))
+            if server:
+                client.ready(server)
+            return code
         env, rest = compilerenv.parse_env_args(argv[1:])
         if not argv or len(rest) < 2 or rest[0] != "--":
             print("usage: python -m pp4.reuse CONFIG [--env NAME=VALUE]... -- COMPILER ARGS...", file=sys.stderr)

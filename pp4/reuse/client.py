@@ -8,8 +8,8 @@ Run with -S -I and only built-in modules (and pp4/ninjarun.py, which imports not
 starts in a few milliseconds. The process it hands
 over to gets this process's standard streams, folder, environment and umask, and runs in the
 same ninja run; this process stays until it ends, passes on the signals ninja sends (Ctrl-C) and
-ends the same way. With no server of this ninja run yet, it starts one in the background and runs
-the edge itself. PP4_NO_SERVER=1 turns the server off.
+ends the same way. The run's prepass starts the server; an edge that finds none starts one in the
+background and runs itself. PP4_NO_SERVER=1 turns the server off.
 """
 
 import _socket
@@ -58,6 +58,39 @@ def start_server(name, run):
                                      (os.POSIX_SPAWN_DUP2, 1, 2)])
     except OSError:
         pass
+
+
+def start_for(config):
+    """Start the compile server of this ninja run for CONFIG unless one runs: the prepass does, so
+    that every compile edge of the run finds it (the prepass runs before them all). Returns its
+    name, for ready(), or None."""
+    run = ninjarun.run_id()
+    if os.environ.get("PP4_NO_SERVER") or not run:
+        return None
+    name = server_name(config, run)
+    if not _listening(name):
+        start_server(name, run)
+    return name
+
+
+def ready(name, timeout_s=3.0):
+    """Wait until the server NAME listens (it binds its name first thing), at most timeout_s."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not _listening(name) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
+def _listening(name):
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_SEQPACKET | _socket.SOCK_CLOEXEC)
+    try:
+        sock.connect(name)
+        return True
+    except OSError:
+        return False
+    finally:
+        sock.close()
 
 
 def hand_over(sock, argv, run):
