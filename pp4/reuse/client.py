@@ -82,20 +82,27 @@ def ready(name, timeout_s=3.0):
         time.sleep(0.01)
 
 
-def _listening(name):
+def _connect(name):
+    """A socket connected to the server NAME, or None where nothing listens there."""
     sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_SEQPACKET | _socket.SOCK_CLOEXEC)
     try:
         sock.connect(name)
-        return True
+        return sock
     except OSError:
-        return False
-    finally:
         sock.close()
+        return None
 
 
-def hand_over(sock, argv, run):
+def _listening(name):
+    sock = _connect(name)
+    if sock is not None:
+        sock.close()
+    return sock is not None
+
+
+def hand_over(sock, argv):
     """Send the edge with fds 0-2; returns the worker's pid, or None where the server did not take it."""
-    request = marshal.dumps((PROTOCOL, list(argv), os.getcwd(), dict(os.environ), _umask(), os.getppid(), run))
+    request = marshal.dumps((PROTOCOL, list(argv), os.getcwd(), dict(os.environ), _umask(), os.getppid()))
     fds = b"".join(fd.to_bytes(4, sys.byteorder, signed=True) for fd in (0, 1, 2))
     sock.sendmsg([request], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, fds)])
     reply = sock.recv(64)
@@ -148,17 +155,14 @@ def main(argv):
         name = None
     if name is None:  # not under ninja, or no config: nothing to share a server with
         run_here(argv)
-    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_SEQPACKET | _socket.SOCK_CLOEXEC)
-    try:
-        sock.connect(name)
-    except OSError:
-        sock.close()
+    sock = _connect(name)
+    if sock is None:
         start_server(name, run)
         run_here(argv)
     try:
         sock.settimeout(10)
         uid = int.from_bytes(sock.getsockopt(_socket.SOL_SOCKET, _SO_PEERCRED, 12)[4:8], sys.byteorder)
-        pid = hand_over(sock, argv, run) if uid == os.getuid() else None
+        pid = hand_over(sock, argv) if uid == os.getuid() else None
     except (OSError, ValueError):
         pid = None
     if pid is None:  # another user's socket by that name, a full server, a protocol it does not speak

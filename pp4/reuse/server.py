@@ -4,7 +4,7 @@ a worker for each compile edge handed to it (pp4/reuse/client.py). A worker is t
 its own process group (the client passes on ninja's signals to it), the same ninja run; only the
 Python start-up and the imports are gone.
 
-    python -m pp4.reuse.server NAME RUN     (started by the first client of a ninja run)
+    python -m pp4.reuse.server NAME RUN     (started by the run's prepass, or by an edge that finds none)
 
 It listens on an abstract Unix socket, named after the build's config, Python, environment, folder
 and ninja run (client.server_name), and serves only its own user. It ends when its ninja run
@@ -24,6 +24,8 @@ import socket
 import struct
 import sys
 import time
+
+from pp4.reuse import client
 
 # With no edge for this long the server ends (the next edge starts another). It lives as long as
 # its ninja run where it can watch it: a run's edges may start minutes apart.
@@ -46,8 +48,6 @@ class Worker:
 
 
 def serve(listener: socket.socket, run: str) -> int:
-    from pp4.reuse import client
-
     ninja = _pidfd_of_run(run)
     sel = selectors.DefaultSelector()
     sel.register(listener, selectors.EVENT_READ, "accept")
@@ -60,7 +60,7 @@ def serve(listener: socket.socket, run: str) -> int:
         for key, _ in sel.select(timeout=1.0):
             what = key.data
             if what == "accept":
-                worker = _accept(listener, client)
+                worker = _accept(listener)
                 if worker is not None:
                     workers[worker.pid] = worker
                     sel.register(worker.conn, selectors.EVENT_READ, ("conn", worker.pid))
@@ -132,7 +132,7 @@ def _pidfd_of_run(run: str) -> int | None:
     return fd
 
 
-def _accept(listener: socket.socket, client) -> Worker | None:
+def _accept(listener: socket.socket) -> Worker | None:
     conn, _ = listener.accept()
     conn.settimeout(10)
     try:
@@ -187,7 +187,7 @@ def _accept(listener: socket.socket, client) -> Worker | None:
 
 def _work(go: int, fds: list[int], request: tuple) -> None:
     """The worker: wait for the client's go, become its edge, run it, end with its status."""
-    _, argv, cwd, env, umask, client_parent, run = request
+    _, argv, cwd, env, umask, client_parent = request
     if os.read(go, 1) != b"G":  # the client gave up before the edge started
         os._exit(0)
     for target, fd in enumerate(fds):
