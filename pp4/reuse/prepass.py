@@ -48,17 +48,18 @@ def prepass(cfg: ReuseConfig, actions_file: Path, stamp: Path) -> int:
     batch = events.write_batch(cfg.state_dir, hits)
     # The stamp's dependencies: every file every compile seen so far read, so that an edit of any
     # of them runs the prepass again before the compiles that ninja will then find out of date.
-    deps: set[str] = set()
-    named: set[str] = set()
+    seen: set[tuple[str, Root | None]] = set()  # most sets are every unit's: each read once
     known = events.Events(cfg.state_dir, batch)
     for doc in actions:
         ev = known.get(doc["output"])
         if ev is None:
             continue
         mapping = Root.from_mounts(ev.mounts) if ev.mounts else None
-        named.update(ev.input_sets)
-        for sid in ev.input_sets:
-            deps.update(reuser.sets.files(reuser.state_sets, sid, mapping))
+        seen.update((sid, mapping) for sid in ev.input_sets)
+    deps: set[str] = set()
+    for sid, mapping in seen:
+        deps.update(reuser.sets.files(reuser.state_sets, sid, mapping))
+    named = {sid for sid, _ in seen}
     # The build's state stays bounded: no compile edge runs before this prepass ends, so what no
     # configured output's event names now is no one's (sets get an hour: a build folder's other
     # ninja, run by hand at the same time, may have just written one).

@@ -195,7 +195,7 @@ class Reuser:
 
     def observations_hold(self, entry: ManifestEntry, action: Action) -> bool:
         """Whether every observation of the entry's input sets holds now, at this compile's paths."""
-        return all(self.sets.matches(self.store_sets, sid, action.root) for sid in entry.input_sets)
+        return self.sets.all_match(self.store_sets, entry.input_sets, action.root)
 
     def lookup_variant(self, action: Action) -> Found | None:
         """Another variant's object for this unit, where this compile is proven to give the same
