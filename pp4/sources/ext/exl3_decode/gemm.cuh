@@ -11,6 +11,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <cstdlib>
 
 #include "decode.cuh"
 #include "exl3_decode.h"
@@ -154,6 +155,124 @@ __global__ __launch_bounds__(kWarps * 32) void decode_gemm_kernel(const half* __
   }
 }
 
+// NB: 8-row blocks of x (1..4). The decoded tile is the MMA's A operand (its 16 rows are the tile's
+// 16 output columns: the lane's B-fragment registers of decode_lane are, reordered, exactly an A
+// fragment of the transposed tile) and x the B operand, 8 rows an MMA: one MMA per tile for up to 8
+// rows, where a 16-row A of x would waste half of two. x's slice of each stage travels with the
+// trellis words (cp.async, the same stages ahead), once per block instead of once per warp.
+template <int BITS, int CB, int NB>
+__global__ __launch_bounds__(kWarps * 32) void decode_gemm_xb_kernel(const half* __restrict__ xh,
+                                                                    const uint32_t* __restrict__ trellis,
+                                                                    float* __restrict__ partials, int rows, int k,
+                                                                    int n, int k_tiles_per_split, Parts parts) {
+  constexpr int kTileWords = 8 * BITS;
+  constexpr int kRowWords = kWarps * kTileWords;
+  constexpr int kStageWords = kTilesPerStage * kRowWords;
+  constexpr int kStageChunks = kStageWords / 4;
+  // x in a stage: NB * 8 rows of kTilesPerStage * 16 halves, each row padded from 16 to 20 words so
+  // that the eight rows a fragment load touches fall in different banks.
+  constexpr int kXRowWords = kTilesPerStage * 8 + 4;
+  constexpr int kXRows = NB * 8;
+  constexpr int kXChunksPerRow = kTilesPerStage * 2;  // 16-byte copies
+  static_assert(kTilesPerStage == 2, "the padding above is worked out for two K tiles a stage");
+  __shared__ __align__(16) uint32_t stage_words[kStages][kStageWords];
+  __shared__ __align__(16) uint32_t stage_x[kStages][kXRows * kXRowWords];
+
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int group = lane / 4;  // A: tile column (and +8); B: x row within the block; C: tile column
+  const int pair = lane % 4;   // A, B: K pair; C: x row pair
+  const int n_tiles = n / 16;
+  const int first_tile = blockIdx.x * kWarps;
+  const int k_tiles = k / 16;
+  const int kt_begin = blockIdx.y * k_tiles_per_split;
+  const int kt_end = min(kt_begin + k_tiles_per_split, k_tiles);
+  const int steps = (kt_end - kt_begin) / kTilesPerStage;
+
+  int part = 0;
+  while (part + 1 < parts.count && first_tile >= parts.tile_end[part]) ++part;
+  const half* x_rows = xh + static_cast<size_t>(part) * rows * k;
+
+  static_assert(kStageChunks <= kWarps * 32, "one chunk per thread and stage");
+  static_assert(kXRows * kXChunksPerRow <= kWarps * 32, "one x chunk per thread and stage");
+  const bool copies = threadIdx.x < kStageChunks;
+  const int copy_row = threadIdx.x / (kRowWords / 4);
+  const int copy_word = copy_row * kRowWords + (threadIdx.x % (kRowWords / 4)) * 4;
+  const uint32_t* copy_src = trellis + (static_cast<size_t>(kt_begin + copy_row) * n_tiles + first_tile) * kTileWords +
+                             (threadIdx.x % (kRowWords / 4)) * 4;
+  const size_t step_words = static_cast<size_t>(kTilesPerStage) * n_tiles * kTileWords;
+  const int x_row = threadIdx.x / kXChunksPerRow;
+  const int x_chunk = threadIdx.x % kXChunksPerRow;
+  const bool copies_x = x_row < kXRows && x_row < rows;
+  const int x_word = x_row * kXRowWords + x_chunk * 4;
+  const half* x_src = x_rows + static_cast<size_t>(copies_x ? x_row : 0) * k + kt_begin * 16 + x_chunk * 8;
+  auto load_stage = [&](int slot, int step) {
+    if (copies) cp_async16(&stage_words[slot][copy_word], copy_src + step * step_words);
+    if (copies_x) cp_async16(&stage_x[slot][x_word], x_src + step * kTilesPerStage * 16);
+  };
+  // Rows past M are zeros in every stage (no copy ever writes them); the loop's first barrier
+  // orders these stores before any read.
+  if (x_row < kXRows && !copies_x) {
+#pragma unroll
+    for (int slot = 0; slot < kStages; ++slot)
+      *reinterpret_cast<uint4*>(&stage_x[slot][x_word]) = make_uint4(0u, 0u, 0u, 0u);
+  }
+
+  float acc[NB][4];
+#pragma unroll
+  for (int nb = 0; nb < NB; ++nb)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) acc[nb][i] = 0.0f;
+
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    if (s < steps) load_stage(s, s);
+    cp_async_commit();
+  }
+
+  for (int step = 0; step < steps; ++step) {
+    cp_async_wait<kStages - 2>();
+    __syncthreads();
+    const int next = step + kStages - 1;
+    if (next < steps) load_stage(next % kStages, next);
+    cp_async_commit();
+
+    const uint32_t* stage = stage_words[step % kStages];
+    const uint32_t* xs = stage_x[step % kStages] + group * kXRowWords + pair;
+#pragma unroll
+    for (int kk = 0; kk < kTilesPerStage; ++kk) {
+      uint32_t b[NB][2];
+#pragma unroll
+      for (int nb = 0; nb < NB; ++nb) {
+        b[nb][0] = xs[nb * 8 * kXRowWords + kk * 8];      // (k 2*pair, row group)
+        b[nb][1] = xs[nb * 8 * kXRowWords + kk * 8 + 4];  // (k 2*pair + 8, row group)
+      }
+      uint32_t w0[2], w1[2];
+      decode_lane<BITS, CB>(stage + kk * kRowWords + warp * kTileWords, lane, w0, w1);
+      // (column group, k 2p), (column group + 8, k 2p), (group, k 2p + 8), (group + 8, k 2p + 8)
+      const uint32_t a[4] = {w0[0], w1[0], w0[1], w1[1]};
+#pragma unroll
+      for (int nb = 0; nb < NB; ++nb) mma_16816(acc[nb], a, b[nb]);
+    }
+  }
+  cp_async_wait<0>();
+
+  float* out = partials + static_cast<size_t>(blockIdx.y) * rows * n;
+  const int col = (first_tile + warp) * 16 + group;
+#pragma unroll
+  for (int nb = 0; nb < NB; ++nb) {
+    const int r = nb * 8 + 2 * pair;
+    if (r < rows) {
+      out[static_cast<size_t>(r) * n + col] = acc[nb][0];
+      out[static_cast<size_t>(r) * n + col + 8] = acc[nb][2];
+    }
+    if (r + 1 < rows) {
+      out[static_cast<size_t>(r + 1) * n + col] = acc[nb][1];
+      out[static_cast<size_t>(r + 1) * n + col + 8] = acc[nb][3];
+    }
+  }
+}
+
 template <int BITS, int CB>
 void launch_decode_gemm(const void* xh, const void* trellis, float* partials, int rows, int k, int n,
                         const Parts& parts, int splits, int k_tiles_per_split, cudaStream_t stream) {
@@ -161,10 +280,23 @@ void launch_decode_gemm(const void* xh, const void* trellis, float* partials, in
   const dim3 block(kWarps * 32);
   const half* x = static_cast<const half*>(xh);
   const uint32_t* t = static_cast<const uint32_t*>(trellis);
-  if (rows <= 16)
-    decode_gemm_kernel<BITS, CB, 1><<<grid, block, 0, stream>>>(x, t, partials, rows, k, n, k_tiles_per_split, parts);
+  const char* choice = std::getenv("PP4_EXL3_GEMM");  // "b": the kernel before, for a side-by-side bench
+  const bool tiles_as_b = choice != nullptr && choice[0] == 'b';
+  if (tiles_as_b) {
+    if (rows <= 16)
+      decode_gemm_kernel<BITS, CB, 1><<<grid, block, 0, stream>>>(x, t, partials, rows, k, n, k_tiles_per_split, parts);
+    else
+      decode_gemm_kernel<BITS, CB, 2><<<grid, block, 0, stream>>>(x, t, partials, rows, k, n, k_tiles_per_split, parts);
+    return;
+  }
+  if (rows <= 8)
+    decode_gemm_xb_kernel<BITS, CB, 1><<<grid, block, 0, stream>>>(x, t, partials, rows, k, n, k_tiles_per_split, parts);
+  else if (rows <= 16)
+    decode_gemm_xb_kernel<BITS, CB, 2><<<grid, block, 0, stream>>>(x, t, partials, rows, k, n, k_tiles_per_split, parts);
+  else if (rows <= 24)
+    decode_gemm_xb_kernel<BITS, CB, 3><<<grid, block, 0, stream>>>(x, t, partials, rows, k, n, k_tiles_per_split, parts);
   else
-    decode_gemm_kernel<BITS, CB, 2><<<grid, block, 0, stream>>>(x, t, partials, rows, k, n, k_tiles_per_split, parts);
+    decode_gemm_xb_kernel<BITS, CB, 4><<<grid, block, 0, stream>>>(x, t, partials, rows, k, n, k_tiles_per_split, parts);
 }
 
 // One codebook's kernels for 2..8 bits; false where there is none.

@@ -1,0 +1,98 @@
+"""pp4's EXL3 decode GEMM, its kernels and K splits side by side, on one GPU.
+
+For each of the worker's matrices (bench/exl3_decode_check.py's SHAPES, mul1 codebook) and row
+count: every kernel (PP4_EXL3_GEMM=b, tiles as the MMA's B operand, 16 rows an MMA block; xb, the
+default: tiles as A, x as B in 8-row blocks) with the split of K chosen by the module (splits 0)
+and with each of SPLITS, each checked against an fp64 oracle (weights from the module's own
+reconstruct, which bench/exl3_decode_check.py checks bit for bit against upstream's) and timed as
+bench/exl3_decode_check.py times it (a CUDA graph of 20 calls, best of 5 replays of 10). Bandwidth
+is trellis bytes over time, and its share of the device-to-device copy bandwidth measured first.
+
+    python3 bench/exl3_gemm_sweep.py --exl3-build build [--json OUT] [--rows 1,4,8,20] [--shapes head,...]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from exl3_decode_check import SHAPES, graph_time, hadamard, random_linear  # noqa: E402
+
+from pp4.certify.loader import load_target  # noqa: E402
+from pp4.worker.harness.timing import measure_copy_bandwidth  # noqa: E402
+
+KERNELS = ("b", "xb")
+SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)
+CODEBOOK = 2  # mul1, as the worker's default checkpoint
+
+
+def oracle(x, w, suh, svh):
+    """fp64 had(had(x * suh) @ W) * svh, every step in fp64."""
+    h = hadamard().to(x.device)
+    k, n = w.shape
+    xh = ((x.double() * suh.double()).view(-1, k // 128, 128) @ h).view(-1, k)
+    y = ((xh @ w).view(-1, n // 128, 128) @ h).view(-1, n)
+    return y * svh.double()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--exl3-build", default="build")
+    ap.add_argument("--json")
+    ap.add_argument("--rows", default="1,4,8,16,20")
+    ap.add_argument("--shapes", default=",".join(SHAPES))
+    args = ap.parse_args()
+    mine = load_target("exl3-decode", args.exl3_build)
+    device = torch.device("cuda")
+    copy = measure_copy_bandwidth(device, 1 << 30)
+    out = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "copy_bytes_per_s": copy.bytes_per_s,
+           "results": []}
+    print(f"{out['gpu']}: copy {copy.bytes_per_s / 1e12:.3f} TB/s")
+    for name in args.shapes.split(","):
+        k, n, bits = SHAPES[name]
+        trellis, suh, svh = random_linear(k, n, bits, 7, device)
+        w = mine.reconstruct(trellis, CODEBOOK).double()
+        out_dtype = torch.float32 if name == "head" else torch.float16
+        nbytes = trellis.numel() * 2
+        for m in map(int, args.rows.split(",")):
+            x = torch.randn(m, k, device=device).to(torch.float16)
+            ref = oracle(x, w, suh, svh)
+            scale = ref.abs().max().item()
+            for kernel in KERNELS:
+                os.environ["PP4_EXL3_GEMM"] = kernel
+                for splits in (0, *SPLITS):
+                    y = torch.empty(m, n, dtype=out_dtype, device=device)
+                    mine.gemm(x, trellis, suh, svh, [], y, CODEBOOK, splits)
+                    err = (y.double() - ref).abs().max().item() / scale
+                    us = graph_time(lambda: mine.gemm(x, trellis, suh, svh, [], y, CODEBOOK, splits))
+                    row = {"linear": name, "rows": m, "bits": bits, "kernel": kernel, "splits": splits,
+                           "us": us, "tbps": nbytes / us / 1e6, "of_copy": nbytes / us / 1e6 / (copy.bytes_per_s / 1e12),
+                           "max_rel_err": err}
+                    out["results"].append(row)
+                    print(f"{name:7s} M={m:2d} {kernel:2s} splits {splits:2d}: {us:7.1f} us {row['tbps']:.2f} TB/s "
+                          f"({100 * row['of_copy']:.0f}% of copy) err {err:.1e}", flush=True)
+            if args.json:
+                Path(args.json).write_text(json.dumps(out, indent=1))
+    os.environ.pop("PP4_EXL3_GEMM", None)
+    print("\nbest per matrix and rows (auto = the module's own split):")
+    for name in args.shapes.split(","):
+        for m in map(int, args.rows.split(",")):
+            rows = [r for r in out["results"] if r["linear"] == name and r["rows"] == m]
+            if not rows:
+                continue
+            best = min(rows, key=lambda r: r["us"])
+            auto = {r["kernel"]: r for r in rows if r["splits"] == 0}
+            print(f"{name:7s} M={m:2d}: best {best['kernel']} splits {best['splits']} {best['us']:.1f} us "
+                  f"({100 * best['of_copy']:.0f}%); auto b {auto['b']['us']:.1f} us, xb {auto['xb']['us']:.1f} us")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
