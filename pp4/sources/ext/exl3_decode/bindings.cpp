@@ -91,7 +91,7 @@ void gemm(const torch::Tensor& x, const torch::Tensor& trellis, const torch::Ten
   const int k_tiles = k / 16;
   int n_splits = choose_splits(n / 128, k_tiles, rows, n, trellis.numel() * 2, static_cast<int>(splits));
   int per_split = (k_tiles + n_splits - 1) / n_splits;
-  per_split += per_split % 2;  // whole pipeline stages of two K tiles
+  per_split = (per_split + 3) / 4 * 4;  // whole pipeline stages (two K tiles in one kernel, four in the other)
   n_splits = (k_tiles + per_split - 1) / per_split;
 
   auto xh = torch::empty({parts.count, rows, k}, x.options());

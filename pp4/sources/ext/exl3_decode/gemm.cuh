@@ -27,6 +27,10 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* global) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(global));
 }
 
+__device__ __forceinline__ void cp_async16_to(uint32_t shared_address, const void* global) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(shared_address), "l"(global));
+}
+
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 
 template <int N>
@@ -155,28 +159,41 @@ __global__ __launch_bounds__(kWarps * 32) void decode_gemm_kernel(const half* __
   }
 }
 
+// K tiles per pipeline stage of the xb kernel: its per-stage work (barrier, copies, addresses) is
+// spread over four tiles; a split of K is a whole number of stages (bindings.cpp).
+constexpr int kXbTilesPerStage = 4;
+
 // NB: 8-row blocks of x (1..4). The decoded tile is the MMA's A operand (its 16 rows are the tile's
 // 16 output columns: the lane's B-fragment registers of decode_lane are, reordered, exactly an A
 // fragment of the transposed tile) and x the B operand, 8 rows an MMA: one MMA per tile for up to 8
 // rows, where a 16-row A of x would waste half of two. x's slice of each stage travels with the
-// trellis words (cp.async, the same stages ahead), once per block instead of once per warp.
+// trellis words (cp.async, the same stages ahead), once per block instead of once per warp. The
+// copies' shared addresses are worked out once and their sources move on by a step each.
 template <int BITS, int CB, int NB>
 __global__ __launch_bounds__(kWarps * 32) void decode_gemm_xb_kernel(const half* __restrict__ xh,
                                                                     const uint32_t* __restrict__ trellis,
                                                                     float* __restrict__ partials, int rows, int k,
                                                                     int n, int k_tiles_per_split, Parts parts) {
+  constexpr int kTiles = kXbTilesPerStage;
+  constexpr int kThreads = kWarps * 32;
   constexpr int kTileWords = 8 * BITS;
-  constexpr int kRowWords = kWarps * kTileWords;
-  constexpr int kStageWords = kTilesPerStage * kRowWords;
+  constexpr int kRowWords = kWarps * kTileWords;   // a block's 8 tiles in one K tile
+  constexpr int kRowChunks = kRowWords / 4;        // 16-byte copies
+  constexpr int kStageWords = kTiles * kRowWords;
   constexpr int kStageChunks = kStageWords / 4;
-  // x in a stage: NB * 8 rows of kTilesPerStage * 16 halves, each row padded from 16 to 20 words so
-  // that the eight rows a fragment load touches fall in different banks.
-  constexpr int kXRowWords = kTilesPerStage * 8 + 4;
+  constexpr int kCopies = (kStageChunks + kThreads - 1) / kThreads;  // per thread and stage
+  // x in a stage: NB * 8 rows of kTiles * 16 halves, each row padded by 4 words so that the eight
+  // rows one fragment load touches fall in different banks (row stride 4 or 20 words mod 32).
+  constexpr int kXRowWords = kTiles * 8 + 4;
   constexpr int kXRows = NB * 8;
-  constexpr int kXChunksPerRow = kTilesPerStage * 2;  // 16-byte copies
-  static_assert(kTilesPerStage == 2, "the padding above is worked out for two K tiles a stage");
+  constexpr int kXRowChunks = kTiles * 2;
+  constexpr int kXStageWords = kXRows * kXRowWords;
+  static_assert(kXRows * kXRowChunks <= kThreads, "one x chunk per thread and stage");
+  // Four stages where they fit in the 48 KiB of static shared memory a block may have, else three
+  // (8 bits with 32 rows).
+  constexpr int kStages = 4 * (kStageWords + kXStageWords) * 4 <= 48 * 1024 ? 4 : 3;
   __shared__ __align__(16) uint32_t stage_words[kStages][kStageWords];
-  __shared__ __align__(16) uint32_t stage_x[kStages][kXRows * kXRowWords];
+  __shared__ __align__(16) uint32_t stage_x[kStages][kXStageWords];
 
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
@@ -187,35 +204,46 @@ __global__ __launch_bounds__(kWarps * 32) void decode_gemm_xb_kernel(const half*
   const int k_tiles = k / 16;
   const int kt_begin = blockIdx.y * k_tiles_per_split;
   const int kt_end = min(kt_begin + k_tiles_per_split, k_tiles);
-  const int steps = (kt_end - kt_begin) / kTilesPerStage;
+  const int steps = (kt_end - kt_begin) / kTiles;
 
   int part = 0;
   while (part + 1 < parts.count && first_tile >= parts.tile_end[part]) ++part;
   const half* x_rows = xh + static_cast<size_t>(part) * rows * k;
 
-  static_assert(kStageChunks <= kWarps * 32, "one chunk per thread and stage");
-  static_assert(kXRows * kXChunksPerRow <= kWarps * 32, "one x chunk per thread and stage");
-  const bool copies = threadIdx.x < kStageChunks;
-  const int copy_row = threadIdx.x / (kRowWords / 4);
-  const int copy_word = copy_row * kRowWords + (threadIdx.x % (kRowWords / 4)) * 4;
-  const uint32_t* copy_src = trellis + (static_cast<size_t>(kt_begin + copy_row) * n_tiles + first_tile) * kTileWords +
-                             (threadIdx.x % (kRowWords / 4)) * 4;
-  const size_t step_words = static_cast<size_t>(kTilesPerStage) * n_tiles * kTileWords;
-  const int x_row = threadIdx.x / kXChunksPerRow;
-  const int x_chunk = threadIdx.x % kXChunksPerRow;
+  const uint32_t words_base = static_cast<uint32_t>(__cvta_generic_to_shared(&stage_words[0][0]));
+  const uint32_t x_base = static_cast<uint32_t>(__cvta_generic_to_shared(&stage_x[0][0]));
+  const size_t step_words = static_cast<size_t>(kTiles) * n_tiles * kTileWords;
+  uint32_t copy_dst[kCopies];
+  const uint32_t* copy_src[kCopies];
+#pragma unroll
+  for (int i = 0; i < kCopies; ++i) {
+    const int c = threadIdx.x + i * kThreads;
+    const int row = c / kRowChunks, chunk = c % kRowChunks;
+    copy_dst[i] = words_base + 4u * (row * kRowWords + chunk * 4);
+    copy_src[i] = trellis + (static_cast<size_t>(kt_begin + row) * n_tiles + first_tile) * kTileWords + chunk * 4;
+  }
+  const int x_row = threadIdx.x / kXRowChunks;
+  const int x_chunk = threadIdx.x % kXRowChunks;
   const bool copies_x = x_row < kXRows && x_row < rows;
-  const int x_word = x_row * kXRowWords + x_chunk * 4;
+  const uint32_t x_dst = x_base + 4u * (x_row * kXRowWords + x_chunk * 4);
   const half* x_src = x_rows + static_cast<size_t>(copies_x ? x_row : 0) * k + kt_begin * 16 + x_chunk * 8;
-  auto load_stage = [&](int slot, int step) {
-    if (copies) cp_async16(&stage_words[slot][copy_word], copy_src + step * step_words);
-    if (copies_x) cp_async16(&stage_x[slot][x_word], x_src + step * kTilesPerStage * 16);
+  // Stage `slot`'s copies, from the sources' next step on.
+  auto load_stage = [&](int slot) {
+#pragma unroll
+    for (int i = 0; i < kCopies; ++i) {
+      if (kCopies * kThreads == kStageChunks || threadIdx.x + i * kThreads < kStageChunks)
+        cp_async16_to(copy_dst[i] + slot * (kStageWords * 4), copy_src[i]);
+      copy_src[i] += step_words;
+    }
+    if (copies_x) cp_async16_to(x_dst + slot * (kXStageWords * 4), x_src);
+    x_src += kTiles * 16;
   };
   // Rows past M are zeros in every stage (no copy ever writes them); the loop's first barrier
   // orders these stores before any read.
   if (x_row < kXRows && !copies_x) {
 #pragma unroll
     for (int slot = 0; slot < kStages; ++slot)
-      *reinterpret_cast<uint4*>(&stage_x[slot][x_word]) = make_uint4(0u, 0u, 0u, 0u);
+      *reinterpret_cast<uint4*>(&stage_x[slot][x_row * kXRowWords + x_chunk * 4]) = make_uint4(0u, 0u, 0u, 0u);
   }
 
   float acc[NB][4];
@@ -226,21 +254,20 @@ __global__ __launch_bounds__(kWarps * 32) void decode_gemm_xb_kernel(const half*
 
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
-    if (s < steps) load_stage(s, s);
+    if (s < steps) load_stage(s);
     cp_async_commit();
   }
 
   for (int step = 0; step < steps; ++step) {
     cp_async_wait<kStages - 2>();
     __syncthreads();
-    const int next = step + kStages - 1;
-    if (next < steps) load_stage(next % kStages, next);
+    if (step + kStages - 1 < steps) load_stage((step + kStages - 1) % kStages);
     cp_async_commit();
 
-    const uint32_t* stage = stage_words[step % kStages];
+    const uint32_t* stage = stage_words[step % kStages] + warp * kTileWords;
     const uint32_t* xs = stage_x[step % kStages] + group * kXRowWords + pair;
 #pragma unroll
-    for (int kk = 0; kk < kTilesPerStage; ++kk) {
+    for (int kk = 0; kk < kTiles; ++kk) {
       uint32_t b[NB][2];
 #pragma unroll
       for (int nb = 0; nb < NB; ++nb) {
@@ -248,7 +275,7 @@ __global__ __launch_bounds__(kWarps * 32) void decode_gemm_xb_kernel(const half*
         b[nb][1] = xs[nb * 8 * kXRowWords + kk * 8 + 4];  // (k 2*pair + 8, row group)
       }
       uint32_t w0[2], w1[2];
-      decode_lane<BITS, CB>(stage + kk * kRowWords + warp * kTileWords, lane, w0, w1);
+      decode_lane<BITS, CB>(stage + kk * kRowWords, lane, w0, w1);
       // (column group, k 2p), (column group + 8, k 2p), (group, k 2p + 8), (group + 8, k 2p + 8)
       const uint32_t a[4] = {w0[0], w1[0], w0[1], w1[1]};
 #pragma unroll
