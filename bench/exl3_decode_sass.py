@@ -1,10 +1,9 @@
 """Instructions per weight in the main loop of each exl3-decode GEMM kernel, read off its SASS.
 
-A static count, no GPU needed: for every decode_gemm_kernel<bits, codebook, row blocks> in an
-object file, the instructions from the loop's barrier to its backward branch, divided by the
-weights one lane decodes in them (8 per tile; a tile is two MMAs per 16-row block of x, or
-one per 8-row block in the xb kernel), from the loop's first instruction (the backward branch's
-target) to that branch. Issue rate
+A static count, no GPU needed: for every decode_gemm_kernel<bits, codebook, 8-row blocks> in an
+object file, the instructions of its main loop (from the backward branch's target to that
+branch), divided by the weights one lane decodes in them (8 per tile, one MMA per tile and 8-row
+block). Issue rate
 bounds a kernel that is not memory-bound, so this says how far the decode is from the bandwidth
 floor before any timing: an H200 issues about 33e12 warp-lane instructions a second against 4.1 TB/s.
 
@@ -30,7 +29,7 @@ def main() -> int:
     for obj in args.objects:
         sass = subprocess.run([args.cuobjdump, "-sass", obj], capture_output=True, text=True, check=True).stdout
         lines = sass.splitlines()
-        starts = [i for i, line in enumerate(lines) if "Function :" in line and re.search(r"decode_gemm_(xb_)?kernel", line)]
+        starts = [i for i, line in enumerate(lines) if "Function :" in line and "decode_gemm_kernel" in line]
         for n, i in enumerate(starts):
             end = starts[n + 1] if n + 1 < len(starts) else len(lines)
             body = [line for line in lines[i:end] if re.match(r"\s+/\*[0-9a-f]{4}\*/", line)]
@@ -42,11 +41,8 @@ def main() -> int:
             first = next(j for j, line in enumerate(body) if int(re.match(r"\s+/\*([0-9a-f]{4})\*/", line).group(1), 16) == target)
             loop = body[first : branch + 1]
             bits, codebook, blocks = re.search(r"ILi(\d)ELi(\d)ELi(\d)", lines[i]).groups()
-            # decode_gemm_kernel: two MMAs a tile per 16-row block of x; the xb kernel: one per 8-row block
-            xb = "xb_kernel" in lines[i]
-            per_tile, rows = (int(blocks), 8 * int(blocks)) if xb else (2 * int(blocks), 16 * int(blocks))
-            tiles = len([line for line in loop if "HMMA" in line]) // per_tile
-            print(f"{obj}: {'xb ' if xb else ''}{bits} bits, codebook {codebook}, {rows} rows: {len(loop)} instructions "
+            tiles = len([line for line in loop if "HMMA" in line]) // int(blocks)
+            print(f"{obj}: {bits} bits, codebook {codebook}, {8 * int(blocks)} rows: {len(loop)} instructions "
                   f"per loop step ({tiles} tiles a lane) = {len(loop) / (8 * tiles):.1f} per weight")
     return 0
 

@@ -1,9 +1,7 @@
-"""pp4's EXL3 decode GEMM, its kernels and K splits side by side, on one GPU.
+"""pp4's EXL3 decode GEMM at every split of K, side by side, on one GPU.
 
 For each of the worker's matrices (bench/exl3_decode_check.py's SHAPES, mul1 codebook) and row
-count: every kernel (PP4_EXL3_GEMM=b, tiles as the MMA's B operand, 16 rows an MMA block; xb, the
-default: tiles as A, x as B in 8-row blocks) with the split of K chosen by the module (splits 0)
-and with each of SPLITS, each checked against an fp64 oracle (weights from the module's own
+count: the split of K the module chooses (splits 0) and each of SPLITS, each checked against an fp64 oracle (weights from the module's own
 reconstruct, which bench/exl3_decode_check.py checks bit for bit against upstream's) and timed as
 bench/exl3_decode_check.py times it (a CUDA graph of 20 calls, best of 5 replays of 10). Bandwidth
 is trellis bytes over time, and its share of the device-to-device copy bandwidth measured first.
@@ -14,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -28,7 +25,6 @@ from exl3_decode_check import SHAPES, graph_time, hadamard, random_linear  # noq
 from pp4.certify.loader import load_target  # noqa: E402
 from pp4.worker.harness.timing import measure_copy_bandwidth  # noqa: E402
 
-KERNELS = ("b", "xb")
 SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)
 CODEBOOK = 2  # mul1, as the worker's default checkpoint
 
@@ -65,32 +61,29 @@ def main() -> int:
             x = torch.randn(m, k, device=device).to(torch.float16)
             ref = oracle(x, w, suh, svh)
             scale = ref.abs().max().item()
-            for kernel in KERNELS:
-                os.environ["PP4_EXL3_GEMM"] = kernel
-                for splits in (0, *SPLITS):
-                    y = torch.empty(m, n, dtype=out_dtype, device=device)
-                    mine.gemm(x, trellis, suh, svh, [], y, CODEBOOK, splits)
-                    err = (y.double() - ref).abs().max().item() / scale
-                    us = graph_time(lambda: mine.gemm(x, trellis, suh, svh, [], y, CODEBOOK, splits))
-                    row = {"linear": name, "rows": m, "bits": bits, "kernel": kernel, "splits": splits,
-                           "us": us, "tbps": nbytes / us / 1e6, "of_copy": nbytes / us / 1e6 / (copy.bytes_per_s / 1e12),
-                           "max_rel_err": err}
-                    out["results"].append(row)
-                    print(f"{name:7s} M={m:2d} {kernel:2s} splits {splits:2d}: {us:7.1f} us {row['tbps']:.2f} TB/s "
-                          f"({100 * row['of_copy']:.0f}% of copy) err {err:.1e}", flush=True)
+            for splits in (0, *SPLITS):
+                y = torch.empty(m, n, dtype=out_dtype, device=device)
+                mine.gemm(x, trellis, suh, svh, [], y, CODEBOOK, splits)
+                err = (y.double() - ref).abs().max().item() / scale
+                us = graph_time(lambda: mine.gemm(x, trellis, suh, svh, [], y, CODEBOOK, splits))
+                row = {"linear": name, "rows": m, "bits": bits, "splits": splits, "us": us,
+                       "tbps": nbytes / us / 1e6, "of_copy": nbytes / us / 1e6 / (copy.bytes_per_s / 1e12),
+                       "max_rel_err": err}
+                out["results"].append(row)
+                print(f"{name:7s} M={m:2d} splits {splits:2d}: {us:7.1f} us {row['tbps']:.2f} TB/s "
+                      f"({100 * row['of_copy']:.0f}% of copy) err {err:.1e}", flush=True)
             if args.json:
                 Path(args.json).write_text(json.dumps(out, indent=1))
-    os.environ.pop("PP4_EXL3_GEMM", None)
-    print("\nbest per matrix and rows (auto = the module's own split):")
+    print("\nper matrix and rows, the module's own split and the best:")
     for name in args.shapes.split(","):
         for m in map(int, args.rows.split(",")):
             rows = [r for r in out["results"] if r["linear"] == name and r["rows"] == m]
             if not rows:
                 continue
             best = min(rows, key=lambda r: r["us"])
-            auto = {r["kernel"]: r for r in rows if r["splits"] == 0}
-            print(f"{name:7s} M={m:2d}: best {best['kernel']} splits {best['splits']} {best['us']:.1f} us "
-                  f"({100 * best['of_copy']:.0f}%); auto b {auto['b']['us']:.1f} us, xb {auto['xb']['us']:.1f} us")
+            auto = next(r for r in rows if r["splits"] == 0)
+            print(f"{name:7s} M={m:2d}: chosen {auto['us']:.1f} us ({100 * auto['of_copy']:.0f}% of copy), "
+                  f"best splits {best['splits']} {best['us']:.1f} us ({100 * best['of_copy']:.0f}%)")
     return 0
 
 

@@ -33,15 +33,18 @@ int bits_of(const torch::Tensor& trellis) {
   return static_cast<int>(trellis.size(2) / 16);
 }
 
-// How many pieces K is cut into: enough blocks for four per SM, each piece at least 8 K tiles, and
-// no more than keeps the partial sums' traffic (written once, read once, fp32) within the trellis's
-// own bytes. A guess at a balance, not yet timed: bench/exl3_decode_check.py times the shapes.
+// How many pieces K is cut into: blocks for about three rounds of the five or six each SM holds
+// (fewer leave a round's tail with SMs half occupied), each piece at least eight pipeline stages,
+// and no more than keeps the partial sums' traffic (written once, read once, fp32) within an
+// eighth of the trellis's own bytes. Fitted to `bench/exl3_gemm_sweep.py` on an H100 (every split
+// of every worker matrix at 1 to 20 rows): within 3% of the best split for the head, and a layer's
+// four small matrices, which are launch-bound, within 3% of their best splits' sum (qkv alone 13%).
 int choose_splits(int n_blocks, int k_tiles, int rows, int n, int64_t trellis_bytes, int requested) {
-  if (requested > 0) return std::min(requested, k_tiles / 2);
+  if (requested > 0) return std::min(requested, k_tiles / 4);
   const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-  const int want = (4 * sms + n_blocks - 1) / n_blocks;
-  const int64_t traffic_cap = trellis_bytes / (8LL * rows * n);
-  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>({want, traffic_cap, k_tiles / 8})));
+  const int want = (16 * sms + n_blocks - 1) / n_blocks;
+  const int64_t traffic_cap = trellis_bytes / (64LL * rows * n);
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>({want, traffic_cap, k_tiles / 32})));
 }
 
 // y = had128(had128(x * suh) @ W) * svh for EXL3-quantized W; see exl3_decode.h.
@@ -91,7 +94,7 @@ void gemm(const torch::Tensor& x, const torch::Tensor& trellis, const torch::Ten
   const int k_tiles = k / 16;
   int n_splits = choose_splits(n / 128, k_tiles, rows, n, trellis.numel() * 2, static_cast<int>(splits));
   int per_split = (k_tiles + n_splits - 1) / n_splits;
-  per_split = (per_split + 3) / 4 * 4;  // whole pipeline stages (two K tiles in one kernel, four in the other)
+  per_split = (per_split + 3) / 4 * 4;  // whole pipeline stages of four K tiles
   n_splits = (k_tiles + per_split - 1) / per_split;
 
   auto xh = torch::empty({parts.count, rows, k}, x.options());

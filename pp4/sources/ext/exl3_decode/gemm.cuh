@@ -2,16 +2,16 @@
 //
 // A block of 8 warps owns 8 output tiles (128 columns) and one slice of K. The trellis words of its
 // 8 tiles in each 16-row K tile are contiguous (1 KiB at 4 bits), so they stream into shared
-// memory with cp.async, kStages stages of kTilesPerStage K tiles ahead of the decode. Each warp
-// decodes its own column tile straight into tensor-core B fragments (decode.cuh) and multiplies
-// with m16n8k16 MMAs, fp16 operands and fp32 accumulation; rows past M are zeros. Partial sums go to
-// their own [split] slice: no atomics, so every run adds in the same order.
+// memory with cp.async, three or four stages of four K tiles ahead of the decode, together with
+// x's slice of those K tiles. Each warp decodes its own column tile straight into tensor-core
+// fragments (decode.cuh) and multiplies with m16n8k16 MMAs, fp16 operands and fp32 accumulation,
+// the tile as the MMA's A operand and 8 rows of x as its B operand (rows past M are zeros). Partial
+// sums go to their own [split] slice: no atomics, so every run adds in the same order.
 #pragma once
 
 #include <cuda_fp16.h>
 
 #include <cstdint>
-#include <cstdlib>
 
 #include "decode.cuh"
 #include "exl3_decode.h"
@@ -19,13 +19,6 @@
 namespace pp4_exl3 {
 
 constexpr int kWarps = 8;
-constexpr int kTilesPerStage = 2;
-constexpr int kStages = 4;
-
-__device__ __forceinline__ void cp_async16(void* smem, const void* global) {
-  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(global));
-}
 
 __device__ __forceinline__ void cp_async16_to(uint32_t shared_address, const void* global) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(shared_address), "l"(global));
@@ -46,135 +39,22 @@ __device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4],
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
-// MB: 16-row MMA blocks (1: M <= 16, 2: M <= 32).
-template <int BITS, int CB, int MB>
+// K tiles per pipeline stage: the per-stage work (barrier, copies, addresses) is spread over four
+// tiles; a split of K is a whole number of stages (bindings.cpp).
+constexpr int kTilesPerStage = 4;
+
+// NB: 8-row blocks of x (1..4). The decoded tile is the MMA's A operand (its 16 rows are the tile's
+// 16 output columns: the registers decode_lane fills as B fragments of the tile are, reordered,
+// exactly an A fragment of the transposed tile) and x the B operand, 8 rows an MMA: one MMA per
+// tile for up to 8 rows, where x as a 16-row A would waste half of two. x's slice of each stage is
+// copied once per block, not loaded by every warp; the copies' shared addresses are worked out
+// once and their sources move on by a step each (bench/exl3_decode_sass.py counts the loop).
+template <int BITS, int CB, int NB>
 __global__ __launch_bounds__(kWarps * 32) void decode_gemm_kernel(const half* __restrict__ xh,
                                                                  const uint32_t* __restrict__ trellis,
                                                                  float* __restrict__ partials, int rows, int k,
                                                                  int n, int k_tiles_per_split, Parts parts) {
-  constexpr int kTileWords = 8 * BITS;                 // 32-bit words per 16x16 tile
-  constexpr int kRowWords = kWarps * kTileWords;       // a block's 8 tiles in one K tile
-  constexpr int kStageWords = kTilesPerStage * kRowWords;
-  constexpr int kStageChunks = kStageWords / 4;        // 16-byte copies per stage
-  __shared__ __align__(16) uint32_t stage_words[kStages][kStageWords];
-
-  const int warp = threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  const int group = lane / 4;  // MMA fragment row (A, C) or column (B)
-  const int pair = lane % 4;   // MMA fragment column pair (A, C) or row pair (B)
-  const int n_tiles = n / 16;
-  const int first_tile = blockIdx.x * kWarps;
-  const int k_tiles = k / 16;
-  const int kt_begin = blockIdx.y * k_tiles_per_split;
-  const int kt_end = min(kt_begin + k_tiles_per_split, k_tiles);
-  const int steps = (kt_end - kt_begin) / kTilesPerStage;
-
-  int part = 0;
-  while (part + 1 < parts.count && first_tile >= parts.tile_end[part]) ++part;
-  const half* a_rows = xh + static_cast<size_t>(part) * rows * k;
-
-  // Each thread copies at most one 16-byte chunk of a stage, at the same place in every stage: its
-  // source moves on by whole steps, so the loop does one multiply-add per copy.
-  static_assert(kStageChunks <= kWarps * 32, "one chunk per thread and stage");
-  const bool copies = threadIdx.x < kStageChunks;
-  const int copy_row = threadIdx.x / (kRowWords / 4);
-  const int copy_word = copy_row * kRowWords + (threadIdx.x % (kRowWords / 4)) * 4;
-  const uint32_t* copy_src = trellis + (static_cast<size_t>(kt_begin + copy_row) * n_tiles + first_tile) * kTileWords +
-                             (threadIdx.x % (kRowWords / 4)) * 4;
-  const size_t step_words = static_cast<size_t>(kTilesPerStage) * n_tiles * kTileWords;
-  auto load_stage = [&](int slot, int step) {
-    if (copies) cp_async16(&stage_words[slot][copy_word], copy_src + step * step_words);
-  };
-
-  // The A fragments' rows (group, group + 8 of each 16-row block) as pointers to this lane's column
-  // pair at the split's first K tile; rows past M read as zeros.
-  const unsigned int* a_ptr[MB][2];
-  bool a_valid[MB][2];
-#pragma unroll
-  for (int mb = 0; mb < MB; ++mb)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int r = mb * 16 + group + 8 * h;
-      a_valid[mb][h] = r < rows;
-      a_ptr[mb][h] = reinterpret_cast<const unsigned int*>(
-          a_rows + static_cast<size_t>(a_valid[mb][h] ? r : 0) * k + kt_begin * 16 + 2 * pair);
-    }
-
-  float acc[MB][2][4];
-#pragma unroll
-  for (int mb = 0; mb < MB; ++mb)
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) acc[mb][h][i] = 0.0f;
-
-#pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (s < steps) load_stage(s, s);
-    cp_async_commit();
-  }
-
-  for (int step = 0; step < steps; ++step) {
-    cp_async_wait<kStages - 2>();
-    __syncthreads();
-    const int next = step + kStages - 1;
-    if (next < steps) load_stage(next % kStages, next);
-    cp_async_commit();
-
-    const uint32_t* stage = stage_words[step % kStages];
-#pragma unroll
-    for (int kk = 0; kk < kTilesPerStage; ++kk) {
-      const int offset = (step * kTilesPerStage + kk) * 8;  // 16 halves per K tile, in pairs
-      uint32_t a[MB][4];
-#pragma unroll
-      for (int mb = 0; mb < MB; ++mb) {
-        a[mb][0] = a_valid[mb][0] ? __ldg(a_ptr[mb][0] + offset) : 0u;      // (group, k 2*pair)
-        a[mb][1] = a_valid[mb][1] ? __ldg(a_ptr[mb][1] + offset) : 0u;      // (group + 8, k 2*pair)
-        a[mb][2] = a_valid[mb][0] ? __ldg(a_ptr[mb][0] + offset + 4) : 0u;  // (group, k 2*pair + 8)
-        a[mb][3] = a_valid[mb][1] ? __ldg(a_ptr[mb][1] + offset + 4) : 0u;  // (group + 8, k 2*pair + 8)
-      }
-      uint32_t b0[2], b1[2];
-      decode_lane<BITS, CB>(stage + kk * kRowWords + warp * kTileWords, lane, b0, b1);
-#pragma unroll
-      for (int mb = 0; mb < MB; ++mb) {
-        mma_16816(acc[mb][0], a[mb], b0);
-        mma_16816(acc[mb][1], a[mb], b1);
-      }
-    }
-  }
-  cp_async_wait<0>();
-
-  float* out = partials + static_cast<size_t>(blockIdx.y) * rows * n;
-  const int tile_col = (first_tile + warp) * 16 + 2 * pair;
-#pragma unroll
-  for (int mb = 0; mb < MB; ++mb) {
-    const int r0 = mb * 16 + group;
-    const int r1 = r0 + 8;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int c = tile_col + h * 8;
-      if (r0 < rows) *reinterpret_cast<float2*>(out + static_cast<size_t>(r0) * n + c) = make_float2(acc[mb][h][0], acc[mb][h][1]);
-      if (r1 < rows) *reinterpret_cast<float2*>(out + static_cast<size_t>(r1) * n + c) = make_float2(acc[mb][h][2], acc[mb][h][3]);
-    }
-  }
-}
-
-// K tiles per pipeline stage of the xb kernel: its per-stage work (barrier, copies, addresses) is
-// spread over four tiles; a split of K is a whole number of stages (bindings.cpp).
-constexpr int kXbTilesPerStage = 4;
-
-// NB: 8-row blocks of x (1..4). The decoded tile is the MMA's A operand (its 16 rows are the tile's
-// 16 output columns: the lane's B-fragment registers of decode_lane are, reordered, exactly an A
-// fragment of the transposed tile) and x the B operand, 8 rows an MMA: one MMA per tile for up to 8
-// rows, where a 16-row A of x would waste half of two. x's slice of each stage travels with the
-// trellis words (cp.async, the same stages ahead), once per block instead of once per warp. The
-// copies' shared addresses are worked out once and their sources move on by a step each.
-template <int BITS, int CB, int NB>
-__global__ __launch_bounds__(kWarps * 32) void decode_gemm_xb_kernel(const half* __restrict__ xh,
-                                                                    const uint32_t* __restrict__ trellis,
-                                                                    float* __restrict__ partials, int rows, int k,
-                                                                    int n, int k_tiles_per_split, Parts parts) {
-  constexpr int kTiles = kXbTilesPerStage;
+  constexpr int kTiles = kTilesPerStage;
   constexpr int kThreads = kWarps * 32;
   constexpr int kTileWords = 8 * BITS;
   constexpr int kRowWords = kWarps * kTileWords;   // a block's 8 tiles in one K tile
@@ -307,23 +187,14 @@ void launch_decode_gemm(const void* xh, const void* trellis, float* partials, in
   const dim3 block(kWarps * 32);
   const half* x = static_cast<const half*>(xh);
   const uint32_t* t = static_cast<const uint32_t*>(trellis);
-  const char* choice = std::getenv("PP4_EXL3_GEMM");  // "b": the kernel before, for a side-by-side bench
-  const bool tiles_as_b = choice != nullptr && choice[0] == 'b';
-  if (tiles_as_b) {
-    if (rows <= 16)
-      decode_gemm_kernel<BITS, CB, 1><<<grid, block, 0, stream>>>(x, t, partials, rows, k, n, k_tiles_per_split, parts);
-    else
-      decode_gemm_kernel<BITS, CB, 2><<<grid, block, 0, stream>>>(x, t, partials, rows, k, n, k_tiles_per_split, parts);
-    return;
-  }
   if (rows <= 8)
-    decode_gemm_xb_kernel<BITS, CB, 1><<<grid, block, 0, stream>>>(x, t, partials, rows, k, n, k_tiles_per_split, parts);
+    decode_gemm_kernel<BITS, CB, 1><<<grid, block, 0, stream>>>(x, t, partials, rows, k, n, k_tiles_per_split, parts);
   else if (rows <= 16)
-    decode_gemm_xb_kernel<BITS, CB, 2><<<grid, block, 0, stream>>>(x, t, partials, rows, k, n, k_tiles_per_split, parts);
+    decode_gemm_kernel<BITS, CB, 2><<<grid, block, 0, stream>>>(x, t, partials, rows, k, n, k_tiles_per_split, parts);
   else if (rows <= 24)
-    decode_gemm_xb_kernel<BITS, CB, 3><<<grid, block, 0, stream>>>(x, t, partials, rows, k, n, k_tiles_per_split, parts);
+    decode_gemm_kernel<BITS, CB, 3><<<grid, block, 0, stream>>>(x, t, partials, rows, k, n, k_tiles_per_split, parts);
   else
-    decode_gemm_xb_kernel<BITS, CB, 4><<<grid, block, 0, stream>>>(x, t, partials, rows, k, n, k_tiles_per_split, parts);
+    decode_gemm_kernel<BITS, CB, 4><<<grid, block, 0, stream>>>(x, t, partials, rows, k, n, k_tiles_per_split, parts);
 }
 
 // One codebook's kernels for 2..8 bits; false where there is none.
