@@ -34,17 +34,20 @@ int bits_of(const torch::Tensor& trellis) {
 }
 
 // How many pieces K is cut into: blocks for about three rounds of the five or six each SM holds
-// (fewer leave a round's tail with SMs half occupied), each piece at least eight pipeline stages,
-// and no more than keeps the partial sums' traffic (written once, read once, fp32) within an
-// eighth of the trellis's own bytes. Fitted to `bench/exl3_gemm_sweep.py` on an H100 (every split
-// of every worker matrix at 1 to 20 rows): within 3% of the best split for the head, and a layer's
-// four small matrices, which are launch-bound, within 3% of their best splits' sum (qkv alone 13%).
+// (fewer leave a round's tail with SMs half occupied), each piece at least eight pipeline stages;
+// and, once there are blocks for one round, no more than keeps the partial sums' traffic (written
+// once, read once, fp32) within an eighth of the trellis's own bytes: the head at 20 rows loses
+// more to its partial sums than it gains from a third round, while the small matrices need their
+// splits for blocks at all. Fitted to `bench/exl3_gemm_sweep.py` on an H100 (every split of every
+// worker matrix at 1 to 20 rows).
 int choose_splits(int n_blocks, int k_tiles, int rows, int n, int64_t trellis_bytes, int requested) {
   if (requested > 0) return std::min(requested, k_tiles / 4);
   const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-  const int want = (16 * sms + n_blocks - 1) / n_blocks;
+  const int64_t three_rounds = (16 * sms + n_blocks - 1) / n_blocks;
+  const int64_t one_round = (4 * sms + n_blocks - 1) / n_blocks;
   const int64_t traffic_cap = trellis_bytes / (64LL * rows * n);
-  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>({want, traffic_cap, k_tiles / 32})));
+  const int64_t splits = std::min<int64_t>({three_rounds, k_tiles / 32, std::max(one_round, traffic_cap)});
+  return static_cast<int>(std::max<int64_t>(1, splits));
 }
 
 // y = had128(had128(x * suh) @ W) * svh for EXL3-quantized W; see exl3_decode.h.
