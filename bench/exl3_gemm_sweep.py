@@ -1,7 +1,7 @@
 """pp4's EXL3 decode GEMM at every split of K, side by side, on one GPU.
 
 For each of the worker's matrices (bench/exl3_decode_check.py's SHAPES, mul1 codebook) and row
-count: the split of K the module chooses (splits 0) and each of SPLITS, each checked against an fp64 oracle (weights from the module's own
+count: the split of K the module chooses (splits 0), plainly and with pdl, and each of SPLITS, each checked against an fp64 oracle (weights from the module's own
 reconstruct, which bench/exl3_decode_check.py checks bit for bit against upstream's) and timed as
 bench/exl3_decode_check.py times it (a CUDA graph of 20 calls, best of 5 replays of 10). Bandwidth
 is trellis bytes over time, and its share of the device-to-device copy bandwidth measured first.
@@ -61,29 +61,33 @@ def main() -> int:
             x = torch.randn(m, k, device=device).to(torch.float16)
             ref = oracle(x, w, suh, svh)
             scale = ref.abs().max().item()
-            for splits in (0, *SPLITS):
+            # (splits, pdl): the module's own split plainly and with programmatic dependent launch
+            # (in a graph of back-to-back calls each call's kernels then overlap the one before),
+            # then every split plainly.
+            for splits, pdl in ((0, False), (0, True), *((sp, False) for sp in SPLITS)):
                 y = torch.empty(m, n, dtype=out_dtype, device=device)
-                mine.gemm(x, trellis, suh, svh, [], y, CODEBOOK, splits)
+                mine.gemm(x, trellis, suh, svh, [], y, CODEBOOK, splits, pdl)
                 err = (y.double() - ref).abs().max().item() / scale
-                us = graph_time(lambda: mine.gemm(x, trellis, suh, svh, [], y, CODEBOOK, splits))
-                row = {"linear": name, "rows": m, "bits": bits, "splits": splits, "us": us,
+                us = graph_time(lambda: mine.gemm(x, trellis, suh, svh, [], y, CODEBOOK, splits, pdl))
+                row = {"linear": name, "rows": m, "bits": bits, "splits": splits, "pdl": pdl, "us": us,
                        "tbps": nbytes / us / 1e6, "of_copy": nbytes / us / 1e6 / (copy.bytes_per_s / 1e12),
                        "max_rel_err": err}
                 out["results"].append(row)
-                print(f"{name:7s} M={m:2d} splits {splits:2d}: {us:7.1f} us {row['tbps']:.2f} TB/s "
-                      f"({100 * row['of_copy']:.0f}% of copy) err {err:.1e}", flush=True)
+                print(f"{name:7s} M={m:2d} splits {splits:2d}{' pdl' if pdl else '    '}: {us:7.1f} us "
+                      f"{row['tbps']:.2f} TB/s ({100 * row['of_copy']:.0f}% of copy) err {err:.1e}", flush=True)
             if args.json:
                 Path(args.json).write_text(json.dumps(out, indent=1))
-    print("\nper matrix and rows, the module's own split and the best:")
+    print("\nper matrix and rows: the module's own split, plainly and with pdl, and the best split:")
     for name in args.shapes.split(","):
         for m in map(int, args.rows.split(",")):
             rows = [r for r in out["results"] if r["linear"] == name and r["rows"] == m]
             if not rows:
                 continue
-            best = min(rows, key=lambda r: r["us"])
-            auto = next(r for r in rows if r["splits"] == 0)
-            print(f"{name:7s} M={m:2d}: chosen {auto['us']:.1f} us ({100 * auto['of_copy']:.0f}% of copy), "
-                  f"best splits {best['splits']} {best['us']:.1f} us ({100 * best['of_copy']:.0f}%)")
+            best = min((r for r in rows if not r["pdl"]), key=lambda r: r["us"])
+            auto = next(r for r in rows if r["splits"] == 0 and not r["pdl"])
+            pdl = next(r for r in rows if r["splits"] == 0 and r["pdl"])
+            print(f"{name:7s} M={m:2d}: chosen {auto['us']:.1f} us ({100 * auto['of_copy']:.0f}% of copy), with pdl "
+                  f"{pdl['us']:.1f} us ({100 * pdl['of_copy']:.0f}%); best split {best['splits']} {best['us']:.1f} us")
     return 0
 
 

@@ -238,6 +238,7 @@ class TritonBackend(TorchBackend):
         # Every Triton launch gets these: the kernel's wait-then-release prologue and the launch
         # attribute that lets it start before its predecessor has finished (triton_kernels._pdl_enter).
         self.launch = {"PDL": True, "launch_pdl": True} if pdl else {}
+        self.pdl = pdl
         self.skinny = SkinnyGemm(triton_kernels, device, self.launch) if gemm == "triton" else None
         super().__init__(device, attention)
         # rope_cache_fold indexes the table by position; fused attention masks by position.

@@ -171,7 +171,7 @@ class Exl3DecodeBackend(QuantizedLinears, TritonBackend):
         suh, columns = w.suh.view(w.parts, w.in_features), list(w.part_columns)
         for first in range(0, x.shape[0], self.MAX_ROWS):  # row slices of contiguous tensors stay contiguous
             rows = slice(first, first + self.MAX_ROWS)
-            self.ext.gemm(x[rows], w.trellis, suh, w.svh, columns, y[rows], w.codebook)
+            self.ext.gemm(x[rows], w.trellis, suh, w.svh, columns, y[rows], w.codebook, 0, self.pdl)
         return y
 
 

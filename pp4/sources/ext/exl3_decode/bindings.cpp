@@ -52,7 +52,8 @@ int choose_splits(int n_blocks, int k_tiles, int rows, int n, int64_t trellis_by
 
 // y = had128(had128(x * suh) @ W) * svh for EXL3-quantized W; see exl3_decode.h.
 void gemm(const torch::Tensor& x, const torch::Tensor& trellis, const torch::Tensor& suh, const torch::Tensor& svh,
-          const std::vector<int64_t>& part_columns, const torch::Tensor& out, int64_t codebook, int64_t splits) {
+          const std::vector<int64_t>& part_columns, const torch::Tensor& out, int64_t codebook, int64_t splits,
+          bool pdl) {
   check_tensor(x, "x", torch::kHalf);
   check_tensor(trellis, "trellis", torch::kShort);
   check_tensor(suh, "suh", torch::kHalf);
@@ -102,13 +103,13 @@ void gemm(const torch::Tensor& x, const torch::Tensor& trellis, const torch::Ten
 
   auto xh = torch::empty({parts.count, rows, k}, x.options());
   auto partials = torch::empty({n_splits, rows, n}, x.options().dtype(torch::kFloat));
-  pp4_exl3::input_transform(x.data_ptr(), suh.data_ptr(), xh.data_ptr(), parts.count, rows, k, stream);
+  pp4_exl3::input_transform(x.data_ptr(), suh.data_ptr(), xh.data_ptr(), parts.count, rows, k, stream, pdl);
   check_launch();
   pp4_exl3::decode_gemm(xh.data_ptr(), trellis.data_ptr(), partials.data_ptr<float>(), rows, k, n, bits,
-                        static_cast<int>(codebook), parts, n_splits, per_split, stream);
+                        static_cast<int>(codebook), parts, n_splits, per_split, stream, pdl);
   check_launch();
   pp4_exl3::output_transform(partials.data_ptr<float>(), svh.data_ptr(), out.data_ptr(),
-                             out.scalar_type() == torch::kFloat, n_splits, rows, n, stream);
+                             out.scalar_type() == torch::kFloat, n_splits, rows, n, stream, pdl);
   check_launch();
 }
 
@@ -133,9 +134,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "pp4's EXL3 decode GEMM for a few rows: exllamav3's trellis format, decoded as EXL3 decodes it";
   m.def("gemm", &gemm,
         "out = had128(had128(x * suh) @ decode(trellis)) * svh; parts: output columns per part of a fused "
-        "linear (suh [parts, K]); codebook 0 3inst, 1 mcg, 2 mul1; splits 0: chosen by size",
+        "linear (suh [parts, K]); codebook 0 3inst, 1 mcg, 2 mul1; splits 0: chosen by size; pdl: its kernels may "
+        "start before the one before each has finished (programmatic dependent launch, compute capability 9.0+)",
         py::arg("x"), py::arg("trellis"), py::arg("suh"), py::arg("svh"), py::arg("part_columns"), py::arg("out"),
-        py::arg("codebook"), py::arg("splits") = 0);
+        py::arg("codebook"), py::arg("splits") = 0, py::arg("pdl") = false);
   m.def("reconstruct", &reconstruct, "The decoded weights W [K, N] fp16 of a trellis (as exllamav3's reconstruct)",
         py::arg("trellis"), py::arg("codebook"));
 }

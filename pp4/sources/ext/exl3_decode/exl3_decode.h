@@ -28,16 +28,17 @@ struct Parts {
 };
 
 // xh [P, M, K] fp16 = had128(x [M, K] * suh[p]) / sqrt(128), for each part p of suh [P, K].
-void input_transform(const void* x, const void* suh, void* xh, int parts, int rows, int k, void* stream);
+// pdl: launch each kernel so that it may start before the one before it has finished (launch.cuh).
+void input_transform(const void* x, const void* suh, void* xh, int parts, int rows, int k, void* stream, bool pdl);
 
 // Partial sums [splits, M, N] fp32 of xh @ decode(trellis), the K range cut into `splits` pieces of
 // k_tiles_per_split 16-row tiles (the last may be shorter).
 void decode_gemm(const void* xh, const void* trellis, float* partials, int rows, int k, int n, int bits,
-                 int codebook, const Parts& parts, int splits, int k_tiles_per_split, void* stream);
+                 int codebook, const Parts& parts, int splits, int k_tiles_per_split, void* stream, bool pdl);
 
 // out [M, N] (fp16 or fp32) = had128(sum of the partials, in split order) / sqrt(128) * svh.
 void output_transform(const float* partials, const void* svh, void* out, bool out_fp32, int splits, int rows,
-                      int n, void* stream);
+                      int n, void* stream, bool pdl);
 
 // The decoded weights W [K, N] fp16, as exllamav3's `reconstruct` writes them (for tests).
 void reconstruct(const void* trellis, void* w, int k, int n, int bits, int codebook, void* stream);

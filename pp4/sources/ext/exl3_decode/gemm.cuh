@@ -15,6 +15,7 @@
 
 #include "decode.cuh"
 #include "exl3_decode.h"
+#include "launch.cuh"
 
 namespace pp4_exl3 {
 
@@ -107,14 +108,16 @@ __global__ __launch_bounds__(kWarps * 32) void decode_gemm_kernel(const half* __
   const bool copies_x = x_row < kXRows && x_row < rows;
   const uint32_t x_dst = x_base + 4u * (x_row * kXRowWords + x_chunk * 4);
   const half* x_src = x_rows + static_cast<size_t>(copies_x ? x_row : 0) * k + kt_begin * 16 + x_chunk * 8;
-  // Stage `slot`'s copies, from the sources' next step on.
-  auto load_stage = [&](int slot) {
+  // Stage `slot`'s copies, from the sources' next step on: the trellis words, then x's slice.
+  auto load_words = [&](int slot) {
 #pragma unroll
     for (int i = 0; i < kCopies; ++i) {
       if (kCopies * kThreads == kStageChunks || threadIdx.x + i * kThreads < kStageChunks)
         cp_async16_to(copy_dst[i] + slot * (kStageWords * 4), copy_src[i]);
       copy_src[i] += step_words;
     }
+  };
+  auto load_x = [&](int slot) {
     if (copies_x) cp_async16_to(x_dst + slot * (kXStageWords * 4), x_src);
     x_src += kTiles * 16;
   };
@@ -132,16 +135,26 @@ __global__ __launch_bounds__(kWarps * 32) void decode_gemm_kernel(const half* __
 #pragma unroll
     for (int i = 0; i < 4; ++i) acc[nb][i] = 0.0f;
 
+  // The first stages' trellis words are on their way before the input transform has finished
+  // (launch.cuh); x only after it. Stage s's words and x are both in commit group s or earlier.
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s)
+    if (s < steps) load_words(s);
+  wait_for_predecessor();
+  let_successor_launch();
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
-    if (s < steps) load_stage(s);
+    if (s < steps) load_x(s);
     cp_async_commit();
   }
 
   for (int step = 0; step < steps; ++step) {
     cp_async_wait<kStages - 2>();
     __syncthreads();
-    if (step + kStages - 1 < steps) load_stage((step + kStages - 1) % kStages);
+    if (step + kStages - 1 < steps) {
+      load_words((step + kStages - 1) % kStages);
+      load_x((step + kStages - 1) % kStages);
+    }
     cp_async_commit();
 
     const uint32_t* stage = stage_words[step % kStages] + warp * kTileWords;
@@ -182,28 +195,28 @@ __global__ __launch_bounds__(kWarps * 32) void decode_gemm_kernel(const half* __
 
 template <int BITS, int CB>
 void launch_decode_gemm(const void* xh, const void* trellis, float* partials, int rows, int k, int n,
-                        const Parts& parts, int splits, int k_tiles_per_split, cudaStream_t stream) {
+                        const Parts& parts, int splits, int k_tiles_per_split, cudaStream_t stream, bool pdl) {
   const dim3 grid(n / (16 * kWarps), splits);
   const dim3 block(kWarps * 32);
   const half* x = static_cast<const half*>(xh);
   const uint32_t* t = static_cast<const uint32_t*>(trellis);
   if (rows <= 8)
-    decode_gemm_kernel<BITS, CB, 1><<<grid, block, 0, stream>>>(x, t, partials, rows, k, n, k_tiles_per_split, parts);
+    launch_after(pdl, decode_gemm_kernel<BITS, CB, 1>, grid, block, stream, x, t, partials, rows, k, n, k_tiles_per_split, parts);
   else if (rows <= 16)
-    decode_gemm_kernel<BITS, CB, 2><<<grid, block, 0, stream>>>(x, t, partials, rows, k, n, k_tiles_per_split, parts);
+    launch_after(pdl, decode_gemm_kernel<BITS, CB, 2>, grid, block, stream, x, t, partials, rows, k, n, k_tiles_per_split, parts);
   else if (rows <= 24)
-    decode_gemm_kernel<BITS, CB, 3><<<grid, block, 0, stream>>>(x, t, partials, rows, k, n, k_tiles_per_split, parts);
+    launch_after(pdl, decode_gemm_kernel<BITS, CB, 3>, grid, block, stream, x, t, partials, rows, k, n, k_tiles_per_split, parts);
   else
-    decode_gemm_kernel<BITS, CB, 4><<<grid, block, 0, stream>>>(x, t, partials, rows, k, n, k_tiles_per_split, parts);
+    launch_after(pdl, decode_gemm_kernel<BITS, CB, 4>, grid, block, stream, x, t, partials, rows, k, n, k_tiles_per_split, parts);
 }
 
 // One codebook's kernels for 2..8 bits; false where there is none.
 template <int CB>
 bool dispatch_decode_gemm(int bits, const void* xh, const void* trellis, float* partials, int rows, int k, int n,
-                          const Parts& parts, int splits, int k_tiles_per_split, cudaStream_t stream) {
+                          const Parts& parts, int splits, int k_tiles_per_split, cudaStream_t stream, bool pdl) {
   return with_bits(bits, [&](auto b) {
     launch_decode_gemm<decltype(b)::value, CB>(xh, trellis, partials, rows, k, n, parts, splits, k_tiles_per_split,
-                                               stream);
+                                               stream, pdl);
   });
 }
 

@@ -8,12 +8,13 @@
 
 #include "decode.cuh"
 #include "exl3_decode.h"
+#include "launch.cuh"
 
 namespace pp4_exl3 {
 
-bool decode_gemm_3inst(int, const void*, const void*, float*, int, int, int, const Parts&, int, int, cudaStream_t);
-bool decode_gemm_mcg(int, const void*, const void*, float*, int, int, int, const Parts&, int, int, cudaStream_t);
-bool decode_gemm_mul1(int, const void*, const void*, float*, int, int, int, const Parts&, int, int, cudaStream_t);
+bool decode_gemm_3inst(int, const void*, const void*, float*, int, int, int, const Parts&, int, int, cudaStream_t, bool);
+bool decode_gemm_mcg(int, const void*, const void*, float*, int, int, int, const Parts&, int, int, cudaStream_t, bool);
+bool decode_gemm_mul1(int, const void*, const void*, float*, int, int, int, const Parts&, int, int, cudaStream_t, bool);
 
 namespace {
 
@@ -51,6 +52,8 @@ __device__ __forceinline__ void hadamard128(float& h0, float& h1, float& h2, flo
 // grid (K/128, M, parts), one warp: xh[p, m, block] = had128(x[m, block] * suh[p, block]) / sqrt(128).
 __global__ __launch_bounds__(32) void input_transform_kernel(const half* __restrict__ x, const half* __restrict__ suh,
                                                              half* __restrict__ xh, int rows, int k) {
+  wait_for_predecessor();  // x is the kernel before's output
+  let_successor_launch();
   const int lane = threadIdx.x;
   const int col = blockIdx.x * 128 + 4 * lane;
   const int row = blockIdx.y;
@@ -71,6 +74,8 @@ template <typename Out>
 __global__ __launch_bounds__(32) void output_transform_kernel(const float* __restrict__ partials,
                                                               const half* __restrict__ svh, Out* __restrict__ out,
                                                               int splits, int rows, int n) {
+  wait_for_predecessor();  // the partials are the GEMM's output
+  let_successor_launch();
   const int lane = threadIdx.x;
   const int col = blockIdx.x * 128 + 4 * lane;
   const int row = blockIdx.y;
@@ -143,20 +148,20 @@ bool supported(int bits, int codebook) { return bits >= 2 && bits <= 8 && codebo
 
 const char* last_error() { return g_last_error; }
 
-void input_transform(const void* x, const void* suh, void* xh, int parts, int rows, int k, void* stream) {
+void input_transform(const void* x, const void* suh, void* xh, int parts, int rows, int k, void* stream, bool pdl) {
   const dim3 grid(k / 128, rows, parts);
-  input_transform_kernel<<<grid, 32, 0, static_cast<cudaStream_t>(stream)>>>(
-      static_cast<const half*>(x), static_cast<const half*>(suh), static_cast<half*>(xh), rows, k);
+  launch_after(pdl, input_transform_kernel, grid, dim3(32), static_cast<cudaStream_t>(stream), static_cast<const half*>(x),
+               static_cast<const half*>(suh), static_cast<half*>(xh), rows, k);
   note_launch();
 }
 
 void decode_gemm(const void* xh, const void* trellis, float* partials, int rows, int k, int n, int bits,
-                 int codebook, const Parts& parts, int splits, int k_tiles_per_split, void* stream) {
+                 int codebook, const Parts& parts, int splits, int k_tiles_per_split, void* stream, bool pdl) {
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   bool ok = false;
-  if (codebook == k3Inst) ok = decode_gemm_3inst(bits, xh, trellis, partials, rows, k, n, parts, splits, k_tiles_per_split, s);
-  if (codebook == kMcg) ok = decode_gemm_mcg(bits, xh, trellis, partials, rows, k, n, parts, splits, k_tiles_per_split, s);
-  if (codebook == kMul1) ok = decode_gemm_mul1(bits, xh, trellis, partials, rows, k, n, parts, splits, k_tiles_per_split, s);
+  if (codebook == k3Inst) ok = decode_gemm_3inst(bits, xh, trellis, partials, rows, k, n, parts, splits, k_tiles_per_split, s, pdl);
+  if (codebook == kMcg) ok = decode_gemm_mcg(bits, xh, trellis, partials, rows, k, n, parts, splits, k_tiles_per_split, s, pdl);
+  if (codebook == kMul1) ok = decode_gemm_mul1(bits, xh, trellis, partials, rows, k, n, parts, splits, k_tiles_per_split, s, pdl);
   if (!ok) {
     g_last_error = "no decode GEMM kernel for these bits and codebook";
     return;
@@ -165,15 +170,15 @@ void decode_gemm(const void* xh, const void* trellis, float* partials, int rows,
 }
 
 void output_transform(const float* partials, const void* svh, void* out, bool out_fp32, int splits, int rows, int n,
-                      void* stream) {
+                      void* stream, bool pdl) {
   const dim3 grid(n / 128, rows);
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   if (out_fp32)
-    output_transform_kernel<float><<<grid, 32, 0, s>>>(partials, static_cast<const half*>(svh),
-                                                       static_cast<float*>(out), splits, rows, n);
+    launch_after(pdl, output_transform_kernel<float>, grid, dim3(32), s, partials, static_cast<const half*>(svh),
+                 static_cast<float*>(out), splits, rows, n);
   else
-    output_transform_kernel<half><<<grid, 32, 0, s>>>(partials, static_cast<const half*>(svh), static_cast<half*>(out),
-                                                      splits, rows, n);
+    launch_after(pdl, output_transform_kernel<half>, grid, dim3(32), s, partials, static_cast<const half*>(svh),
+                 static_cast<half*>(out), splits, rows, n);
   note_launch();
 }
 
