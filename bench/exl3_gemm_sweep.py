@@ -1,8 +1,7 @@
 """pp4's EXL3 decode GEMM at every split of K, side by side, on one GPU.
 
 For each of the worker's matrices (bench/exl3_decode_check.py's SHAPES, mul1 codebook) and row
-count: the split of K the module chooses (splits 0), plainly, with pdl, and with pdl and counters (where the
-module's rule lets the GEMM finish its output itself), and each of SPLITS plainly, each checked against an fp64 oracle (weights from the module's own
+count: the split of K the module chooses (splits 0), plainly and with pdl, and each of SPLITS, each checked against an fp64 oracle (weights from the module's own
 reconstruct, which bench/exl3_decode_check.py checks bit for bit against upstream's) and timed as
 bench/exl3_decode_check.py times it (a CUDA graph of 20 calls, best of 5 replays of 10). Bandwidth
 is trellis bytes over time, and its share of the device-to-device copy bandwidth measured first.
@@ -65,23 +64,16 @@ def main() -> int:
             # (splits, pdl): the module's own split plainly and with programmatic dependent launch
             # (in a graph of back-to-back calls each call's kernels then overlap the one before),
             # then every split plainly.
-            counters = torch.zeros(n // 128, dtype=torch.int32, device=device)
-            for splits, pdl, finish in ((0, False, False), (0, True, False), (0, True, True),
-                                        *((sp, False, False) for sp in SPLITS)):
+            for splits, pdl in ((0, False), (0, True), *((sp, False) for sp in SPLITS)):
                 y = torch.empty(m, n, dtype=out_dtype, device=device)
-                c = counters if finish else None
-                mine.gemm(x, trellis, suh, svh, [], y, CODEBOOK, splits, pdl, c)
+                mine.gemm(x, trellis, suh, svh, [], y, CODEBOOK, splits, pdl)
                 err = (y.double() - ref).abs().max().item() / scale
-                us = graph_time(lambda: mine.gemm(x, trellis, suh, svh, [], y, CODEBOOK, splits, pdl, c))
-                if finish:  # the counters are left zero, and the graph's calls gave the eager call's bits
-                    again = torch.empty_like(y)
-                    mine.gemm(x, trellis, suh, svh, [], again, CODEBOOK, splits, pdl, c)
-                    assert int(counters.abs().sum()) == 0 and torch.equal(again, y), "finishing GEMM drifted"
-                row = {"linear": name, "rows": m, "bits": bits, "splits": splits, "pdl": pdl, "finish": finish, "us": us,
+                us = graph_time(lambda: mine.gemm(x, trellis, suh, svh, [], y, CODEBOOK, splits, pdl))
+                row = {"linear": name, "rows": m, "bits": bits, "splits": splits, "pdl": pdl, "us": us,
                        "tbps": nbytes / us / 1e6, "of_copy": nbytes / us / 1e6 / (copy.bytes_per_s / 1e12),
                        "max_rel_err": err}
                 out["results"].append(row)
-                print(f"{name:7s} M={m:2d} splits {splits:2d}{' pdl' if pdl else '    '}{' counters' if finish else ''}: {us:7.1f} us "
+                print(f"{name:7s} M={m:2d} splits {splits:2d}{' pdl' if pdl else '    '}: {us:7.1f} us "
                       f"{row['tbps']:.2f} TB/s ({100 * row['of_copy']:.0f}% of copy) err {err:.1e}", flush=True)
             if args.json:
                 Path(args.json).write_text(json.dumps(out, indent=1))
@@ -93,11 +85,9 @@ def main() -> int:
                 continue
             best = min((r for r in rows if not r["pdl"]), key=lambda r: r["us"])
             auto = next(r for r in rows if r["splits"] == 0 and not r["pdl"])
-            pdl = next(r for r in rows if r["splits"] == 0 and r["pdl"] and not r["finish"])
-            fin = next(r for r in rows if r["finish"])
+            pdl = next(r for r in rows if r["splits"] == 0 and r["pdl"])
             print(f"{name:7s} M={m:2d}: chosen {auto['us']:.1f} us ({100 * auto['of_copy']:.0f}% of copy), with pdl "
-                  f"{pdl['us']:.1f} us ({100 * pdl['of_copy']:.0f}%), and counters {fin['us']:.1f} us; "
-                  f"best split {best['splits']} {best['us']:.1f} us")
+                  f"{pdl['us']:.1f} us ({100 * pdl['of_copy']:.0f}%); best split {best['splits']} {best['us']:.1f} us")
     return 0
 
 

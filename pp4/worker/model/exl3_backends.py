@@ -6,8 +6,6 @@ through its pin (pp4.certify.loader). docs/worker.md says what each runs.
 """
 from __future__ import annotations
 
-import os
-
 import torch
 
 from pp4.worker.model.backends import EXL3_NEEDS_CUDA, BackendUnavailable, TritonBackend, unfused_residual_norm
@@ -160,12 +158,6 @@ class Exl3DecodeBackend(QuantizedLinears, TritonBackend):
             raise BackendUnavailable("--backend exl3-decode runs CUDA kernels: it needs --device cuda")
         super().__init__(device, attention, pdl=pdl)
         self.ext = module
-        # One counter per 128 output columns for the GEMMs that finish their output themselves: zero
-        # now, left zero by every call, shared by all calls since they run one after another on
-        # one stream (65,536 cover 8.4 million columns).
-        self.counters = torch.zeros(65536, dtype=torch.int32, device=device)
-        if os.environ.get("PP4_EXL3_FINISH") == "off":  # experiment switch: the output transform always apart
-            self.counters = None
 
     def kernels(self) -> dict[str, str]:
         return {"linears": "pp4 exl3-decode gemm (trellis decoded into tensor-core fragments, fp32 accumulation)",
@@ -179,7 +171,7 @@ class Exl3DecodeBackend(QuantizedLinears, TritonBackend):
         suh, columns = w.suh.view(w.parts, w.in_features), list(w.part_columns)
         for first in range(0, x.shape[0], self.MAX_ROWS):  # row slices of contiguous tensors stay contiguous
             rows = slice(first, first + self.MAX_ROWS)
-            self.ext.gemm(x[rows], w.trellis, suh, w.svh, columns, y[rows], w.codebook, 0, self.pdl, self.counters)
+            self.ext.gemm(x[rows], w.trellis, suh, w.svh, columns, y[rows], w.codebook, 0, self.pdl)
         return y
 
 

@@ -53,7 +53,7 @@ int choose_splits(int n_blocks, int k_tiles, int rows, int n, int64_t trellis_by
 // y = had128(had128(x * suh) @ W) * svh for EXL3-quantized W; see exl3_decode.h.
 void gemm(const torch::Tensor& x, const torch::Tensor& trellis, const torch::Tensor& suh, const torch::Tensor& svh,
           const std::vector<int64_t>& part_columns, const torch::Tensor& out, int64_t codebook, int64_t splits,
-          bool pdl, const c10::optional<torch::Tensor>& counters) {
+          bool pdl) {
   check_tensor(x, "x", torch::kHalf);
   check_tensor(trellis, "trellis", torch::kShort);
   check_tensor(suh, "suh", torch::kHalf);
@@ -61,13 +61,6 @@ void gemm(const torch::Tensor& x, const torch::Tensor& trellis, const torch::Ten
   TORCH_CHECK(out.is_cuda() && out.is_contiguous(), kName, ": out must be a contiguous CUDA tensor");
   TORCH_CHECK(out.scalar_type() == torch::kHalf || out.scalar_type() == torch::kFloat, kName,
               ": out must be float16 or float32");
-  if (counters) {
-    TORCH_CHECK(counters->is_cuda() && counters->is_contiguous() && counters->scalar_type() == torch::kInt &&
-                    counters->device() == x.device(),
-                kName, ": counters must be a contiguous int32 tensor on x's device, zero before its first call");
-    TORCH_CHECK(counters->numel() >= svh.numel() / 128, kName, ": counters has ", counters->numel(),
-                " elements; this linear needs ", svh.numel() / 128, " (N/128)");
-  }
   const int bits = bits_of(trellis);
   TORCH_CHECK(pp4_exl3::supported(bits, static_cast<int>(codebook)), kName, ": no kernel for ", bits,
               " bits with codebook ", codebook, " (2..8 bits; codebooks 0 3inst, 1 mcg, 2 mul1)");
@@ -112,17 +105,9 @@ void gemm(const torch::Tensor& x, const torch::Tensor& trellis, const torch::Ten
   auto partials = torch::empty({n_splits, rows, n}, x.options().dtype(torch::kFloat));
   pp4_exl3::input_transform(x.data_ptr(), suh.data_ptr(), xh.data_ptr(), parts.count, rows, k, stream, pdl);
   check_launch();
-  // A GEMM of a few rounds of blocks finishes its output itself, one kernel fewer: its last blocks do
-  // what the output transform would, while a long one keeps its main loop lean (the finishing
-  // variant's loop issues more instructions: bench/exl3_decode_sass.py, bench/exl3_gemm_sweep.py).
-  const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
-  const bool finish_here = counters.has_value() && (n / 128) * n_splits <= 8 * sms;
-  const pp4_exl3::Finish finish{finish_here ? counters->data_ptr<int>() : nullptr, svh.data_ptr(), out.data_ptr(),
-                                out.scalar_type() == torch::kFloat};
   pp4_exl3::decode_gemm(xh.data_ptr(), trellis.data_ptr(), partials.data_ptr<float>(), rows, k, n, bits,
-                        static_cast<int>(codebook), parts, n_splits, per_split, finish, stream, pdl);
+                        static_cast<int>(codebook), parts, n_splits, per_split, stream, pdl);
   check_launch();
-  if (finish_here) return;
   pp4_exl3::output_transform(partials.data_ptr<float>(), svh.data_ptr(), out.data_ptr(),
                              out.scalar_type() == torch::kFloat, n_splits, rows, n, stream, pdl);
   check_launch();
@@ -150,11 +135,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gemm", &gemm,
         "out = had128(had128(x * suh) @ decode(trellis)) * svh; parts: output columns per part of a fused "
         "linear (suh [parts, K]); codebook 0 3inst, 1 mcg, 2 mul1; splits 0: chosen by size; pdl: its kernels may "
-        "start before the one before each has finished (programmatic dependent launch, compute capability 9.0+); "
-        "counters: int32 [>= N/128], zero before the first call and left zero after each, one per stream: a short "
-        "GEMM then finishes its output in its last blocks, one kernel fewer",
+        "start before the one before each has finished (programmatic dependent launch, compute capability 9.0+)",
         py::arg("x"), py::arg("trellis"), py::arg("suh"), py::arg("svh"), py::arg("part_columns"), py::arg("out"),
-        py::arg("codebook"), py::arg("splits") = 0, py::arg("pdl") = false, py::arg("counters") = py::none());
+        py::arg("codebook"), py::arg("splits") = 0, py::arg("pdl") = false);
   m.def("reconstruct", &reconstruct, "The decoded weights W [K, N] fp16 of a trellis (as exllamav3's reconstruct)",
         py::arg("trellis"), py::arg("codebook"));
 }

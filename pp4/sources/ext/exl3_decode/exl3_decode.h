@@ -27,25 +27,14 @@ struct Parts {
   int tile_end[kMaxParts];  // cumulative 16-column output tiles at the end of each part
 };
 
-// Where the GEMM finishes the output itself: the last of a 128-column group's blocks to write its
-// partial sums (a counter per group) adds them up and runs the output transform, which then needs
-// no kernel of its own. counters: n/128 ints, zero before the call and left zero after it.
-struct Finish {
-  int* counters;  // nullptr: the partials are left for output_transform
-  const void* svh;
-  void* out;
-  bool out_fp32;
-};
-
 // xh [P, M, K] fp16 = had128(x [M, K] * suh[p]) / sqrt(128), for each part p of suh [P, K].
 // pdl: launch each kernel so that it may start before the one before it has finished (launch.cuh).
 void input_transform(const void* x, const void* suh, void* xh, int parts, int rows, int k, void* stream, bool pdl);
 
 // Partial sums [splits, M, N] fp32 of xh @ decode(trellis), the K range cut into `splits` pieces of
-// k_tiles_per_split 16-row tiles (the last may be shorter); and out, where finish.counters is set.
+// k_tiles_per_split 16-row tiles (the last may be shorter).
 void decode_gemm(const void* xh, const void* trellis, float* partials, int rows, int k, int n, int bits,
-                 int codebook, const Parts& parts, int splits, int k_tiles_per_split, const Finish& finish,
-                 void* stream, bool pdl);
+                 int codebook, const Parts& parts, int splits, int k_tiles_per_split, void* stream, bool pdl);
 
 // out [M, N] (fp16 or fp32) = had128(sum of the partials, in split order) / sqrt(128) * svh.
 void output_transform(const float* partials, const void* svh, void* out, bool out_fp32, int splits, int rows,

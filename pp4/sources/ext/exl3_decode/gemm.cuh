@@ -16,7 +16,6 @@
 #include "decode.cuh"
 #include "exl3_decode.h"
 #include "launch.cuh"
-#include "transform.cuh"
 
 namespace pp4_exl3 {
 
@@ -51,12 +50,11 @@ constexpr int kTilesPerStage = 4;
 // tile for up to 8 rows, where x as a 16-row A would waste half of two. x's slice of each stage is
 // copied once per block, not loaded by every warp; the copies' shared addresses are worked out
 // once and their sources move on by a step each (bench/exl3_decode_sass.py counts the loop).
-template <int BITS, int CB, int NB, bool kFinish>
+template <int BITS, int CB, int NB>
 __global__ __launch_bounds__(kWarps * 32) void decode_gemm_kernel(const half* __restrict__ xh,
                                                                  const uint32_t* __restrict__ trellis,
                                                                  float* __restrict__ partials, int rows, int k,
-                                                                 int n, int k_tiles_per_split, Parts parts,
-                                                                 Finish finish) {
+                                                                 int n, int k_tiles_per_split, Parts parts) {
   constexpr int kTiles = kTilesPerStage;
   constexpr int kThreads = kWarps * 32;
   constexpr int kTileWords = 8 * BITS;
@@ -193,62 +191,32 @@ __global__ __launch_bounds__(kWarps * 32) void decode_gemm_kernel(const half* __
       out[static_cast<size_t>(r + 1) * n + col + 8] = acc[nb][3];
     }
   }
-  if constexpr (kFinish) {
-    // The last of the column group's splits to get here adds them up (the threadfence pattern of
-    // CUDA's threadFenceReduction sample): its reads see every other block's partials. Its flag
-    // lives in the stages' shared memory, which no thread reads after the barrier.
-    uint32_t& last = stage_x[0][0];
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      last = atomicAdd(&finish.counters[blockIdx.x], 1) == static_cast<int>(gridDim.y) - 1;
-      if (last) finish.counters[blockIdx.x] = 0;  // every split has counted: zero for the next call
-    }
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    const half* svh = static_cast<const half*>(finish.svh);
-    for (int row = warp; row < rows; row += kWarps) {
-      if (finish.out_fp32)
-        finish_row<float, true>(partials, svh, static_cast<float*>(finish.out), gridDim.y, rows, n, row,
-                                blockIdx.x * 128, lane);
-      else
-        finish_row<half, true>(partials, svh, static_cast<half*>(finish.out), gridDim.y, rows, n, row,
-                               blockIdx.x * 128, lane);
-    }
-  }
 }
 
 template <int BITS, int CB>
 void launch_decode_gemm(const void* xh, const void* trellis, float* partials, int rows, int k, int n,
-                        const Parts& parts, int splits, int k_tiles_per_split, const Finish& finish,
-                        cudaStream_t stream, bool pdl) {
+                        const Parts& parts, int splits, int k_tiles_per_split, cudaStream_t stream, bool pdl) {
   const dim3 grid(n / (16 * kWarps), splits);
   const dim3 block(kWarps * 32);
   const half* x = static_cast<const half*>(xh);
   const uint32_t* t = static_cast<const uint32_t*>(trellis);
   if (rows <= 8)
-    launch_after(pdl, finish.counters ? decode_gemm_kernel<BITS, CB, 1, true> : decode_gemm_kernel<BITS, CB, 1, false>,
-                 grid, block, stream, x, t, partials, rows, k, n, k_tiles_per_split, parts, finish);
+    launch_after(pdl, decode_gemm_kernel<BITS, CB, 1>, grid, block, stream, x, t, partials, rows, k, n, k_tiles_per_split, parts);
   else if (rows <= 16)
-    launch_after(pdl, finish.counters ? decode_gemm_kernel<BITS, CB, 2, true> : decode_gemm_kernel<BITS, CB, 2, false>,
-                 grid, block, stream, x, t, partials, rows, k, n, k_tiles_per_split, parts, finish);
+    launch_after(pdl, decode_gemm_kernel<BITS, CB, 2>, grid, block, stream, x, t, partials, rows, k, n, k_tiles_per_split, parts);
   else if (rows <= 24)
-    launch_after(pdl, finish.counters ? decode_gemm_kernel<BITS, CB, 3, true> : decode_gemm_kernel<BITS, CB, 3, false>,
-                 grid, block, stream, x, t, partials, rows, k, n, k_tiles_per_split, parts, finish);
+    launch_after(pdl, decode_gemm_kernel<BITS, CB, 3>, grid, block, stream, x, t, partials, rows, k, n, k_tiles_per_split, parts);
   else
-    launch_after(pdl, finish.counters ? decode_gemm_kernel<BITS, CB, 4, true> : decode_gemm_kernel<BITS, CB, 4, false>,
-                 grid, block, stream, x, t, partials, rows, k, n, k_tiles_per_split, parts, finish);
+    launch_after(pdl, decode_gemm_kernel<BITS, CB, 4>, grid, block, stream, x, t, partials, rows, k, n, k_tiles_per_split, parts);
 }
 
 // One codebook's kernels for 2..8 bits; false where there is none.
 template <int CB>
 bool dispatch_decode_gemm(int bits, const void* xh, const void* trellis, float* partials, int rows, int k, int n,
-                          const Parts& parts, int splits, int k_tiles_per_split, const Finish& finish,
-                          cudaStream_t stream, bool pdl) {
+                          const Parts& parts, int splits, int k_tiles_per_split, cudaStream_t stream, bool pdl) {
   return with_bits(bits, [&](auto b) {
     launch_decode_gemm<decltype(b)::value, CB>(xh, trellis, partials, rows, k, n, parts, splits, k_tiles_per_split,
-                                               finish, stream, pdl);
+                                               stream, pdl);
   });
 }
 

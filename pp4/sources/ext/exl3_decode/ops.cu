@@ -9,18 +9,45 @@
 #include "decode.cuh"
 #include "exl3_decode.h"
 #include "launch.cuh"
-#include "transform.cuh"
 
 namespace pp4_exl3 {
 
-bool decode_gemm_3inst(int, const void*, const void*, float*, int, int, int, const Parts&, int, int, const Finish&,
-                       cudaStream_t, bool);
-bool decode_gemm_mcg(int, const void*, const void*, float*, int, int, int, const Parts&, int, int, const Finish&,
-                     cudaStream_t, bool);
-bool decode_gemm_mul1(int, const void*, const void*, float*, int, int, int, const Parts&, int, int, const Finish&,
-                      cudaStream_t, bool);
+bool decode_gemm_3inst(int, const void*, const void*, float*, int, int, int, const Parts&, int, int, cudaStream_t, bool);
+bool decode_gemm_mcg(int, const void*, const void*, float*, int, int, int, const Parts&, int, int, cudaStream_t, bool);
+bool decode_gemm_mul1(int, const void*, const void*, float*, int, int, int, const Parts&, int, int, cudaStream_t, bool);
 
 namespace {
+
+constexpr float kHadScale = 0.088388347648f;  // 1/sqrt(128)
+
+// The 128-point Sylvester-Hadamard transform of the 4 values each lane holds (elements 4t..4t+3),
+// in the order of additions exllamav3's had_r_128 uses: a 4-point transform in the lane, then the
+// butterflies across lanes 1, 2, 4, 8, 16 apart.
+__device__ __forceinline__ void hadamard128(float& h0, float& h1, float& h2, float& h3, int lane) {
+  const float s0 = h0 + h1, d0 = h0 - h1, s1 = h2 + h3, d1 = h2 - h3;
+  h0 = s0 + s1;
+  h1 = d0 + d1;
+  h2 = s0 - s1;
+  h3 = d0 - d1;
+#pragma unroll
+  for (int i = 1; i < 32; i <<= 1) {
+    const float p0 = __shfl_xor_sync(0xffffffffu, h0, i);
+    const float p1 = __shfl_xor_sync(0xffffffffu, h1, i);
+    const float p2 = __shfl_xor_sync(0xffffffffu, h2, i);
+    const float p3 = __shfl_xor_sync(0xffffffffu, h3, i);
+    if (lane & i) {  // the upper half of the butterfly: partner - own
+      h0 = -h0 + p0;
+      h1 = -h1 + p1;
+      h2 = -h2 + p2;
+      h3 = -h3 + p3;
+    } else {
+      h0 = h0 + p0;
+      h1 = h1 + p1;
+      h2 = h2 + p2;
+      h3 = h3 + p3;
+    }
+  }
+}
 
 // grid (K/128, M, parts), one warp: xh[p, m, block] = had128(x[m, block] * suh[p, block]) / sqrt(128).
 __global__ __launch_bounds__(32) void input_transform_kernel(const half* __restrict__ x, const half* __restrict__ suh,
@@ -49,7 +76,28 @@ __global__ __launch_bounds__(32) void output_transform_kernel(const float* __res
                                                               int splits, int rows, int n) {
   wait_for_predecessor();  // the partials are the GEMM's output
   let_successor_launch();
-  finish_row<Out, false>(partials, svh, out, splits, rows, n, blockIdx.y, blockIdx.x * 128, threadIdx.x);
+  const int lane = threadIdx.x;
+  const int col = blockIdx.x * 128 + 4 * lane;
+  const int row = blockIdx.y;
+  float4 sum = *reinterpret_cast<const float4*>(partials + static_cast<size_t>(row) * n + col);
+  for (int s = 1; s < splits; ++s) {
+    const float4 p = *reinterpret_cast<const float4*>(partials + (static_cast<size_t>(s) * rows + row) * n + col);
+    sum.x += p.x;
+    sum.y += p.y;
+    sum.z += p.z;
+    sum.w += p.w;
+  }
+  hadamard128(sum.x, sum.y, sum.z, sum.w, lane);
+  const float v[4] = {sum.x, sum.y, sum.z, sum.w};
+  Out* dst = out + static_cast<size_t>(row) * n + col;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float y = v[i] * kHadScale * __half2float(svh[col + i]);
+    if constexpr (sizeof(Out) == 4)
+      dst[i] = y;
+    else
+      dst[i] = __float2half_rn(y);
+  }
 }
 
 // grid (N/16, K/16), one warp: tile (kt, nt) of W [K, N], row-major, from its bitstream.
@@ -108,13 +156,12 @@ void input_transform(const void* x, const void* suh, void* xh, int parts, int ro
 }
 
 void decode_gemm(const void* xh, const void* trellis, float* partials, int rows, int k, int n, int bits,
-                 int codebook, const Parts& parts, int splits, int k_tiles_per_split, const Finish& finish,
-                 void* stream, bool pdl) {
+                 int codebook, const Parts& parts, int splits, int k_tiles_per_split, void* stream, bool pdl) {
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   bool ok = false;
-  if (codebook == k3Inst) ok = decode_gemm_3inst(bits, xh, trellis, partials, rows, k, n, parts, splits, k_tiles_per_split, finish, s, pdl);
-  if (codebook == kMcg) ok = decode_gemm_mcg(bits, xh, trellis, partials, rows, k, n, parts, splits, k_tiles_per_split, finish, s, pdl);
-  if (codebook == kMul1) ok = decode_gemm_mul1(bits, xh, trellis, partials, rows, k, n, parts, splits, k_tiles_per_split, finish, s, pdl);
+  if (codebook == k3Inst) ok = decode_gemm_3inst(bits, xh, trellis, partials, rows, k, n, parts, splits, k_tiles_per_split, s, pdl);
+  if (codebook == kMcg) ok = decode_gemm_mcg(bits, xh, trellis, partials, rows, k, n, parts, splits, k_tiles_per_split, s, pdl);
+  if (codebook == kMul1) ok = decode_gemm_mul1(bits, xh, trellis, partials, rows, k, n, parts, splits, k_tiles_per_split, s, pdl);
   if (!ok) {
     g_last_error = "no decode GEMM kernel for these bits and codebook";
     return;
