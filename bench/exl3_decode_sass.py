@@ -34,11 +34,18 @@ def main() -> int:
             end = starts[n + 1] if n + 1 < len(starts) else len(lines)
             body = [line for line in lines[i:end] if re.match(r"\s+/\*[0-9a-f]{4}\*/", line)]
             mmas = [j for j, line in enumerate(body) if "HMMA" in line]
-            branch = next(j for j in range(mmas[-1], len(body)) if "BRA" in body[j])
-            # The loop is the backward branch's target to the branch (ptxas may put loads for the
-            # next step before the barrier, so the barrier is not where the loop starts).
-            target = int(re.search(r"BRA\s+(?:`\(\.L_x_\d+\)\s*)?0x([0-9a-f]+)", body[branch]).group(1), 16)
-            first = next(j for j, line in enumerate(body) if int(re.match(r"\s+/\*([0-9a-f]{4})\*/", line).group(1), 16) == target)
+            address = [int(re.match(r"\s+/\*([0-9a-f]{4})\*/", line).group(1), 16) for line in body]
+
+            def target(j):
+                found = re.search(r"BRA\s+(?:`\(\.L_x_\d+\)\s*)?0x([0-9a-f]+)", body[j])
+                return int(found.group(1), 16) if found else None
+
+            # The main loop: from the target of the first backward branch after the last MMA to that
+            # branch (ptxas may put loads for the next step before the barrier, so the barrier is not
+            # where the loop starts; a forward branch after the MMAs leads out of it).
+            branch = next(j for j in range(mmas[-1], len(body))
+                          if target(j) is not None and target(j) <= address[mmas[-1]])
+            first = address.index(target(branch))
             loop = body[first : branch + 1]
             bits, codebook, blocks = re.search(r"ILi(\d)ELi(\d)ELi(\d)", lines[i]).groups()
             tiles = len([line for line in loop if "HMMA" in line]) // int(blocks)
