@@ -22,3 +22,15 @@ device_wheels() {
 # wheels (a dry run of a script on a machine without /usr/local/cuda).
 CUDA_HOME_ARGS=(--cuda-home "${BENCH_CUDA:-/usr/local/cuda}")
 [ "${BENCH_CUDA:-}" = pinned ] && CUDA_HOME_ARGS=()
+
+# build_exl3_decode: configure and build exl3-decode (5 units) in /tmp/wd (W), all 16 cores, with
+# the toolkit above; the log in $OUT/build.log. The caller has run device_wheels ninja.
+build_exl3_decode() {
+  W=/tmp/wd; mkdir -p $W
+  local t0=$SECONDS
+  (cd $W && PYTHONPATH=/tmp/site:$REPO python3 "$REPO/configure.py" --arch 9.0 --ext exl3-decode -j 16 --nice 0 \
+     --store $W/store "${CUDA_HOME_ARGS[@]}" && "$NINJA" exl3-decode) > "$OUT/build.log" 2>&1
+  local rc=$?
+  echo "build: rc $rc, $((SECONDS - t0)) s" | tee -a "$OUT/build.log"
+  return $rc
+}

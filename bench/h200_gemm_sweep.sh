@@ -7,11 +7,7 @@ set -u
 source "$(dirname "$0")/device_setup.sh"
 device_wheels ninja || exit 1
 export PYTHONPATH=/tmp/site:$REPO
-W=/tmp/wd; mkdir -p $W && cd $W
-t0=$SECONDS
-{ python3 "$REPO/configure.py" --arch 9.0 --ext exl3-decode -j 16 --nice 0 --store $W/store "${CUDA_HOME_ARGS[@]}" &&
-  "$NINJA" exl3-decode; } > "$OUT/build.log" 2>&1
-echo "build: rc $?, $((SECONDS - t0)) s" | tee -a "$OUT/build.log"
+build_exl3_decode
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
 python3 "$REPO/bench/exl3_decode_sass.py" $W/build/exl3-decode/obj/gemm_mul1.cu.o \
   --cuobjdump "${BENCH_CUDA:-/usr/local/cuda}/bin/cuobjdump" > "$OUT/sass.txt" 2>&1

@@ -11,11 +11,7 @@ START=$SECONDS
 source "$(dirname "$0")/device_setup.sh"
 device_wheels ninja || exit 1
 export PYTHONPATH=/tmp/site:$REPO
-W=/tmp/wd; mkdir -p $W && cd $W
-t0=$SECONDS
-{ python3 "$REPO/configure.py" --arch 9.0 --ext exl3-decode -j 16 --nice 0 --store $W/store "${CUDA_HOME_ARGS[@]}" &&
-  "$NINJA" exl3-decode; } > "$OUT/build.log" 2>&1
-echo "build: rc $?, $((SECONDS - t0)) s" | tee -a "$OUT/build.log"
+build_exl3_decode
 cd "$REPO"
 python3 -X faulthandler -m pp4.worker --backend exl3-decode --exl3-build $W/build --gate-only \
   --json "$OUT/gate.json" > "$OUT/gate.log" 2>&1
