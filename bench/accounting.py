@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import os
 import time
+from pathlib import Path
 
 _PR_SET_CHILD_SUBREAPER = 36
 
@@ -20,8 +21,9 @@ def become_subreaper() -> None:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER) failed: whole-build CPU cannot be counted")
 
 
-def reap_orphans(timeout_s: float = 120.0) -> int:
-    """Wait for every child left (call it when no subprocess of the bench's own is running); how many."""
+def reap_orphans(timeout_s: float = 120.0, keep: tuple[int, ...] = ()) -> int:
+    """Wait for every child left but those in keep (a server the bench runs for the whole of it);
+    call it when no subprocess of the bench's own is running. How many were reaped."""
     reaped, deadline = 0, time.monotonic() + timeout_s
     while True:
         try:
@@ -30,7 +32,21 @@ def reap_orphans(timeout_s: float = 120.0) -> int:
             return reaped
         if pid:
             reaped += 1
+        elif keep and set(_children()) <= set(keep):
+            return reaped
         elif time.monotonic() > deadline:
             raise TimeoutError(f"processes a build left behind still run after {timeout_s:.0f} s")
         else:
             time.sleep(0.05)
+
+
+def _children() -> list[int]:
+    """This process's children now, from /proc (every thread's list: a child belongs to the thread
+    that started it)."""
+    found = []
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            found += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return found

@@ -29,6 +29,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import accounting  # bench/accounting.py: this script's folder is on sys.path
+
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
@@ -45,11 +47,14 @@ def ninja() -> str:
     return str(Path(BIN_DIR) / "ninja")
 
 
-def timed(cmd, cwd, env=None) -> dict:
+def timed(cmd, cwd, env=None, keep: tuple[int, ...] = ()) -> dict:
+    """Wall and CPU of a command, with what it left running (a ninja run's compile server and its
+    workers) waited for and counted; keep: the bench's own long-lived children (redis-server)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.monotonic()
     proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
     wall = time.monotonic() - t0
+    accounting.reap_orphans(keep=keep)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
         raise SystemExit(f"{cmd} failed in {cwd}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
@@ -84,6 +89,7 @@ def main() -> int:
     if work.exists():
         shutil.rmtree(work)
     work.mkdir(parents=True)
+    accounting.become_subreaper()  # the builds' compile servers, reaped and counted in timed()
     redis, port = start_redis(work)
     units = EXL3_UNITS[:args.units]
     result = {"machine": f"{os.cpu_count()} CPUs", "jobs": args.jobs, "units": ["p2p (all)", *units], "steps": {}}
@@ -95,14 +101,14 @@ def main() -> int:
             mode = ["--remote-store-mode", "read"] if i else []
             conf = timed([sys.executable, str(REPO / "configure.py"), "--arch", "9.0", "--ext", "p2p", "--ext", "exl3",
                           "-j", str(args.jobs), "--store", str(work / f"store-{i + 1}"),
-                          "--remote-store", f"redis://127.0.0.1:{port}/0", *mode], clone)
+                          "--remote-store", f"redis://127.0.0.1:{port}/0", *mode], clone, keep=(redis.pid,))
             result["steps"][f"pp4 configure clone-{i + 1}"] = {k: v for k, v in conf.items() if k != "output"}
             actions = json.loads((clone / "build" / "actions.json").read_text())["actions"]
             chosen = [a for a in actions if a["target"] == "p2p"]
             chosen += [a for u in units for a in actions if a["target"] == "exl3" and a["source"].endswith("/" + u)]
             targets[clone] = chosen
             step = timed([ninja(), "-j", str(args.jobs), "p2p", *(a["output"] for a in chosen if a["target"] == "exl3")],
-                         clone)
+                         clone, keep=(redis.pid,))
             summary = [ln for ln in step["output"].splitlines() if "missing objects restored" in ln]
             result["steps"][f"pp4 ninja clone-{i + 1}" + (" (restore)" if i else " (cold)")] = {
                 "wall_s": step["wall_s"], "cpu_s": step["cpu_s"], "prepass": summary}
