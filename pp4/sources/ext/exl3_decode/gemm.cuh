@@ -64,7 +64,7 @@ __global__ __launch_bounds__(kWarps * 32) void decode_gemm_kernel(const half* __
   constexpr int kStageChunks = kStageWords / 4;
   constexpr int kCopies = (kStageChunks + kThreads - 1) / kThreads;  // per thread and stage
   // x in a stage: NB * 8 rows of kTiles * 16 halves, each row padded by 4 words so that the eight
-  // rows one fragment load touches fall in different banks (row stride 4 or 20 words mod 32).
+  // rows one fragment load touches fall in different banks (a row is 36 words: 4 apart mod 32).
   constexpr int kXRowWords = kTiles * 8 + 4;
   constexpr int kXRows = NB * 8;
   constexpr int kXRowChunks = kTiles * 2;
