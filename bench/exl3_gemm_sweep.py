@@ -1,8 +1,9 @@
 """pp4's EXL3 decode GEMM at every split of K, side by side, on one GPU.
 
 For each of the worker's matrices (bench/exl3_decode_check.py's SHAPES, mul1 codebook) and row
-count: the split of K the module chooses (splits 0), plainly and with pdl, and each of SPLITS, each checked against an fp64 oracle (weights from the module's own
-reconstruct, which bench/exl3_decode_check.py checks bit for bit against upstream's) and timed as
+count: the split of K the module chooses (splits 0), plainly and with pdl, and each of SPLITS,
+each checked against an fp64 oracle (weights from the module's own reconstruct, which
+bench/exl3_decode_check.py checks bit for bit against upstream's) and timed as
 bench/exl3_decode_check.py times it (a CUDA graph of 20 calls, best of 5 replays of 10). Bandwidth
 is trellis bytes over time, and its share of the device-to-device copy bandwidth measured first.
 
