@@ -5,13 +5,13 @@ Spearman's rank correlation of each with measured compile times.
     python bench/estimate_check.py --table pp4/plan/durations/exl3-1.6.5.tsv --root EXL3_EXT_DIR [--include DIR]
     python bench/estimate_check.py --build BUILD_DIR [BUILD_DIR ...]   (a pp4 build: its .ninja_log and actions.json)
     python bench/estimate_check.py --log NINJA_LOG --root PROJECT_DIR [--include DIR]   (a kept .ninja_log)
-    ... --fit     also fit the estimate's coefficients to all the units given (one pooled intercept)
+    ... --fit     also fit the estimate's coefficients to all the units given (an intercept per set)
 
 Besides the ranks it prints each set's scale: the sum of the estimates over the sum of the measured
 times (1.0: configure's cost line is right on the machine that timed them).
 
 For a build, each object's time is its last compile in .ninja_log, and its include folders are the
--I folders of its command. Objects ninja only claimed (restored by the prepass) are left out.
+-I folders of its command inside its project. Objects ninja only claimed (restored by the prepass) are left out.
 """
 
 from __future__ import annotations
@@ -65,7 +65,10 @@ def from_build(build: Path) -> list[tuple[Path, list[Path], float]]:
         argv = action["argv"]
         incs = [Path(a[2:]) for a in argv if a.startswith("-I") and len(a) > 2]
         incs += [Path(argv[i + 1]) for i, a in enumerate(argv[:-1]) if a == "-I"]
-        out.append((Path(action["source"]), incs, ms / 1000))
+        # The project's own folders, as configure passes them: the command's others are torch's and
+        # the toolkit's, which configure's estimate never walks.
+        root = Path(json.loads((build / action["target"] / "plan.json").read_text())["root"])
+        out.append((Path(action["source"]), [i for i in incs if i.is_relative_to(root)], ms / 1000))
     return out
 
 
@@ -81,15 +84,21 @@ def from_log(log: Path, root: Path, includes: list[Path]) -> list[tuple[Path, li
     return out
 
 
-def fit(units: list[tuple[Path, list[Path], float]]) -> list[float]:
-    """Least squares of log(seconds) on the estimate's features: [A, B, C, D, F, G] of pp4/plan/estimate.py."""
+def fit(sets: list[list[tuple[Path, list[Path], float]]]) -> tuple[list[float], list[float]]:
+    """Least squares of log(seconds) on the estimate's features, with one intercept per set of units
+    (a project's flags and architecture count scale all its units alike; what orders them is the
+    rest). Returns [A, B, C, ...] of pp4/plan/estimate.py, A the mean of the sets' intercepts (each
+    project one vote: the estimate serves projects nothing has timed), and the sets' own intercepts."""
     import numpy as np
     rows, y = [], []
-    for p, incs, t in units:
-        rows.append(terms(*features(p, tuple(incs))))
-        y.append(np.log(t))
+    for k, units in enumerate(sets):
+        for p, incs, t in units:
+            rows.append([float(j == k) for j in range(len(sets))] + terms(*features(p, tuple(incs)))[1:])
+            y.append(np.log(t))
     coef, *_ = np.linalg.lstsq(np.array(rows), np.array(y), rcond=None)
-    return [round(float(c), 3) for c in coef]
+    intercepts = [float(c) for c in coef[:len(sets)]]
+    mean = sum(intercepts) / len(intercepts)
+    return [round(c, 3) for c in [mean, *map(float, coef[len(sets):])]], [round(a, 3) for a in intercepts]
 
 
 def main() -> int:
@@ -118,7 +127,9 @@ def main() -> int:
         print(f"{name}: {len(units)} units, Spearman with measured times: estimate {spearman(est, times):.3f}, "
               f"source size {spearman(size, times):.3f}; scale (estimated/measured seconds) {sum(est) / sum(times):.2f}")
     if args.fit:
-        print("fit of [A, B, C, D, F, G] over all", sum(len(u) for _, u in sets), "units:", fit([u for _, us in sets for u in us]))
+        coefficients, intercepts = fit([units for _, units in sets])
+        print("fit over all", sum(len(u) for _, u in sets), "units, one intercept per set:", coefficients,
+              "(A: the mean of the sets' own intercepts:", ", ".join(map(str, intercepts)) + ")")
     return 0
 
 

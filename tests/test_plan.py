@@ -149,6 +149,48 @@ def test_the_estimate_names_torchs_headers_but_never_walks_them(tmp_path):
     assert alone[4] == pytest.approx((len((root / "op.cpp").read_bytes()) + len((root / "own.h").read_bytes())) / 1000)
 
 
+def test_the_estimate_counts_kernel_instantiations_through_class_templates_and_macros(tmp_path):
+    """exllamav2's three longest units are 13 lines each: a class template lists 22 kernel
+    instantiations, and each unit names four of its instances (88). exllamav3's instance units pass
+    one macro to another by name (FOREACH(INST, ...)). A kernel launched (`k<<<...>>>`) or merely
+    declared is no instantiation; a template that reaches itself adds nothing more."""
+    from pp4.plan import estimate
+
+    root = tmp_path / "src"
+    root.mkdir()
+    (root / "kernels.cuh").write_text(
+        "template <int m, int p, bool r>\n__global__ void __launch_bounds__(128) gemm_kernel(const int* a)\n{ }\n"
+        "template <int m> __global__ void declared_kernel(int*);\n"
+        "__global__ void plain_kernel(int* a) { }\n")
+    (root / "select.cuh").write_text(
+        '#include <ATen/cuda/CUDAContext.h>\n#include "kernels.cuh"\n'
+        "template <int m, bool r>\nstruct map_m {\n  static constexpr void* pick(int perm) {\n    switch (perm) {\n"
+        + "".join(f"      case {i}: return (void*) gemm_kernel<m, {i}, r>;\n" for i in range(22))
+        + "      default: return map_m<m, r>::pick(0);\n    }\n  }\n};\n"
+        "template <int n>\nvoid launch(int* a) { gemm_kernel<n, 0, false><<<1, 32>>>(a); plain_kernel<<<1, 1>>>(a); }\n"
+        "#define INST(S, bits) (void*) gemm_kernel<bits, S, true>,\n"
+        "#define FOREACH(X, ...) X(1, __VA_ARGS__) X(2, __VA_ARGS__) X(3, __VA_ARGS__)\n"
+        "#define INSTANCES(bits) void* table_##bits[] = { FOREACH(INST, bits) FOREACH(INST, bits) };\n")
+    (root / "unit_b.cu").write_text('#include "select.cuh"\nvoid* pick(int m, int perm) {\n'
+                                    + "".join(f"  if (m == {i}) return map_m<{i}, false>::pick(perm);\n" for i in range(1, 5))
+                                    + "  return 0;\n}\n")
+    (root / "unit_inst.cu").write_text('#include "select.cuh"\nINSTANCES(4)\nINSTANCES(5)\n')
+    (root / "unit_launch.cu").write_text('#include "select.cuh"\nvoid go(int* a) { launch<1>(a); launch<2>(a); '
+                                         'declared_kernel<3>; plain_kernel<<<1, 1>>>(a); }\n')
+    (root / "bindings.cpp").write_text('#include <torch/extension.h>\nint f() { return 1; }\n' + "// comment\n" * 400)
+
+    def kernels(name):
+        return estimate.features(root / name, (root,))[5]
+
+    assert kernels("unit_b.cu") == 4 * 22
+    assert kernels("unit_inst.cu") == 2 * 2 * 3
+    assert kernels("unit_launch.cu") == 2  # launch<n> instantiates gemm_kernel<n, 0, false> once each
+    assert kernels("bindings.cpp") == 0
+    # A project's CUDA unit of 88 instantiations outranks its torch/extension.h bindings, as exllamav2's
+    # unit_exl2_1b.cu (59-70 s on two cores) does its ext_qattn.cpp (42 s).
+    assert estimate.estimate_seconds(root / "unit_b.cu", (root,)) > estimate.estimate_seconds(root / "bindings.cpp", (root,))
+
+
 def test_the_h200_figures_are_scaled_by_how_this_machine_compared(tmp_path):
     """Three units timed here and in the shipped table took 2x, 3x and 4x: the table's figure for
     a unit not timed here, and the text estimate, are scaled by the median, 3x; a unit's own log

@@ -11,18 +11,21 @@ take a minute, a 30 kB C++ file a second. What says more, without running a comp
 - how much project code its own lines expand to: its text plus, for each macro it invokes that a
   project header defines, that macro's body, expanded the same way (an instantiation macro's
   fan-out);
-- how much project code it includes (the bytes of every project file it reaches).
+- how much project code it includes (the bytes of every project file it reaches);
+- how many `__global__` template instantiations it asks for, past 16: `kernel<...>` written out,
+  through a class or function template that lists them, or through macros, one passed to another
+  by name included (exllamav2's `unit_exl2_1b.cu` is 13 lines that name four instances of a class
+  template listing 22 kernels each: 88).
 
-log(seconds) is a linear function of those five, fitted by least squares (one intercept) to 250
-units timed on the H200 (16 jobs): exllamav3 1.6.5's 194 (pp4/plan/durations/exl3-1.6.5.tsv),
-torch-scatter 2.1.2's 17 and torch-cluster 1.6.3's 39 (`bench/projects.py`). Spearman's rank
-correlation with the measured times: 0.61, 0.86 and 0.70 (source size: 0.03, 0.76, 0.61); the sum of
-the estimates over the sum of the measured times: 0.84, 0.94 and 0.91. `python
-bench/estimate_check.py` prints both for any timed build and refits (`--fit`). It orders the units
-no history covers and gives configure's cost line; a measured duration always replaces it. It knows
-nothing of the architecture count: a unit built for nine takes several times as long. Out of
-sample it can miss by far: causal-conv1d 1.7.0's `causal_conv1d_bwd.cu` (templates instantiated
-by plain C++, not macros) is estimated at 21 s and took about 320 s for sm_90 alone.
+log(seconds) is a linear function of those six, fitted by least squares to 250 units timed on the
+H200 (16 jobs) with an intercept per project (a project's flags scale all its units alike), the
+intercept here being their mean: exllamav3 1.6.5's 194 (pp4/plan/durations/exl3-1.6.5.tsv),
+torch-scatter 2.1.2's 17 and torch-cluster 1.6.3's 39 (`bench/projects.py`). `python
+bench/estimate_check.py` prints each set's rank correlation with measured times and scale for any
+timed build, and refits (`--fit`); docs/specs.md has the figures. It orders the units no history
+covers and gives configure's cost line (scaled to this machine once some of its units are timed
+here); a measured duration always replaces it. It knows nothing of the architecture count: a unit
+built for nine takes several times as long.
 """
 
 from __future__ import annotations
@@ -31,16 +34,18 @@ import functools
 import math
 import re
 from pathlib import Path
+from typing import NamedTuple
 
 _INCLUDE = re.compile(rb'^[ \t]*#[ \t]*include[ \t]*([<"])([^>"\n]+)[>"]', re.M)
-_DEFINE = re.compile(rb"^[ \t]*#[ \t]*define[ \t]+([A-Za-z_]\w*)(?:\([^)\n]*\))?((?:[^\n]*\\\n)*[^\n]*)", re.M)
+_DEFINE = re.compile(rb"^[ \t]*#[ \t]*define[ \t]+([A-Za-z_]\w*)(?:\(([^)\n]*)\))?((?:[^\n]*\\\n)*[^\n]*)", re.M)
 _CALL = re.compile(rb"\b([A-Za-z_]\w*)[ \t]*\(")
 _TORCH_API = ("torch/extension.h", "torch/script.h", "torch/torch.h", "torch/all.h", "torch/python.h")
 _HEAVY = ("torch/", "ATen/", "c10/", "pybind11/", "Python.h")
-# log(s) = A + B*torch_api + C*(other heavy only) + D*cuda + F*log(1 + expanded kB) + G*log(1 + included kB),
-# fitted on the H200 (16 jobs, nvcc 13.0, sm_90).
-COEFFICIENTS = (-1.927, 5.025, 3.053, 0.849, 0.147, 0.132)  # A, B, C, D, F, G
+# log(s) = A + B*torch_api + C*(other heavy only) + D*cuda + F*log(1 + expanded kB) + G*log(1 + included kB)
+#          + H*log(max(kernels, 16) / 16), fitted on the H200 (16 jobs, nvcc 13.0, sm_90).
+COEFFICIENTS = (-1.421, 4.324, 2.916, 0.692, 0.132, 0.187, 0.615)  # A, B, C, D, F, G, H
 _MAX_DEPTH = 8
+_KERNELS_FREE = 16  # instantiations a unit makes before they count
 
 
 @functools.lru_cache(maxsize=None)
@@ -50,23 +55,31 @@ def estimate_seconds(source: Path, include_dirs: tuple[Path, ...]) -> float:
     return math.exp(sum(c * t for c, t in zip(COEFFICIENTS, terms(*features(source, include_dirs)))))
 
 
-def terms(torch_api: bool, heavy: bool, cuda: bool, expanded_kb: float, included_kb: float) -> list[float]:
-    """The terms the coefficients multiply, in their order (bench/estimate_check.py --fit refits them)."""
+def terms(torch_api: bool, heavy: bool, cuda: bool, expanded_kb: float, included_kb: float,
+          kernels: int) -> list[float]:
+    """The terms the coefficients multiply, in their order (bench/estimate_check.py --fit refits them).
+    Kernel instantiations count only past a threshold: most units make a few, which the other
+    terms already price; a unit that makes dozens compiles each of them for the device."""
     return [1.0, float(torch_api), float(heavy and not torch_api), float(cuda), math.log1p(expanded_kb),
-            math.log1p(included_kb)]
+            math.log1p(included_kb), math.log(max(kernels, _KERNELS_FREE) / _KERNELS_FREE)]
 
 
-def features(source: Path, include_dirs: tuple[Path, ...]) -> tuple[bool, bool, bool, float, float]:
+def features(source: Path, include_dirs: tuple[Path, ...]) -> tuple[bool, bool, bool, float, float, int]:
     """(reaches torch's whole C++ API, reaches any of torch's, pybind11's or Python's headers, is
-    CUDA, expanded kB, included kB): what the estimate reads."""
+    CUDA, expanded kB, included kB, kernel instantiations): what the estimate reads."""
     files, torch_api, heavy = _closure(source, include_dirs)
-    macros = {}
+    macros, params, templates = {}, {}, {}
     for f in files:
-        for m in _DEFINE.finditer(_read(f)):
-            macros[m.group(1)] = m.group(2)
-    expanded = _expanded(_read(source), macros, 0, {})
+        text = _read(f)
+        for m in _DEFINE.finditer(text):
+            macros[m.group(1)] = m.group(3)
+            params[m.group(1)] = [p.strip() for p in m.group(2).split(b",")] if m.group(2) else []
+        templates.update(_templates(text))
+    own = _read(source)
+    expanded = _expanded(own, macros, 0, {})
     included = sum(len(_read(f)) for f in files)
-    return torch_api, heavy, source.suffix == ".cu", expanded / 1000, included / 1000
+    kernels = _instantiations(own, _Definitions(macros, params, templates), 0, {}, {})
+    return torch_api, heavy, source.suffix == ".cu", expanded / 1000, included / 1000, kernels
 
 
 def _read(path: Path) -> bytes:
@@ -117,3 +130,108 @@ def _expanded(text: bytes, macros: dict[bytes, bytes], depth: int, memo: dict[by
                 memo[name] = _expanded(macros[name], macros, depth + 1, memo)
             total += memo[name]
     return total
+
+
+_TEMPLATE = re.compile(rb"\btemplate\s*<")
+_ATTRIBUTE = re.compile(rb"\b(?:__launch_bounds__|__attribute__|__declspec|alignas|decltype)\s*\(")
+_NAMED = re.compile(rb"\b(?:struct|class)\s+([A-Za-z_]\w*)")
+_CALLED = re.compile(rb"([A-Za-z_]\w*)\s*\(")
+
+
+def _closing(text: bytes, start: int, open_: int, close: int) -> int:
+    """The index just past the bracket that closes the one at `start` (len(text) if none)."""
+    depth = 0
+    for i in range(start, len(text)):
+        c = text[i]
+        if c == open_:
+            depth += 1
+        elif c == close:
+            depth -= 1
+            if depth == 0:
+                return i + 1
+    return len(text)
+
+
+def _templates(text: bytes) -> dict[bytes, tuple[bool, bytes]]:
+    """The templates a file defines, by name: (a __global__ kernel, its body). Class templates and
+    function templates both: what they instantiate when they are instantiated is their body's."""
+    found = {}
+    for m in _TEMPLATE.finditer(text):
+        after_params = _closing(text, m.end() - 1, ord("<"), ord(">"))
+        brace, semi = text.find(b"{", after_params), text.find(b";", after_params)
+        if brace < 0 or 0 <= semi < brace:
+            continue  # a declaration, an alias or a template variable: no body
+        head = text[after_params:brace]
+        named = _NAMED.search(head)
+        if named and b"(" not in head[:named.start()]:
+            name = named.group(1)
+        else:
+            for a in reversed(list(_ATTRIBUTE.finditer(head))):
+                head = head[:a.start()] + head[_closing(head, a.end() - 1, ord("("), ord(")")):]
+            called = _CALLED.search(head)
+            if called is None:
+                continue
+            name = called.group(1)
+        body = text[brace:_closing(text, brace, ord("{"), ord("}"))]
+        found[name] = (b"__global__" in text[after_params:brace], body)
+    return found
+
+
+class _Definitions(NamedTuple):
+    macros: dict[bytes, bytes]  # function-like or not: name -> body
+    params: dict[bytes, list[bytes]]  # a function-like macro's parameter names
+    templates: dict[bytes, tuple[bool, bytes]]  # name -> (a __global__ kernel, body)
+
+
+def _instantiations(text: bytes, defs: _Definitions, depth: int, memo: dict, aliases: dict[bytes, bytes]) -> int:
+    """How many __global__ template instantiations text asks for: each `kernel<...>` one, each use
+    of another template or of a project macro what its body asks for (an instantiation macro's
+    fan-out, a class template that lists kernels). A macro passed to a macro by name counts at each
+    call the receiving body makes of it (`FOREACH_SHAPE(INST, ...)`); `aliases` maps the receiving
+    macro's parameters to what was passed. Repeats of one instantiation count again."""
+    if depth >= _MAX_DEPTH:
+        return 0
+    total = 0
+    for m in _USE.finditer(text):
+        name = aliases.get(m.group(1), m.group(1))
+        passed: dict[bytes, bytes] = {}
+        if name in defs.templates:
+            kernel, body = defs.templates[name]
+            if kernel:
+                total += m.group(2) == b"<"
+                continue
+        elif name in defs.macros and m.group(2) == b"(":
+            body = defs.macros[name]
+            for param, arg in zip(defs.params[name], _arguments(text, m.end() - 1)):
+                arg = aliases.get(arg, arg)
+                if arg in defs.macros or arg in defs.templates:
+                    passed[param] = arg
+        else:
+            continue
+        key = (name, tuple(sorted(passed.items())))
+        if key not in memo:
+            memo[key] = 0  # a template or macro that reaches itself adds nothing more
+            memo[key] = _instantiations(body, defs, depth + 1, memo, passed)
+        total += memo[key]
+    return total
+
+
+def _arguments(text: bytes, open_paren: int) -> list[bytes]:
+    """The comma-separated arguments of the call whose parenthesis is at open_paren, stripped."""
+    args, depth, begin = [], 0, open_paren + 1
+    for i in range(open_paren, len(text)):
+        c = text[i]
+        if c in b"([{":
+            depth += 1
+        elif c in b")]}":
+            depth -= 1
+            if depth == 0:
+                args.append(text[begin:i].strip())
+                break
+        elif c == ord(",") and depth == 1:
+            args.append(text[begin:i].strip())
+            begin = i + 1
+    return args
+
+
+_USE = re.compile(rb"\b([A-Za-z_]\w*)\s*(<(?!<)|\()")
