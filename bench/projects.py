@@ -5,7 +5,8 @@
 build, the compile flags of each unit compared between the two, and on a GPU one op of each
 project called from pp4's modules against a plain torch reference.
 
-    python bench/projects.py --fetch DIR                       # the pinned sdists, from PyPI
+    python bench/projects.py --fetch DIR                       # the pinned sdists, from PyPI (it says how to
+                                                               # make the one PyPI lacks)
     python bench/projects.py --sdists DIR --work DIR -j 16 [--cuda-home /usr/local/cuda] [--only NAME ...]
 
 The sdists are pinned by sha256 and never committed. Both builds use the same nvcc (pp4's pinned
@@ -42,6 +43,14 @@ PROJECTS = {
                       "69b3aa435f2424ac6a1bfb6ff702da6eb73b33ca0db38fb26989c74159258e47"),
     "torch-cluster": ("1.6.3", "torch_cluster-1.6.3.tar.gz",
                       "78d5a930a5bbd0d8788df8c6d66addd68d6dd292fe3edb401e3dacba26308152"),
+    # PyPI has no sdist of 0.3.2: the tag's setup.py and package, as git 2.39 archives them.
+    "exllamav2": ("0.3.2", "exllamav2-0.3.2.tar",
+                  "db233bb7e812cbedeb5f9d4572d5f7de157342d62f0768ac36004917bc9583fc"),
+}
+# How to make the archives PyPI does not have, run in a clone of the project.
+NOT_ON_PYPI = {
+    "exllamav2": "git archive --prefix=exllamav2-0.3.2/ v0.3.2 setup.py exllamav2 MANIFEST.in LICENSE README.md "
+                 "requirements.txt > exllamav2-0.3.2.tar  (in a clone of github.com/turboderp-org/exllamav2)",
 }
 
 # Runs setup.py build_ext under BuildExtension, keeping each extension's build.ninja (BuildExtension
@@ -88,6 +97,9 @@ def fetch(dest: Path) -> None:
     dest.mkdir(parents=True, exist_ok=True)
     for name, (version, filename, digest) in PROJECTS.items():
         path = dest / filename
+        if not path.is_file() and name in NOT_ON_PYPI:
+            print(f"{filename}: not on PyPI; make it with: {NOT_ON_PYPI[name]}")
+            continue
         if not path.is_file():  # pip, so that the user's index and proxy settings apply
             subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
                             "--no-build-isolation", "-q", "-d", str(dest), f"{name}=={version}"], check=True)
@@ -274,7 +286,23 @@ def check_torch_cluster(build: Path) -> str:
     return f"grid (voxel ids of 500 points) vs torch arithmetic: {'identical ok' if same else 'FAIL'}"
 
 
-CHECKS = {"causal-conv1d": check_causal_conv1d, "torch-scatter": check_torch_scatter, "torch-cluster": check_torch_cluster}
+def check_exllamav2(build: Path) -> str:
+    import torch
+
+    from pp4.certify.loader import load_target
+    m = load_target("exllamav2_ext", build)
+    g = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(64, 4096, device="cuda", generator=g)
+    w = (1 + 0.1 * torch.randn(4096, device="cuda", generator=g)).half()
+    y = torch.empty_like(x)
+    m.rms_norm(x, w, y, 1e-6)
+    ref = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * w.float()
+    err = (y - ref).abs().max().item()
+    return f"rms_norm (fp32 in and out, fp16 weight) vs torch: max |diff| {err:.2e}" + (" ok" if err < 1e-3 else " FAIL")
+
+
+CHECKS = {"causal-conv1d": check_causal_conv1d, "torch-scatter": check_torch_scatter, "torch-cluster": check_torch_cluster,
+          "exllamav2": check_exllamav2}
 
 
 def run_project(name: str, sdist: Path, work: Path, jobs: int, cuda_home: Path | None, default_arch: list[str],
