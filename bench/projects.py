@@ -158,12 +158,11 @@ def ninja_flags(text: str) -> dict:
 
 
 def comparable(flags: list[str]) -> list[str]:
-    """Flags without the ones pp4 states it sets itself: architectures, -ccbin, the prefix maps."""
-    from pp4.plan.modules import without_prefix_maps
+    """Flags without the ones pp4 states it sets itself: architectures and -ccbin."""
     from pp4.sources.extensions import without_architecture_flags
     from pp4.toolchain.compilers import ccbin_from_flags
 
-    return ccbin_from_flags(without_prefix_maps(list(without_architecture_flags(flags)[0])))[1]
+    return ccbin_from_flags(list(without_architecture_flags(flags)[0]))[1]
 
 
 def compare(theirs: dict, build: Path) -> list[str]:
@@ -373,7 +372,9 @@ def run_project(name: str, sdist: Path, work: Path, jobs: int, cuda_home: Path |
 
 def ninja() -> str:
     from ninja import BIN_DIR
-    return str(Path(BIN_DIR) / "ninja")
+    binary = Path(BIN_DIR) / "ninja"
+    # pip --target leaves the wheel's binary in TARGET/bin, not where BIN_DIR says.
+    return str(binary) if binary.is_file() else shutil.which("ninja") or str(binary)
 
 
 def main() -> int:
