@@ -50,3 +50,28 @@ def _children() -> list[int]:
         except OSError:
             continue
     return found
+
+
+def main(argv: list[str]) -> int:
+    """python bench/accounting.py LABEL CMD...: run CMD, then wait for what it left running, and
+    print `LABEL: W s wall, U+S CPU-s` (the format of `/usr/bin/time -f "%e s wall, %U+%S CPU-s"`) to
+    stderr, for the whole build. Exits with CMD's status."""
+    import resource
+    import subprocess
+    import sys
+
+    label, cmd = argv[0], argv[1:]
+    become_subreaper()
+    t0 = time.monotonic()
+    status = subprocess.run(cmd).returncode
+    reap_orphans()
+    wall = time.monotonic() - t0
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    print(f"{label}: {wall:.2f} s wall, {r.ru_utime:.2f}+{r.ru_stime:.2f} CPU-s", file=sys.stderr)
+    return status
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main(sys.argv[1:]))

@@ -2,7 +2,7 @@
 # What the fixed root and the observer cost EXL3 compiles on the device machine, one call: the same
 # EXL3 units (every UNIT_STRIDE-th of the 194, by source path) compiled with --no-reuse several ways,
 # each in its own build folder, in ABBA order (A B B A ...) so that a drift of the machine falls on
-# both, side by side. CPU is ninja's whole process tree. Then the launch alone
+# both, side by side. CPU is the whole build's, its compile server's included. Then the launch alone
 # (bench/observe_overhead.py --units 0), before the builds. The ways (WAYS, two of them):
 #   new     this checkout as it builds (in the fixed root, observed)
 #   noroot  this checkout with PP4_NO_ROOT=1 for configure and ninja (observed, no root): the root's
@@ -41,8 +41,9 @@ for ((r = 0; r < ROUNDS; r++)); do
     src=$(src_of $who)
     $NINJA toolchain >/dev/null 2>&1; $NINJA build/.pp4/prepass.stamp >/dev/null 2>&1
     rm -f $(cat /tmp/units.txt)
-    /usr/bin/time -f "round $r $who: %e s wall, %U+%S CPU-s" env $(env_of $who) PYTHONPATH=/tmp/site:$src \
-      $NINJA -j 16 $(cat /tmp/units.txt) > ninja-$r.log 2>> "$OUT/overhead.txt" || { tail -20 ninja-$r.log; }
+    # CPU of the whole build, the compile server's included (it outlives ninja: bench/accounting.py).
+    env $(env_of $who) PYTHONPATH=/tmp/site:$src python3 "$REPO/bench/accounting.py" "round $r $who" \
+      $NINJA -j 16 $(cat /tmp/units.txt) > ninja-$r.log 2>> "$OUT/overhead.txt" || { tail -n 20 ninja-$r.log; }
     tail -1 "$OUT/overhead.txt"
   done
 done
