@@ -13,11 +13,11 @@ export PATH=/tmp/site/bin:$PATH PYTHONPATH=/tmp/site
 only=(); for p in ${PROJECTS:-exllamav2}; do only+=(--only "$p"); done
 rm -rf /tmp/pw; mkdir -p /tmp/pw
 python3 "$REPO/bench/projects.py" --sdists "$REPO/.carry/sdists" --work /tmp/pw -j 16 "${CUDA_HOME_ARGS[@]}" \
-  "${only[@]}" --out "$OUT/projects.json" > "$OUT/projects.txt" 2>&1
+  "${only[@]}" ${PP4_ONLY:+--pp4-only} --out "$OUT/projects.json" > "$OUT/projects.txt" 2>&1
 echo "projects.py: rc $?"; tail -5 "$OUT/projects.txt"
 for p in ${PROJECTS:-exllamav2}; do
   d=/tmp/pw/$p
-  cp "$d/pp4/.ninja_log" "$OUT/$p-pp4-ninja_log.txt" 2>/dev/null
+  cp "$d/pp4/build/.ninja_log" "$OUT/$p-pp4-ninja_log.txt" 2>/dev/null
   cp "$d/setup-temp/.ninja_log" "$OUT/$p-setup-ninja_log.txt" 2>/dev/null
   cp "$d/pp4-configure.txt" "$OUT/$p-pp4-configure.txt" 2>/dev/null
   python3 "$REPO/bench/estimate_check.py" --build "$d/pp4/build" 2>&1 | tee -a "$OUT/estimate.txt"
@@ -25,7 +25,7 @@ for p in ${PROJECTS:-exllamav2}; do
 import sys
 from pathlib import Path
 d = Path(sys.argv[1])
-for who, log in (("pp4", d / "pp4/.ninja_log"), ("setup.py", d / "setup-temp/.ninja_log")):
+for who, log in (("pp4", d / "pp4/build/.ninja_log"), ("setup.py", d / "setup-temp/.ninja_log")):
     if not log.is_file():
         continue
     rows = [ln.split("\t") for ln in log.read_text().splitlines()[1:]]
