@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # A project's first build on the device machine, one call: pp4 (`configure.py --setup-py`, then
 # ninja) against the project's own setup.py under BuildExtension, same jobs, same nvcc
-# (/usr/local/cuda for both), pp4 first; then how well configure's text estimate ranked the units
+# (/usr/local/cuda for both), pp4 first unless FIRST=1; then how well configure's text estimate ranked the units
 # (bench/estimate_check.py on pp4's .ninja_log) and when each build started its longest units.
 # Usage (device tool, carry .whl with the ninja wheel and .carry/sdists with the archives
 # `python bench/projects.py --fetch .carry/sdists` names):
-#   PROJECTS="exllamav2" bash bench/h200_projects.sh
+#   PROJECTS="exllamav2" [FIRST=1: setup.py first] [PP4_ONLY=1] bash bench/h200_projects.sh
 set -uo pipefail
 source "$(dirname "$0")/device_setup.sh"
 device_wheels ninja || exit 1
@@ -13,7 +13,7 @@ export PATH=/tmp/site/bin:$PATH PYTHONPATH=/tmp/site
 only=(); for p in ${PROJECTS:-exllamav2}; do only+=(--only "$p"); done
 rm -rf /tmp/pw; mkdir -p /tmp/pw
 python3 "$REPO/bench/projects.py" --sdists "$REPO/.carry/sdists" --work /tmp/pw -j 16 "${CUDA_HOME_ARGS[@]}" \
-  "${only[@]}" ${PP4_ONLY:+--pp4-only} --out "$OUT/projects.json" > "$OUT/projects.txt" 2>&1
+  "${only[@]}" ${PP4_ONLY:+--pp4-only} --first "${FIRST:-0}" --out "$OUT/projects.json" > "$OUT/projects.txt" 2>&1
 echo "projects.py: rc $?"; tail -5 "$OUT/projects.txt"
 for p in ${PROJECTS:-exllamav2}; do
   d=/tmp/pw/$p
