@@ -68,16 +68,16 @@ def features(source: Path, include_dirs: tuple[Path, ...]) -> tuple[bool, bool, 
     """(reaches torch's whole C++ API, reaches any of torch's, pybind11's or Python's headers, is
     CUDA, expanded kB, included kB, kernel instantiations): what the estimate reads."""
     files, torch_api, heavy = _closure(source, include_dirs)
-    macros, params, templates = {}, {}, {}
+    macros, params, templates, included = {}, {}, {}, 0
     for f in files:
         text = _read(f)
+        included += len(text)
         for m in _DEFINE.finditer(text):
             macros[m.group(1)] = m.group(3)
             params[m.group(1)] = [p.strip() for p in m.group(2).split(b",")] if m.group(2) else []
         templates.update(_templates(text))
     own = _read(source)
     expanded = _expanded(own, macros, 0, {})
-    included = sum(len(_read(f)) for f in files)
     kernels = _instantiations(own, _Definitions(macros, params, templates), 0, {}, {})
     return torch_api, heavy, source.suffix == ".cu", expanded / 1000, included / 1000, kernels
 
