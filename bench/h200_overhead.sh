@@ -17,7 +17,7 @@ read -r -a ways <<< "${WAYS:-new old}"
 ROUNDS=${ROUNDS:-1}
 device_wheels ninja || exit 1
 src_of() { if [ "$1" = old ]; then echo "$REPO/.carry/old"; else echo "$REPO"; fi; }
-env_of() { if [ "$1" = noroot ]; then echo PP4_NO_ROOT=1; else echo PP4_WAY="$1"; fi; }
+env_of() { if [ "$1" = noroot ]; then echo PP4_NO_ROOT=1; fi; }  # the environment a way adds
 for who in "${ways[@]}"; do
   src=$(src_of $who)
   mkdir -p /tmp/ov-$who && cd /tmp/ov-$who
