@@ -40,6 +40,19 @@ void decode_gemm(const void* xh, const void* trellis, float* partials, int rows,
 void output_transform(const float* partials, const void* svh, void* out, bool out_fp32, int splits, int rows,
                       int n, void* stream, bool pdl);
 
+// The all-reduce, residual add and rms norm that end a sublayer, fused with the next linear's input
+// transform (one launch where three would run): r [M, H] = fp16(p0 + p1), or fp16(x + fp16(p0 + p1))
+// where x is not null; r to x_out where x_out is not null; xh [P, M, H] = the input transform (above)
+// of rms_norm(r) * weight, for each part p of suh [P, H]. H a multiple of 128, at most 16384.
+void norm_transform(const void* x, const void* p0, const void* p1, const void* weight, const void* suh, void* x_out,
+                    void* xh, int parts, int rows, int h, float eps, void* stream, bool pdl);
+
+// The end of gate_up and the start of down in one launch: from gate_up's partial sums [splits, M, 2C]
+// (gate's C columns, then up's), its output transform with svh [2C], silu(gate) * up, and down's
+// input transform with suh_down [C]: xh_down [1, M, C]. C a multiple of 128.
+void swiglu_transform(const float* partials, const void* svh, const void* suh_down, void* xh_down, int splits,
+                      int rows, int channels, void* stream, bool pdl);
+
 // The decoded weights W [K, N] fp16, as exllamav3's `reconstruct` writes them (for tests).
 void reconstruct(const void* trellis, void* w, int k, int n, int bits, int codebook, void* stream);
 

@@ -100,6 +100,117 @@ __global__ __launch_bounds__(32) void output_transform_kernel(const float* __res
   }
 }
 
+// xh[p, m, block] = had128(h * suh[p, block]) / sqrt(128) for the lane's 4 values h, fp16 as in
+// input_transform_kernel: the step that ends the fused kernels below, whose h are the next linear's
+// input, so that linear's own input transform is not launched.
+__device__ __forceinline__ void transform_into(const half (&h)[4], const half* __restrict__ suh, half* __restrict__ xh,
+                                               int parts, int rows, int row, int k, int col, int lane) {
+  for (int p = 0; p < parts; ++p) {
+    const half2* sign = reinterpret_cast<const half2*>(suh + static_cast<size_t>(p) * k + col);
+    const half2 v01 = __hmul2(__halves2half2(h[0], h[1]), sign[0]);
+    const half2 v23 = __hmul2(__halves2half2(h[2], h[3]), sign[1]);
+    float h0 = __low2float(v01), h1 = __high2float(v01), h2 = __low2float(v23), h3 = __high2float(v23);
+    hadamard128(h0, h1, h2, h3, lane);
+    half2* out = reinterpret_cast<half2*>(xh + (static_cast<size_t>(p) * rows + row) * k + col);
+    out[0] = __floats2half2_rn(h0 * kHadScale, h1 * kHadScale);
+    out[1] = __floats2half2_rn(h2 * kHadScale, h3 * kHadScale);
+  }
+}
+
+// grid (M), a warp per 128 columns (BLOCKS of them each): the all-reduce of the two ranks' partials,
+// the residual add, the rms norm and the next linear's input transform in one kernel, with the
+// roundings of the worker's residual_sum_norm_kernel: r = fp16(p0 + p1), then fp16(x + r) where x
+// is given; r is written to x_out where given; the norm works in fp32 on r and rounds once.
+template <int BLOCKS>
+__global__ __launch_bounds__(1024) void norm_transform_kernel(const half* __restrict__ x, const half* __restrict__ p0,
+                                                              const half* __restrict__ p1, const half* __restrict__ w,
+                                                              const half* __restrict__ suh, half* __restrict__ x_out,
+                                                              half* __restrict__ xh, int parts, int rows, int h,
+                                                              float eps) {
+  wait_for_predecessor();  // the partials and x are earlier kernels' outputs
+  let_successor_launch();
+  __shared__ float warp_sums[32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  const int row = blockIdx.x;
+  const size_t at = static_cast<size_t>(row) * h;
+  float v[BLOCKS][4];
+  float squares = 0.0f;
+#pragma unroll
+  for (int i = 0; i < BLOCKS; ++i) {
+    const int col = (warp + i * warps) * 128 + 4 * lane;
+    if (col >= h) continue;
+    const uint2 a = *reinterpret_cast<const uint2*>(p0 + at + col);
+    const uint2 b = *reinterpret_cast<const uint2*>(p1 + at + col);
+    const half* pa = reinterpret_cast<const half*>(&a);
+    const half* pb = reinterpret_cast<const half*>(&b);
+    uint2 held = x != nullptr ? *reinterpret_cast<const uint2*>(x + at + col) : make_uint2(0u, 0u);
+    const half* px = reinterpret_cast<const half*>(&held);
+    uint2 written;
+    half* r = reinterpret_cast<half*>(&written);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      r[j] = __float2half_rn(__half2float(pa[j]) + __half2float(pb[j]));
+      if (x != nullptr) r[j] = __float2half_rn(__half2float(px[j]) + __half2float(r[j]));
+      v[i][j] = __half2float(r[j]);
+      squares += v[i][j] * v[i][j];
+    }
+    if (x_out != nullptr) *reinterpret_cast<uint2*>(x_out + at + col) = written;
+  }
+#pragma unroll
+  for (int i = 16; i > 0; i >>= 1) squares += __shfl_xor_sync(0xffffffffu, squares, i);
+  if (lane == 0) warp_sums[warp] = squares;
+  __syncthreads();
+  float total = 0.0f;
+  for (int i = 0; i < warps; ++i) total += warp_sums[i];  // the same order in every thread
+  const float inv = 1.0f / sqrtf(total / h + eps);
+#pragma unroll
+  for (int i = 0; i < BLOCKS; ++i) {
+    const int col = (warp + i * warps) * 128 + 4 * lane;
+    if (col >= h) continue;
+    half n[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) n[j] = __float2half_rn(v[i][j] * inv * __half2float(w[col + j]));
+    transform_into(n, suh, xh, parts, rows, row, h, col, lane);
+  }
+}
+
+// grid (C/128, M), one warp: gate_up's output transform (its partial sums over N = 2C columns, gate
+// then up), silu(gate) * up, and down's input transform, with the roundings of the three steps run
+// apart: gate and up rounded to fp16 as output_transform_kernel writes them, the product computed in
+// fp32 and rounded once as the worker's silu_mul_kernel does.
+__global__ __launch_bounds__(32) void swiglu_transform_kernel(const float* __restrict__ partials,
+                                                              const half* __restrict__ svh,
+                                                              const half* __restrict__ suh_down,
+                                                              half* __restrict__ xh_down, int splits, int rows,
+                                                              int channels) {
+  wait_for_predecessor();  // the partials are the GEMM's output
+  let_successor_launch();
+  const int lane = threadIdx.x;
+  const int col = blockIdx.x * 128 + 4 * lane;
+  const int row = blockIdx.y;
+  const int n = 2 * channels;
+  float4 g = *reinterpret_cast<const float4*>(partials + static_cast<size_t>(row) * n + col);
+  float4 u = *reinterpret_cast<const float4*>(partials + static_cast<size_t>(row) * n + channels + col);
+  for (int s = 1; s < splits; ++s) {
+    const float* split = partials + (static_cast<size_t>(s) * rows + row) * n;
+    const float4 pg = *reinterpret_cast<const float4*>(split + col);
+    const float4 pu = *reinterpret_cast<const float4*>(split + channels + col);
+    g.x += pg.x; g.y += pg.y; g.z += pg.z; g.w += pg.w;
+    u.x += pu.x; u.y += pu.y; u.z += pu.z; u.w += pu.w;
+  }
+  hadamard128(g.x, g.y, g.z, g.w, lane);
+  hadamard128(u.x, u.y, u.z, u.w, lane);
+  const float gv[4] = {g.x, g.y, g.z, g.w}, uv[4] = {u.x, u.y, u.z, u.w};
+  half act[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float gate = __half2float(__float2half_rn(gv[i] * kHadScale * __half2float(svh[col + i])));
+    const float up = __half2float(__float2half_rn(uv[i] * kHadScale * __half2float(svh[channels + col + i])));
+    act[i] = __float2half_rn(gate / (1.0f + expf(-gate)) * up);
+  }
+  transform_into(act, suh_down, xh_down, 1, rows, row, channels, col, lane);
+}
+
 // grid (N/16, K/16), one warp: tile (kt, nt) of W [K, N], row-major, from its bitstream.
 template <int BITS, int CB>
 __global__ __launch_bounds__(32) void reconstruct_kernel(const uint32_t* __restrict__ trellis, half* __restrict__ w,
@@ -179,6 +290,38 @@ void output_transform(const float* partials, const void* svh, void* out, bool ou
   else
     launch_after(pdl, output_transform_kernel<half>, grid, dim3(32), s, partials, static_cast<const half*>(svh),
                  static_cast<half*>(out), splits, rows, n);
+  note_launch();
+}
+
+void norm_transform(const void* x, const void* p0, const void* p1, const void* weight, const void* suh, void* x_out,
+                    void* xh, int parts, int rows, int h, float eps, void* stream, bool pdl) {
+  const int blocks = h / 128;
+  const int warps = blocks < 32 ? blocks : 32;
+  const int per_warp = (blocks + warps - 1) / warps;
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  const auto launch = [&](auto kernel) {
+    launch_after(pdl, kernel, dim3(rows), dim3(32 * warps), s, static_cast<const half*>(x), static_cast<const half*>(p0),
+                 static_cast<const half*>(p1), static_cast<const half*>(weight), static_cast<const half*>(suh),
+                 static_cast<half*>(x_out), static_cast<half*>(xh), parts, rows, h, eps);
+  };
+  if (per_warp == 1)
+    launch(norm_transform_kernel<1>);
+  else if (per_warp == 2)
+    launch(norm_transform_kernel<2>);
+  else if (per_warp <= 4)
+    launch(norm_transform_kernel<4>);
+  else {
+    g_last_error = "norm_transform takes at most 16384 columns";
+    return;
+  }
+  note_launch();
+}
+
+void swiglu_transform(const float* partials, const void* svh, const void* suh_down, void* xh_down, int splits,
+                      int rows, int channels, void* stream, bool pdl) {
+  launch_after(pdl, swiglu_transform_kernel, dim3(channels / 128, rows), dim3(32), static_cast<cudaStream_t>(stream),
+               partials, static_cast<const half*>(svh), static_cast<const half*>(suh_down),
+               static_cast<half*>(xh_down), splits, rows, channels);
   note_launch();
 }
 
