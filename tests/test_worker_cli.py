@@ -32,6 +32,8 @@ PREFIX = "python -m pp4.worker: error: "
         (["--backend", "triton", "--exl3-module", "facc"], "--exl3-module needs --backend exl3 or exl3-decode"),
         (["--exl3-select", "autotune"], "--exl3-select needs --backend exl3 or exl3-decode"),
         (["--exl3-codebook", "mcg"], "--exl3-codebook needs --backend exl3 or exl3-decode"),
+        (["--backend", "exl3", "--exl3-fuse", "off"],
+         "--exl3-fuse needs --backend exl3-decode (the fused kernels are pp4's decode GEMM's)"),
         (["--backend", "exl3-decode", "--device", "cpu"],
          "--backend exl3-decode runs EXL3's CUDA kernels: it needs --device cuda"),
         (["--backend", "exl3", "--gemm", "triton"], "--gemm triton needs --backend triton"),
@@ -59,7 +61,8 @@ def test_argument_errors_have_exact_messages(argv, message, capsys):
 @pytest.mark.parametrize("argv, gemm, pdl", [
     (["--backend", "torch"], "cublas", "off"), (["--backend", "triton"], "triton", "on"),
     (["--backend", "triton", "--device", "cpu"], "triton", "off"), (["--backend", "exl3"], "cublas", "off"),
-    (["--backend", "exl3", "--pdl", "on"], "cublas", "on")])
+    (["--backend", "exl3", "--pdl", "on"], "cublas", "on"), (["--backend", "exl3-decode"], "cublas", "on"),
+    (["--backend", "exl3-decode", "--pdl", "off"], "cublas", "off")])
 def test_the_triton_backend_defaults_to_the_skinny_gemm_and_pdl_on_cuda(argv, gemm, pdl):
     args = cli.build_parser().parse_args(argv)
     cli.validate(args)

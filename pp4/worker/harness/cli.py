@@ -55,8 +55,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "Triton GEMM (split-K where it pays); cublas: every linear through torch.mm "
                         "(the other backends' default)")
     a.add_argument("--pdl", choices=("on", "off"), default=None,
-                   help="on (the triton backend's default on CUDA; exl3 may ask for it): launch the Triton "
-                        "kernels with programmatic dependent launch, so each starts while the one before it "
+                   help="on (the triton and exl3-decode backends' default on CUDA; exl3 may ask for it): launch "
+                        "the Triton kernels (and exl3-decode's) with programmatic dependent launch, so each starts while the one before it "
                         "finishes and waits in its first instruction for that one's writes; the same bits either way")
     a.add_argument("--head-chunks", type=int, default=None,
                    help="chunks each vocabulary shard row is reduced in (default: automatic; 1: one per row)")
@@ -82,6 +82,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="how EXL3's cooperative GEMM picks its kernel: heuristic (by the sizes, the same in "
                         "every process: digests reproduce; default) or autotune (exllamav3's own: by timing "
                         "candidates on first use, so another process may pick another kernel and other bits)")
+    e.add_argument("--exl3-fuse", choices=("on", "off"), default="on",
+                   help="--backend exl3-decode: run each norm, and silu*mul, in one kernel with the input "
+                        "transform of the linear after it (default on; off: every step its own kernel, as an A/B)")
     m = p.add_argument_group("model")
     m.add_argument("--geometry", choices=("default", "tiny"), default="default",
                    help="default: 8B-class draft (4096 hidden, 32/8 heads of 128, MLP 14336, vocab 128256); "
@@ -166,7 +169,7 @@ def validate(args) -> tuple[Geometry, list[int], list[int], int, int]:
     if args.gemm != "cublas" and args.backend != "triton":
         raise UsageError(f"--gemm {args.gemm} needs --backend triton")
     if args.pdl is None:
-        args.pdl = "on" if args.backend == "triton" and args.device == "cuda" else "off"
+        args.pdl = "on" if args.backend in ("triton", "exl3-decode") and args.device == "cuda" else "off"
     if args.pdl == "on" and args.backend == "torch":
         raise UsageError("--pdl on needs --backend triton or exl3 (the torch backend launches no Triton kernels)")
     if args.pdl == "on" and args.device != "cuda":
@@ -188,6 +191,8 @@ def validate(args) -> tuple[Geometry, list[int], list[int], int, int]:
                                "exl3_codebook") if getattr(args, f) != build_parser().get_default(f)]
         if changed:
             raise UsageError(f"--{changed[0].replace('_', '-')} needs --backend exl3 or exl3-decode")
+    if args.exl3_fuse != "on" and args.backend != "exl3-decode":
+        raise UsageError("--exl3-fuse needs --backend exl3-decode (the fused kernels are pp4's decode GEMM's)")
     if args.weights and args.backend in QUANTIZED_BACKENDS:
         from pp4.worker.model import exl3_checkpoint
 

@@ -45,7 +45,8 @@ def run(args, argv: list[str], checked, cache_dir: str, caches_late: bool, rss: 
         weights_dir=args.weights, backend=args.backend, overlap_noise=not args.no_overlap_noise,
         attention=args.attention, head_chunks=args.head_chunks, gemm=args.gemm, pdl=args.pdl == "on",
         exl3=Exl3Options(args.exl3_build, "exl3" if args.exl3_module == "stock" else "exl3-facc",
-                         args.exl3_bits, args.exl3_head_bits, args.exl3_codebook, args.exl3_select)
+                         args.exl3_bits, args.exl3_head_bits, args.exl3_codebook, args.exl3_select,
+                         args.exl3_fuse == "on")
         if args.backend in QUANTIZED_BACKENDS else None,
     )
     if args.export_weights:

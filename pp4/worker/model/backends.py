@@ -144,6 +144,14 @@ class TorchBackend:
                 return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
 
+    def mlp(self, n, gate_up, down, channels: int):
+        """down(silu(gate) * up) of n, the MLP norm's output; a backend may fuse the steps."""
+        return self.linear(self.silu_mul(self.linear(n, gate_up), channels), down)
+
+    def last_positions(self, n, B: int, T: int):
+        """Each row's last position of n [B*T, H], a norm's output (what the head reads)."""
+        return n.view(B, T, -1)[:, -1]
+
     def silu_mul(self, gate_up, channels: int):
         gate, up = gate_up.split(channels, dim=-1)
         act = F.silu(gate)
@@ -154,7 +162,8 @@ class TorchBackend:
         """Vocab-parallel embedding: own rows, the zero row for ids the other rank owns."""
         return F.embedding(vocab_to_local[tokens.reshape(-1)], embed)
 
-    def residual_norm(self, x, partials, collective, norm_weights, eps: float):
+    def residual_norm(self, x, partials, collective, norm_weights, eps: float, consumers=None):
+        """(new residual, each rank's normed input to its linear in ``consumers``, where given)."""
         return unfused_residual_norm(self, x, partials, collective, norm_weights, eps)
 
     def rope_cache_fold(self, qkv, step, cache, hq: int, hkv: int, group: int):
@@ -288,7 +297,7 @@ class TritonBackend(TorchBackend):
             tokens, tokens.stride(0), tokens.stride(1), T, embed, out, vocab_offset, embed.shape[0] - 1, H, BLOCK=block, **self.launch)
         return out
 
-    def residual_norm(self, x, partials, collective, norm_weights, eps: float):
+    def residual_norm(self, x, partials, collective, norm_weights, eps: float, consumers=None):
         """One kernel per rank: each reads both partials (what its all-reduce would bring it),
         adds its residual and applies its norm; the first also writes the new residual."""
         if len(partials) != 2:
@@ -412,5 +421,6 @@ def make_backend(name: str, device: torch.device, attention: str | None = None, 
         if device.type != "cuda":  # before the module's load, whose error would hide this one
             raise BackendUnavailable("--backend exl3-decode runs CUDA kernels: it needs --device cuda")
         build_dir = exl3.build_dir if exl3 is not None else "build"
-        return exl3_backends.Exl3DecodeBackend(device, attention, exl3_backends.load_decode_module(build_dir), pdl)
+        return exl3_backends.Exl3DecodeBackend(device, attention, exl3_backends.load_decode_module(build_dir), pdl,
+                                               fuse=exl3.fuse if exl3 is not None else True)
     raise BackendUnavailable(f"unknown backend {name!r} (choose torch, triton, exl3 or exl3-decode)")

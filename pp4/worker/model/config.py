@@ -141,6 +141,9 @@ class Exl3Options:
     # How exl3_gemm's cooperative GEMM picks its kernel shape: "heuristic" (by the sizes; the same
     # in every process) or "autotune" (exllamav3's default: by timing candidates on first use).
     select: str = "heuristic"
+    # exl3-decode: the norms and silu*mul fused with the input transforms of the linears after them
+    # (other roundings' order in the norm, so other digests than unfused).
+    fuse: bool = True
 
 
 @attrs.frozen

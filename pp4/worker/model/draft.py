@@ -133,7 +133,7 @@ class DraftWorker:
             normed = m.forward(tokens, plan.step(p0, p1))
             if depth == 0 and sampling_call:
                 self._join_noise()
-            stats = [rank.head_stats(n.view(B, p1 - p0, -1)[:, -1], mode, depth, t1)
+            stats = [rank.head_stats(m.backend.last_positions(n, B, p1 - p0), mode, depth, t1)
                      for rank, n in zip(m.ranks, normed)]
             m.backend.merge_choice(stats, out.proposals, out.confidences, out.q_payload, depth, mode, t1, m.zero_f32)
             tokens = out.proposals[:, depth : depth + 1]  # fed back: the next pass's input token

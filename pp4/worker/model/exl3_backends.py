@@ -6,10 +6,11 @@ through its pin (pp4.certify.loader). docs/worker.md says what each runs.
 """
 from __future__ import annotations
 
+import attrs
 import torch
 
 from pp4.worker.model.backends import EXL3_NEEDS_CUDA, BackendUnavailable, TritonBackend, unfused_residual_norm
-from pp4.worker.model.exl3 import Exl3Group
+from pp4.worker.model.exl3 import Exl3Group, Exl3Linear
 
 
 class QuantizedLinears:
@@ -141,6 +142,20 @@ class Exl3Backend(QuantizedLinears, TritonBackend):
         return q
 
 
+@attrs.frozen(eq=False)
+class Transformed:
+    """A norm's output already through one linear's input transform: xh [parts, rows, K], for
+    ``weight`` only.  The fused kernel that ends a step wrote it, so that linear's GEMM starts
+    without an input-transform launch of its own."""
+
+    xh: torch.Tensor
+    weight: Exl3Linear
+
+    def rows(self, first: int, count: int) -> torch.Tensor:
+        part = self.xh[:, first : first + count]
+        return part if part.is_contiguous() else part.contiguous()
+
+
 class Exl3DecodeBackend(QuantizedLinears, TritonBackend):
     """EXL3-quantized linears through pp4's own decode GEMM (the ``exl3-decode`` module pp4 builds:
     pp4/sources/ext/exl3_decode), every other step the triton backend's.
@@ -148,23 +163,39 @@ class Exl3DecodeBackend(QuantizedLinears, TritonBackend):
     The GEMM decodes the trellis as EXL3 does, straight into tensor-core fragments, and
     accumulates in fp32: one input transform per part, one pass over the weights, then the
     output transform.  Weights are the exl3 backend's (synthetic, or a checkpoint's).
+
+    Launches are saved where the step before a linear can do its input transform: the all-reduce,
+    residual add and norm before qkv, gate_up and the head are one kernel with that transform
+    (``norm_transform``), and gate_up's output transform, silu * mul and down's input transform
+    are one kernel (``gemm_swiglu``); five launches a rank and pass fewer.  A linear of parts at
+    different bit widths (an Exl3Group) runs unfused.
     """
 
     name = "exl3-decode"
     quantized = True
 
-    def __init__(self, device: torch.device, attention: str, module, pdl: bool = False):
+    def __init__(self, device: torch.device, attention: str, module, pdl: bool = False, fuse: bool = True):
         if device.type != "cuda":
             raise BackendUnavailable("--backend exl3-decode runs CUDA kernels: it needs --device cuda")
         super().__init__(device, attention, pdl=pdl)
         self.ext = module
+        self.fuse = fuse
 
     def kernels(self) -> dict[str, str]:
-        return {"linears": "pp4 exl3-decode gemm (trellis decoded into tensor-core fragments, fp32 accumulation)",
-                **{k: v for k, v in super().kernels().items() if k != "linears"}}
+        linears = {"linears": "pp4 exl3-decode gemm (trellis decoded into tensor-core fragments, fp32 accumulation)"}
+        if not self.fuse:
+            return {**linears, **{k: v for k, v in super().kernels().items() if k != "linears"}}
+        return {**linears,
+                "rms norm": "pp4 exl3-decode norm_transform (all-reduce, residual, norm and the next input transform)",
+                "silu*mul": "pp4 exl3-decode gemm_swiglu (gate_up's output transform, silu*mul, down's input transform)",
+                **{k: v for k, v in super().kernels().items() if k not in ("linears", "rms norm")}}
 
     # The GEMM's row limit (pp4_exl3::kMaxRows, exl3_decode.h): the prefill sends chunks of 64 rows.
     MAX_ROWS = 32
+
+    @staticmethod
+    def _fusable(w) -> bool:
+        return isinstance(w, Exl3Linear) and w.in_features % 128 == 0
 
     def _run(self, x, w, out_dtype):
         y = torch.empty(x.shape[0], w.out_features, dtype=out_dtype, device=x.device)
@@ -173,6 +204,60 @@ class Exl3DecodeBackend(QuantizedLinears, TritonBackend):
             rows = slice(first, first + self.MAX_ROWS)
             self.ext.gemm(x[rows], w.trellis, suh, w.svh, columns, y[rows], w.codebook, 0, self.pdl)
         return y
+
+    def _run_transformed(self, x: Transformed, w, out_dtype):
+        if x.weight is not w:
+            raise ValueError("an input transformed for one linear was given to another")
+        rows = x.xh.shape[1]
+        y = torch.empty(rows, w.out_features, dtype=out_dtype, device=x.xh.device)
+        for first in range(0, rows, self.MAX_ROWS):
+            self.ext.gemm_transformed(x.rows(first, self.MAX_ROWS), w.trellis, w.svh, list(w.part_columns),
+                                      y[first : first + self.MAX_ROWS], w.codebook, 0, self.pdl)
+        return y
+
+    def linear(self, x, weight):
+        if isinstance(x, Transformed):
+            return self._run_transformed(x, weight, torch.float16)
+        return super().linear(x, weight)
+
+    def linear_fp32(self, x, weight, cpu_weight_fp32=None):
+        if isinstance(x, Transformed):
+            return self._run_transformed(x, weight, torch.float32)
+        return super().linear_fp32(x, weight, cpu_weight_fp32)
+
+    def residual_norm(self, x, partials, collective, norm_weights, eps: float, consumers=None):
+        """As the triton backend's one kernel per rank, which here also does the input transform of
+        the rank's next linear (in ``consumers``) and returns Transformed inputs for it."""
+        if not self.fuse or consumers is None or len(partials) != 2 or not all(self._fusable(w) for w in consumers):
+            return super().residual_norm(x, partials, collective, norm_weights, eps, consumers)
+        p0, p1 = (p if p.is_contiguous() else p.contiguous() for p in partials)
+        rows, H = p0.shape
+        x_new = torch.empty_like(p0)
+        normed = []
+        for rank, (w, lin) in enumerate(zip(norm_weights, consumers)):
+            xh = torch.empty(lin.parts, rows, H, dtype=p0.dtype, device=p0.device)
+            self.ext.norm_transform(x, p0, p1, w, lin.suh.view(lin.parts, H), x_new if rank == 0 else None, xh,
+                                    eps, self.pdl)
+            normed.append(Transformed(xh, lin))
+        return x_new, normed
+
+    def mlp(self, n, gate_up, down, channels: int):
+        if not (isinstance(n, Transformed) and self._fusable(gate_up) and self._fusable(down)
+                and gate_up.out_features == 2 * channels and down.parts == 1):
+            return super().mlp(n, gate_up, down, channels)
+        rows = n.xh.shape[1]
+        xh_down = torch.empty(1, rows, channels, dtype=n.xh.dtype, device=n.xh.device)
+        for first in range(0, rows, self.MAX_ROWS):
+            self.ext.gemm_swiglu(n.rows(first, self.MAX_ROWS), gate_up.trellis, gate_up.svh,
+                                 list(gate_up.part_columns), down.suh.view(-1), xh_down[:, first : first + self.MAX_ROWS],
+                                 gate_up.codebook, 0, self.pdl)
+        return self.linear(Transformed(xh_down, down), down)
+
+    def last_positions(self, n, B: int, T: int):
+        if isinstance(n, Transformed):
+            xh = n.xh.view(n.xh.shape[0], B, T, -1)[:, :, -1]
+            return Transformed(xh if xh.is_contiguous() else xh.contiguous(), n.weight)
+        return super().last_positions(n, B, T)
 
 
 def load_decode_module(build_dir: str):

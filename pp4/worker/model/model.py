@@ -95,7 +95,8 @@ class RankShard:
         return self.backend.embed_partial(tokens, self.w.vocab_to_local, self.w.embed, self.vocab_offset)
 
     def attention_partial(self, layer: int, n: torch.Tensor, step: StepView) -> torch.Tensor:
-        """n: the residual stream after this layer's attention norm."""
+        """n: the residual stream after this layer's attention norm (as the backend's residual_norm
+        returned it: a backend may hand its next linear something already on the way to it)."""
         g, be, lw = self.g, self.backend, self.w.layers[layer]
         B, T = step.positions.shape
         hq, hkv, d = g.rank_heads, g.rank_kv_heads, g.head_dim
@@ -109,10 +110,9 @@ class RankShard:
         return be.linear(att, lw.o)
 
     def mlp_partial(self, layer: int, n: torch.Tensor) -> torch.Tensor:
-        """n: the residual stream after this layer's MLP norm."""
+        """n: the residual stream after this layer's MLP norm (as residual_norm returned it)."""
         be, lw = self.backend, self.w.layers[layer]
-        act = be.silu_mul(be.linear(n, lw.gate_up), self.g.rank_mlp)
-        return be.linear(act, lw.down)
+        return be.mlp(n, lw.gate_up, lw.down, self.g.rank_mlp)
 
     def head_stats(self, n: torch.Tensor, mode: str, depth: int, t1_mask) -> sampling.ShardStats:
         """n [B, H]: each row's last position after the final norm."""
@@ -224,17 +224,21 @@ class TensorParallelDraft:
 
         Every sublayer ends in the all-reduce of the ranks' partials, the residual add and
         the next norm, which each rank applies with its own copy of the norm weight
-        (backend.residual_norm: one kernel per rank where the backend fuses them).
+        (backend.residual_norm: one kernel per rank where the backend fuses them; it is told
+        which linear each rank's normed output feeds, so that it may start that linear too).
         """
         ranks, collective, eps = self.ranks, self.collective, self.g.norm_eps
         reduce_norm = self.backend.residual_norm
         x, partials = None, [r.embed_partial(tokens) for r in ranks]
         for layer in range(self.g.layers):
-            x, normed = reduce_norm(x, partials, collective, [r.w.layers[layer].attn_norm for r in ranks], eps)
+            lws = [r.w.layers[layer] for r in ranks]
+            x, normed = reduce_norm(x, partials, collective, [lw.attn_norm for lw in lws], eps,
+                                    [lw.qkv for lw in lws])
             partials = [r.attention_partial(layer, n, step) for r, n in zip(ranks, normed)]
-            x, normed = reduce_norm(x, partials, collective, [r.w.layers[layer].mlp_norm for r in ranks], eps)
+            x, normed = reduce_norm(x, partials, collective, [lw.mlp_norm for lw in lws], eps,
+                                    [lw.gate_up for lw in lws])
             partials = [r.mlp_partial(layer, n) for r, n in zip(ranks, normed)]
-        return reduce_norm(x, partials, collective, [r.w.final_norm for r in ranks], eps)[1]
+        return reduce_norm(x, partials, collective, [r.w.final_norm for r in ranks], eps, [r.w.head for r in ranks])[1]
 
     # ---------------------------------------------------------------- byte counts for the limit
     def weight_bytes_per_pass(self) -> int:
