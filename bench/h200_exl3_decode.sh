@@ -2,7 +2,8 @@
 # The EXL3 decode GEMM on the H200 machine, first call: build upstream's EXL3 module (exl3) and
 # pp4's decode GEMM (exl3-decode) with pp4 (the machine's /usr/local/cuda through --cuda-home,
 # all 16 cores), pack both for later calls, check the decode and the GEMM against upstream's
-# kernels and time them, then make a small EXL3 checkpoint with exllamav3's own conversion and
+# kernels and time them, check its fused steps against the steps apart (bench/exl3_fused_check.py),
+# then make a small EXL3 checkpoint with exllamav3's own conversion and
 # upstream's reference outputs on it, and check pp4's GEMM against those.
 #
 #   OUT=/some/dir [STORE=/tmp/wv/store] bash bench/h200_exl3_decode.sh
@@ -34,6 +35,7 @@ if ! python3 -c "from pp4.certify.loader import load_target; load_target('exl3',
      "${BUILD#/}"/exl3-decode/plan.json "${BUILD#/}"/exl3-decode/*.so* 2>/dev/null)) && ls -la "$OUT/build.tar.xz"
 fi
 python3 bench/exl3_decode_check.py --exl3-build "$BUILD" --skip checkpoint --json "$OUT/check.json" 2>&1 | tee "$OUT/check.log"
+python3 bench/exl3_fused_check.py --exl3-build "$BUILD" --json "$OUT/fused-check.json" 2>&1 | tee "$OUT/fused-check.log"
 if [ ! -f "$WORK/tiny/exl3/config.json" ]; then
   python3 bench/exl3_checkpoint.py --out "$WORK/tiny" --exl3-build "$BUILD" > "$OUT/checkpoint.log" 2>&1
   echo "checkpoint: rc $?"; tail -40 "$OUT/checkpoint.log"
