@@ -6,7 +6,11 @@
 # then make a small EXL3 checkpoint with exllamav3's own conversion and
 # upstream's reference outputs on it, and check pp4's GEMM against those.
 #
-#   OUT=/some/dir [STORE=/tmp/wv/store] bash bench/h200_exl3_decode.sh
+#   OUT=/some/dir [STORE=/tmp/wv/store] [CHECK_SKIP=checkpoint,speed] [PACK=0] bash bench/h200_exl3_decode.sh
+#
+# CHECK_SKIP: the parts of bench/exl3_decode_check.py's first run to leave out (default checkpoint,
+# which runs later); PACK=0: no archives of the build and the checkpoint for later calls (a call that
+# goes on to bench/h200_exl3_worker.sh on the same machine needs none).
 #
 # Needs .whl/ with exllamav3 1.6.5, ninja and the packages exllamav3 imports that the machine
 # lacks (pydantic, pydantic_core, annotated_types, typing_inspection, typing_extensions, marisa_trie).
@@ -31,17 +35,17 @@ if ! python3 -c "from pp4.certify.loader import load_target; load_target('exl3',
      "${CUDA_HOME_ARGS[@]}" --wheel-dir "$REPO/.whl" && ninja exl3 exl3-decode) > "$OUT/build.log" 2>&1
   echo "build: rc $?, $((SECONDS - t0)) s" | tee -a "$OUT/build.log"
   tail -3 "$OUT/build.log"
-  (cd / && tar -cJf "$OUT/build.tar.xz" $(cd / && ls -d "${BUILD#/}"/exl3/plan.json "${BUILD#/}"/exl3/*.so* \
+  [ "${PACK:-1}" = 0 ] || (cd / && tar -cJf "$OUT/build.tar.xz" $(cd / && ls -d "${BUILD#/}"/exl3/plan.json "${BUILD#/}"/exl3/*.so* \
      "${BUILD#/}"/exl3-decode/plan.json "${BUILD#/}"/exl3-decode/*.so* 2>/dev/null)) && ls -la "$OUT/build.tar.xz"
 fi
-python3 bench/exl3_decode_check.py --exl3-build "$BUILD" --skip checkpoint --json "$OUT/check.json" 2>&1 | tee "$OUT/check.log"
+python3 bench/exl3_decode_check.py --exl3-build "$BUILD" --skip "${CHECK_SKIP:-checkpoint}" --json "$OUT/check.json" 2>&1 | tee "$OUT/check.log"
 python3 bench/exl3_fused_check.py --exl3-build "$BUILD" --json "$OUT/fused-check.json" 2>&1 | tee "$OUT/fused-check.log"
 if [ ! -f "$WORK/tiny/exl3/config.json" ]; then
   python3 bench/exl3_checkpoint.py --out "$WORK/tiny" --exl3-build "$BUILD" > "$OUT/checkpoint.log" 2>&1
   echo "checkpoint: rc $?"; tail -40 "$OUT/checkpoint.log"
   python3 bench/exl3_reference.py --out "$WORK/tiny" --exl3-build "$BUILD" > "$OUT/reference.log" 2>&1
   echo "reference: rc $?"; tail -20 "$OUT/reference.log"
-  (cd / && tar -cJf "$OUT/tiny.tar.xz" "${WORK#/}/tiny/exl3" "${WORK#/}/tiny/reference.safetensors" "${WORK#/}/tiny/reference.json") && ls -la "$OUT/tiny.tar.xz"
+  [ "${PACK:-1}" = 0 ] || (cd / && tar -cJf "$OUT/tiny.tar.xz" "${WORK#/}/tiny/exl3" "${WORK#/}/tiny/reference.safetensors" "${WORK#/}/tiny/reference.json") && ls -la "$OUT/tiny.tar.xz"
 fi
 python3 bench/exl3_decode_check.py --exl3-build "$BUILD" --skip decode,gemm,speed \
   --reference "$WORK/tiny/reference.safetensors" --json "$OUT/check-checkpoint.json" 2>&1 | tee "$OUT/check-checkpoint.log"
