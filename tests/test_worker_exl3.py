@@ -173,3 +173,20 @@ def test_fold_kernel_takes_q_and_k_rotated_elsewhere():
     assert torch.equal(q_got, q_ref) and torch.equal(cache_got, cache_ref)
     assert not torch.equal(q_rot.view(B, T, hq, d), qkv[:, :, :hq])  # rope did change q
     assert math.isfinite(q_got.float().sum().item())
+
+
+@pytest.mark.parametrize("backend", ["TorchBackend", "TritonBackend", "Exl3Backend", "Exl3DecodeBackend"])
+def test_every_backend_takes_the_steps_the_model_asks_for(backend):
+    """The model tells residual_norm each rank's next linear and asks for mlp and last_positions;
+    the EXL3 backends cannot be built on a CPU, so their methods' signatures are checked against
+    the calls model.py and draft.py make (the exl3 backend once missed the new argument: only its
+    GPU run failed)."""
+    import inspect
+
+    from pp4.worker.model import backends, exl3_backends
+
+    cls = getattr(backends, backend, None) or getattr(exl3_backends, backend)
+    calls = {"residual_norm": ("x", ["p0", "p1"], "collective", ["w0", "w1"], 1e-5, ["qkv0", "qkv1"]),
+             "mlp": ("n", "gate_up", "down", 128), "last_positions": ("n", 4, 5)}
+    for name, args in calls.items():
+        inspect.signature(getattr(cls, name)).bind("self", *args)  # raises TypeError where it does not fit

@@ -124,7 +124,7 @@ class Exl3Backend(QuantizedLinears, TritonBackend):
         self.ext.rms_norm(x2, weight, out, eps, 0.0, 1.0, False, False)
         return out.view(x.shape)
 
-    def residual_norm(self, x, partials, collective, norm_weights, eps: float):
+    def residual_norm(self, x, partials, collective, norm_weights, eps: float, consumers=None):
         # exllamav3 has no fused all-reduce + add + norm: torch's adds, then its rms_norm.
         return unfused_residual_norm(self, x, partials, collective, norm_weights, eps)
 
