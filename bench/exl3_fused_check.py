@@ -26,18 +26,14 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from exl3_decode_check import hadamard, random_linear  # noqa: E402
 
 from pp4.certify.loader import load_target  # noqa: E402
 
 H, MLP, ROWS = 4096, 7168, (1, 4, 5, 20, 32)
 CODEBOOK = 2  # mul1
-
-
-def hadamard(n: int = 128) -> torch.Tensor:
-    h = torch.ones(1, 1, dtype=torch.float64)
-    while h.shape[0] < n:
-        h = torch.cat([torch.cat([h, h], 1), torch.cat([h, -h], 1)], 0)
-    return h / n ** 0.5
 
 
 def transform(x16: torch.Tensor, suh: torch.Tensor) -> torch.Tensor:
@@ -55,14 +51,6 @@ def off(got: torch.Tensor, want: torch.Tensor) -> float:
 
 
 TOLERANCE = 2 ** -9  # two fp16 steps at the largest value
-
-
-def random_linear(k: int, n: int, bits: int, seed: int, device):
-    g = torch.Generator(device="cpu").manual_seed(seed)
-    trellis = torch.randint(-32768, 32768, (k // 16, n // 16, 16 * bits), generator=g, dtype=torch.int32)
-    suh = (torch.randint(0, 2, (k,), generator=g) * 2 - 1).to(torch.float16)
-    svh = ((torch.randint(0, 2, (n,), generator=g) * 2 - 1) * (torch.rand(n, generator=g) + 0.5) / k ** 0.5)
-    return trellis.to(torch.int16).to(device), suh.to(device), svh.to(torch.float16).to(device)
 
 
 def check_norm(mine, device, out) -> bool:

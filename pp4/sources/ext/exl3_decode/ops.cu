@@ -49,6 +49,20 @@ __device__ __forceinline__ void hadamard128(float& h0, float& h1, float& h2, flo
   }
 }
 
+// The partial sums [splits, M, N] of four output columns from col on, added in split order.
+__device__ __forceinline__ float4 split_sum(const float* __restrict__ partials, int splits, int rows, int n, int row,
+                                            int col) {
+  float4 sum = *reinterpret_cast<const float4*>(partials + static_cast<size_t>(row) * n + col);
+  for (int s = 1; s < splits; ++s) {
+    const float4 p = *reinterpret_cast<const float4*>(partials + (static_cast<size_t>(s) * rows + row) * n + col);
+    sum.x += p.x;
+    sum.y += p.y;
+    sum.z += p.z;
+    sum.w += p.w;
+  }
+  return sum;
+}
+
 // grid (K/128, M, parts), one warp: xh[p, m, block] = had128(x[m, block] * suh[p, block]) / sqrt(128).
 __global__ __launch_bounds__(32) void input_transform_kernel(const half* __restrict__ x, const half* __restrict__ suh,
                                                              half* __restrict__ xh, int rows, int k) {
@@ -79,14 +93,7 @@ __global__ __launch_bounds__(32) void output_transform_kernel(const float* __res
   const int lane = threadIdx.x;
   const int col = blockIdx.x * 128 + 4 * lane;
   const int row = blockIdx.y;
-  float4 sum = *reinterpret_cast<const float4*>(partials + static_cast<size_t>(row) * n + col);
-  for (int s = 1; s < splits; ++s) {
-    const float4 p = *reinterpret_cast<const float4*>(partials + (static_cast<size_t>(s) * rows + row) * n + col);
-    sum.x += p.x;
-    sum.y += p.y;
-    sum.z += p.z;
-    sum.w += p.w;
-  }
+  float4 sum = split_sum(partials, splits, rows, n, row, col);
   hadamard128(sum.x, sum.y, sum.z, sum.w, lane);
   const float v[4] = {sum.x, sum.y, sum.z, sum.w};
   Out* dst = out + static_cast<size_t>(row) * n + col;
@@ -189,15 +196,8 @@ __global__ __launch_bounds__(32) void swiglu_transform_kernel(const float* __res
   const int col = blockIdx.x * 128 + 4 * lane;
   const int row = blockIdx.y;
   const int n = 2 * channels;
-  float4 g = *reinterpret_cast<const float4*>(partials + static_cast<size_t>(row) * n + col);
-  float4 u = *reinterpret_cast<const float4*>(partials + static_cast<size_t>(row) * n + channels + col);
-  for (int s = 1; s < splits; ++s) {
-    const float* split = partials + (static_cast<size_t>(s) * rows + row) * n;
-    const float4 pg = *reinterpret_cast<const float4*>(split + col);
-    const float4 pu = *reinterpret_cast<const float4*>(split + channels + col);
-    g.x += pg.x; g.y += pg.y; g.z += pg.z; g.w += pg.w;
-    u.x += pu.x; u.y += pu.y; u.z += pu.z; u.w += pu.w;
-  }
+  float4 g = split_sum(partials, splits, rows, n, row, col);
+  float4 u = split_sum(partials, splits, rows, n, row, channels + col);
   hadamard128(g.x, g.y, g.z, g.w, lane);
   hadamard128(u.x, u.y, u.z, u.w, lane);
   const float gv[4] = {g.x, g.y, g.z, g.w}, uv[4] = {u.x, u.y, u.z, u.w};
