@@ -152,3 +152,20 @@ def test_a_transformed_input_reaches_only_its_own_linear():
     qkv, head = object(), object()
     with pytest.raises(ValueError, match="transformed for one linear was given to another"):
         be.linear(Transformed(xh, qkv), head)
+
+
+def test_a_hidden_size_wider_than_the_norm_kernel_runs_unfused():
+    from pp4.worker.model.exl3 import Exl3Linear
+    from pp4.worker.model.model import ColocatedSum
+
+    module = TorchDecodeModule()
+    be = cpu_backend(module, True)
+    H = be.NORM_MAX_COLUMNS + 128
+    lin = Exl3Linear(trellis=torch.zeros(H // 16, 8, 64, dtype=torch.int16), suh=torch.ones(H, dtype=torch.float16),
+                     svh=torch.ones(128, dtype=torch.float16), bits=4)
+    partials = [torch.randn(2, H, generator=torch.Generator().manual_seed(i)).half() for i in range(2)]
+    weights = [torch.ones(H, dtype=torch.float16)] * 2
+    x, normed = be.residual_norm(None, partials, ColocatedSum(), weights, 1e-5, [lin, lin])
+    assert module.calls["norm_transform"] == 0
+    assert all(isinstance(n, torch.Tensor) and n.shape == (2, H) for n in normed)
+    assert torch.equal(x, (partials[0].float() + partials[1].float()).half())

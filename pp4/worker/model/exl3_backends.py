@@ -192,6 +192,8 @@ class Exl3DecodeBackend(QuantizedLinears, TritonBackend):
 
     # The GEMM's row limit (pp4_exl3::kMaxRows, exl3_decode.h): the prefill sends chunks of 64 rows.
     MAX_ROWS = 32
+    # norm_transform's widest row (four 128-column blocks for each of a block's 32 warps, ops.cu).
+    NORM_MAX_COLUMNS = 16384
 
     @staticmethod
     def _fusable(w) -> bool:
@@ -228,7 +230,8 @@ class Exl3DecodeBackend(QuantizedLinears, TritonBackend):
     def residual_norm(self, x, partials, collective, norm_weights, eps: float, consumers=None):
         """As the triton backend's one kernel per rank, which here also does the input transform of
         the rank's next linear (in ``consumers``) and returns Transformed inputs for it."""
-        if not self.fuse or consumers is None or len(partials) != 2 or not all(self._fusable(w) for w in consumers):
+        if (not self.fuse or consumers is None or len(partials) != 2 or partials[0].shape[-1] > self.NORM_MAX_COLUMNS
+                or not all(self._fusable(w) for w in consumers)):
             return super().residual_norm(x, partials, collective, norm_weights, eps, consumers)
         p0, p1 = (p if p.is_contiguous() else p.contiguous() for p in partials)
         rows, H = p0.shape
