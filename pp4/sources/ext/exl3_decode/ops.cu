@@ -63,6 +63,20 @@ __device__ __forceinline__ float4 split_sum(const float* __restrict__ partials, 
   return sum;
 }
 
+// out[col..col+3] = had128(h * sign) / sqrt(128) for the lane's four values h01, h23 of a 128-block,
+// sign the part's suh and out its row of xh: the input transform, in fp16 as EXL3's had_r_128.
+__device__ __forceinline__ void transform_lane(half2 h01, half2 h23, const half* __restrict__ sign_part,
+                                               half* __restrict__ out_row, int col, int lane) {
+  const half2* sign = reinterpret_cast<const half2*>(sign_part + col);
+  const half2 v01 = __hmul2(h01, sign[0]);
+  const half2 v23 = __hmul2(h23, sign[1]);
+  float h0 = __low2float(v01), h1 = __high2float(v01), h2 = __low2float(v23), h3 = __high2float(v23);
+  hadamard128(h0, h1, h2, h3, lane);
+  half2* out = reinterpret_cast<half2*>(out_row + col);
+  out[0] = __floats2half2_rn(h0 * kHadScale, h1 * kHadScale);
+  out[1] = __floats2half2_rn(h2 * kHadScale, h3 * kHadScale);
+}
+
 // grid (K/128, M, parts), one warp: xh[p, m, block] = had128(x[m, block] * suh[p, block]) / sqrt(128).
 __global__ __launch_bounds__(32) void input_transform_kernel(const half* __restrict__ x, const half* __restrict__ suh,
                                                              half* __restrict__ xh, int rows, int k) {
@@ -73,14 +87,17 @@ __global__ __launch_bounds__(32) void input_transform_kernel(const half* __restr
   const int row = blockIdx.y;
   const int part = blockIdx.z;
   const half2* in = reinterpret_cast<const half2*>(x + static_cast<size_t>(row) * k + col);
-  const half2* sign = reinterpret_cast<const half2*>(suh + static_cast<size_t>(part) * k + col);
-  const half2 v01 = __hmul2(in[0], sign[0]);
-  const half2 v23 = __hmul2(in[1], sign[1]);
-  float h0 = __low2float(v01), h1 = __high2float(v01), h2 = __low2float(v23), h3 = __high2float(v23);
-  hadamard128(h0, h1, h2, h3, lane);
-  half2* out = reinterpret_cast<half2*>(xh + (static_cast<size_t>(part) * rows + row) * k + col);
-  out[0] = __floats2half2_rn(h0 * kHadScale, h1 * kHadScale);
-  out[1] = __floats2half2_rn(h2 * kHadScale, h3 * kHadScale);
+  transform_lane(in[0], in[1], suh + static_cast<size_t>(part) * k, xh + (static_cast<size_t>(part) * rows + row) * k,
+                 col, lane);
+}
+
+// xh[p, m, block] for every part p of suh: the input transform of the lane's 4 values h, which end
+// the fused kernels below (h is the next linear's input, so its own input transform is not launched).
+__device__ __forceinline__ void transform_into(const half (&h)[4], const half* __restrict__ suh, half* __restrict__ xh,
+                                               int parts, int rows, int row, int k, int col, int lane) {
+  for (int p = 0; p < parts; ++p)
+    transform_lane(__halves2half2(h[0], h[1]), __halves2half2(h[2], h[3]), suh + static_cast<size_t>(p) * k,
+                   xh + (static_cast<size_t>(p) * rows + row) * k, col, lane);
 }
 
 // grid (N/128, M), one warp: out[m, block] = had128(sum_s partials[s, m, block]) / sqrt(128) * svh[block].
@@ -104,23 +121,6 @@ __global__ __launch_bounds__(32) void output_transform_kernel(const float* __res
       dst[i] = y;
     else
       dst[i] = __float2half_rn(y);
-  }
-}
-
-// xh[p, m, block] = had128(h * suh[p, block]) / sqrt(128) for the lane's 4 values h, fp16 as in
-// input_transform_kernel: the step that ends the fused kernels below, whose h are the next linear's
-// input, so that linear's own input transform is not launched.
-__device__ __forceinline__ void transform_into(const half (&h)[4], const half* __restrict__ suh, half* __restrict__ xh,
-                                               int parts, int rows, int row, int k, int col, int lane) {
-  for (int p = 0; p < parts; ++p) {
-    const half2* sign = reinterpret_cast<const half2*>(suh + static_cast<size_t>(p) * k + col);
-    const half2 v01 = __hmul2(__halves2half2(h[0], h[1]), sign[0]);
-    const half2 v23 = __hmul2(__halves2half2(h[2], h[3]), sign[1]);
-    float h0 = __low2float(v01), h1 = __high2float(v01), h2 = __low2float(v23), h3 = __high2float(v23);
-    hadamard128(h0, h1, h2, h3, lane);
-    half2* out = reinterpret_cast<half2*>(xh + (static_cast<size_t>(p) * rows + row) * k + col);
-    out[0] = __floats2half2_rn(h0 * kHadScale, h1 * kHadScale);
-    out[1] = __floats2half2_rn(h2 * kHadScale, h3 * kHadScale);
   }
 }
 
