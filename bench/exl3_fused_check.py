@@ -28,9 +28,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from exl3_decode_check import hadamard, random_linear  # noqa: E402
+from exl3_decode_check import random_linear  # noqa: E402
 
 from pp4.certify.loader import load_target  # noqa: E402
+from pp4.worker.model.exl3_reference import hadamard128  # noqa: E402
 
 H, MLP, ROWS = 4096, 7168, (1, 4, 5, 20, 32)
 CODEBOOK = 2  # mul1
@@ -38,9 +39,7 @@ CODEBOOK = 2  # mul1
 
 def transform(x16: torch.Tensor, suh: torch.Tensor) -> torch.Tensor:
     """fp16 of the exact input transform of fp16 x: had128(x * suh) / sqrt(128), in fp64."""
-    k = x16.shape[-1]
-    v = (x16 * suh).double().view(-1, k // 128, 128) @ hadamard().to(x16.device)
-    return v.view(x16.shape).half()
+    return hadamard128((x16 * suh).double()).half()
 
 
 def off(got: torch.Tensor, want: torch.Tensor) -> float:
