@@ -263,7 +263,9 @@ class TensorParallelDraft:
             "backend": self.backend.name,
             "attention": self.settings.attention,
             **({"gemm": self.settings.gemm} if self.settings.gemm != "cublas" else {}),
-            **({"exl3": attrs.asdict(self.settings.exl3, filter=lambda a, v: a.name != "build_dir")}
+            # fuse changes exl3-decode's arithmetic only: the exl3 backend's digests stay as they were.
+            **({"exl3": attrs.asdict(self.settings.exl3, filter=lambda a, v: a.name != "build_dir" and (
+                a.name != "fuse" or self.backend.name == "exl3-decode"))}
                if self.backend.quantized else {}),
             "head_chunks": self.ranks[0].vocab_chunks,
             "cache_len": self.cache_len,
