@@ -23,14 +23,16 @@ device_wheels() {
 CUDA_HOME_ARGS=(--cuda-home "${BENCH_CUDA:-/usr/local/cuda}")
 [ "${BENCH_CUDA:-}" = pinned ] && CUDA_HOME_ARGS=()
 
-# build_exl3_decode: configure and build exl3-decode (5 units) in /tmp/wd (W), all 16 cores, with
-# the toolkit above; the log in $OUT/build.log. The caller has run device_wheels ninja.
+# build_exl3_decode [DIR [TREE [JOBS]]]: configure and build exl3-decode (5 units) in DIR (/tmp/wd;
+# W is set to it) from the pp4 checkout TREE (this one), on JOBS jobs (16), with the toolkit above;
+# the log in DIR/build.log and $OUT/build-NAME.log. The caller has run device_wheels ninja.
 build_exl3_decode() {
-  W=/tmp/wd; mkdir -p $W
+  W=${1:-/tmp/wd}; local tree=${2:-$REPO} jobs=${3:-16} log="$OUT/build-$(basename "${1:-/tmp/wd}").log"
+  mkdir -p "$W"
   local t0=$SECONDS
-  (cd $W && PYTHONPATH=/tmp/site:$REPO python3 "$REPO/configure.py" --arch 9.0 --ext exl3-decode -j 16 --nice 0 \
-     --store $W/store "${CUDA_HOME_ARGS[@]}" && "$NINJA" exl3-decode) > "$OUT/build.log" 2>&1
+  (cd "$W" && PYTHONPATH=/tmp/site:$tree python3 "$tree/configure.py" --arch 9.0 --ext exl3-decode -j "$jobs" --nice 0 \
+     --store "$W/store" "${CUDA_HOME_ARGS[@]}" && "$NINJA" exl3-decode) > "$log" 2>&1
   local rc=$?
-  echo "build: rc $rc, $((SECONDS - t0)) s" | tee -a "$OUT/build.log"
+  echo "build $W: rc $rc, $((SECONDS - t0)) s" | tee -a "$log"
   return $rc
 }

@@ -8,6 +8,7 @@ bench/exl3_decode_check.py times it (a CUDA graph of 20 calls, best of 5 replays
 is trellis bytes over time, and its share of the device-to-device copy bandwidth measured first.
 
     python3 bench/exl3_gemm_sweep.py --exl3-build build [--json OUT] [--rows 1,4,8,20] [--shapes head,...]
+        [--splits none]   (only the module's own split, plainly and with pdl)
 """
 from __future__ import annotations
 
@@ -45,7 +46,10 @@ def main() -> int:
     ap.add_argument("--json")
     ap.add_argument("--rows", default="1,4,8,16,20")
     ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--splits", default=",".join(map(str, SPLITS)),
+                    help="the fixed splits timed besides the module's own choice; 'none' for none")
     args = ap.parse_args()
+    fixed = () if args.splits == "none" else tuple(int(s) for s in args.splits.split(","))
     mine = load_target("exl3-decode", args.exl3_build)
     device = torch.device("cuda")
     copy = measure_copy_bandwidth(device, 1 << 30)
@@ -65,7 +69,7 @@ def main() -> int:
             # (splits, pdl): the module's own split plainly and with programmatic dependent launch
             # (in a graph of back-to-back calls each call's kernels then overlap the one before),
             # then every split plainly.
-            for splits, pdl in ((0, False), (0, True), *((sp, False) for sp in SPLITS)):
+            for splits, pdl in ((0, False), (0, True), *((sp, False) for sp in fixed)):
                 y = torch.empty(m, n, dtype=out_dtype, device=device)
                 mine.gemm(x, trellis, suh, svh, [], y, CODEBOOK, splits, pdl)
                 err = (y.double() - ref).abs().max().item() / scale

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 
 namespace pp4_exl3 {
 
@@ -47,6 +48,29 @@ PP4_EXL3_HD uint32_t funnel_left(uint32_t lo, uint32_t hi, int shift) {
 #endif
 }
 
+// Bytes of y:x (x bytes 0-3, y bytes 4-7) picked by sel's four nibbles, output byte i from nibble i.
+PP4_EXL3_HD uint32_t byte_perm(uint32_t x, uint32_t y, uint32_t sel) {
+#if defined(__CUDA_ARCH__)
+  return __byte_perm(x, y, sel);
+#else
+  const uint64_t v = (static_cast<uint64_t>(y) << 32) | x;
+  uint32_t r = 0;
+  for (int i = 0; i < 4; ++i) r |= static_cast<uint32_t>((v >> (8 * ((sel >> (4 * i)) & 7))) & 0xff) << (8 * i);
+  return r;
+#endif
+}
+
+// The 16 bits starting Q bits below the top of a 32-bit word (Q <= 16). At a byte boundary that is
+// one instruction (a shift, a byte permute with zeros, an and) where elsewhere it takes two.
+template <int Q>
+PP4_EXL3_HD uint32_t bits16_in_word(uint32_t word) {
+  static_assert(Q >= 0 && Q <= 16, "16 bits lie in the word");
+  if constexpr (Q == 0) return word >> 16;
+  else if constexpr (Q == 8) return byte_perm(word, 0u, 0x4421);
+  else if constexpr (Q == 16) return word & 0xffffu;
+  else return (word >> (16 - Q)) & 0xffffu;
+}
+
 // The 16 bits starting P bits below the top of the 96-bit value hi:mid:lo (P known at compile time,
 // so each state is one or two shifts).
 template <int P>
@@ -59,30 +83,62 @@ PP4_EXL3_HD uint32_t bits16_at(uint32_t hi, uint32_t mid, uint32_t lo) {
   else return (lo >> (80 - P)) & 0xffffu;
 }
 
+// Where a bit width's lanes all start at the same bit of a word (4 and 8 bits: a lane's 8*BITS
+// bits are whole words), the states' places in the three words are known at compile time. A state
+// at a byte boundary inside one word is then one instruction; any other is read from a 32-bit
+// window of the words (one funnel shift) that it shares with the states 8 and 16 bits after it.
+// FIRST: the first state's first bit below the top of w0.
+template <int FIRST, int P>
+PP4_EXL3_HD uint32_t state_in_words(uint32_t w0, uint32_t w1, uint32_t w2) {
+  static_assert(P >= FIRST && P + 16 <= 96, "a state lies in the lane's three words");
+  const uint32_t words[3] = {w0, w1, w2};
+  constexpr int q = P % 32;
+  if constexpr (q % 8 == 0 && q + 16 <= 32) {
+    return bits16_in_word<q>(words[P / 32]);
+  } else {
+    constexpr int start = P - 16 >= FIRST ? P - 16 : P - 8 >= FIRST ? P - 8 : P;
+    static_assert(start + 32 <= 96, "the window lies in the lane's three words");
+    if constexpr (start % 32 == 0) return bits16_in_word<P - start>(words[start / 32]);
+    else return bits16_in_word<P - start>(funnel_left(words[start / 32 + 1], words[start / 32], start % 32));
+  }
+}
+
+template <int BITS, int... J>
+PP4_EXL3_HD void states_in_words(uint32_t w0, uint32_t w1, uint32_t w2, uint32_t (&states)[8],
+                                 std::integer_sequence<int, J...>) {
+  constexpr int first = ((BITS - 16) % 32 + 32) % 32;
+  ((states[J] = state_in_words<first, first + J * BITS>(w0, w1, w2)), ...);
+}
+
 // The states of lane `lane`'s weights 8*lane .. 8*lane+7. They lie in 16 + 7*BITS <= 72 stream bits
-// from the first state's first bit on: three 32-bit words read once, shifted so that those bits
-// start at the top, after which every state is at a fixed place.
+// from the first state's first bit on, within three 32-bit words.
 template <int BITS>
 PP4_EXL3_HD void lane_states(const uint32_t* words, int lane, uint32_t (&states)[8]) {
   constexpr int kWords = 8 * BITS;  // 32-bit words per tile
   int first = lane * 8 * BITS + BITS - 16;  // weight 8*lane's first bit; lane 0's wraps to the end
   if (first < 0) first += 256 * BITS;
   const int w = first >> 5;
-  const int offset = first & 31;
   const int w1 = w + 1 < kWords ? w + 1 : w + 1 - kWords;
   const int w2 = w + 2 < kWords ? w + 2 : w + 2 - kWords;
-  const uint32_t a = words[w], b = words[w1], c = words[w2];
-  const uint32_t hi = funnel_left(b, a, offset);
-  const uint32_t mid = funnel_left(c, b, offset);
-  const uint32_t lo = c << offset;
-  states[0] = bits16_at<0 * BITS>(hi, mid, lo);
-  states[1] = bits16_at<1 * BITS>(hi, mid, lo);
-  states[2] = bits16_at<2 * BITS>(hi, mid, lo);
-  states[3] = bits16_at<3 * BITS>(hi, mid, lo);
-  states[4] = bits16_at<4 * BITS>(hi, mid, lo);
-  states[5] = bits16_at<5 * BITS>(hi, mid, lo);
-  states[6] = bits16_at<6 * BITS>(hi, mid, lo);
-  states[7] = bits16_at<7 * BITS>(hi, mid, lo);
+  if constexpr (BITS % 4 == 0) {
+    states_in_words<BITS>(words[w], words[w1], words[w2], states, std::make_integer_sequence<int, 8>());
+  } else {
+    // Other widths start at a bit that differs between lanes: the words are shifted so that the
+    // first state's bits start at the top, after which every state is at a fixed place.
+    const int offset = first & 31;
+    const uint32_t a = words[w], b = words[w1], c = words[w2];
+    const uint32_t hi = funnel_left(b, a, offset);
+    const uint32_t mid = funnel_left(c, b, offset);
+    const uint32_t lo = c << offset;
+    states[0] = bits16_at<0 * BITS>(hi, mid, lo);
+    states[1] = bits16_at<1 * BITS>(hi, mid, lo);
+    states[2] = bits16_at<2 * BITS>(hi, mid, lo);
+    states[3] = bits16_at<3 * BITS>(hi, mid, lo);
+    states[4] = bits16_at<4 * BITS>(hi, mid, lo);
+    states[5] = bits16_at<5 * BITS>(hi, mid, lo);
+    states[6] = bits16_at<6 * BITS>(hi, mid, lo);
+    states[7] = bits16_at<7 * BITS>(hi, mid, lo);
+  }
 }
 
 // Two weights from two states: codebook CB as exllamav3's decode_3inst / mcg / mul1 compute it,
