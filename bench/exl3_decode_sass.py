@@ -7,6 +7,12 @@ block). Issue rate
 bounds a kernel that is not memory-bound, so this says how far the decode is from the bandwidth
 floor before any timing: an H200 issues about 33e12 warp-lane instructions a second against 4.1 TB/s.
 
+Within that, two pipes of half the issue rate (16 lanes a clock a scheduler, so 2 cycles a warp
+instruction) carry nearly all of the decode: the ALU pipe (shifts, logic, byte permutes, compares,
+address adds) and the FMA-heavy pipe (integer multiply-adds and dot products; fp16x2 arithmetic
+takes one cycle there, being issued to both FMA pipes at once: NVIDIA's description of sm_86 and
+sm_90). The busier of the two, in cycles a tile, bounds the loop: printed as "pipes".
+
     python bench/exl3_decode_sass.py build/exl3-decode/obj/gemm_mul1.cu.o [--cuobjdump PATH]
 
 cuobjdump: NVIDIA's wheel nvidia-cuda-cuobjdump (pip download --no-deps nvidia-cuda-cuobjdump==13.2.86,
@@ -15,10 +21,27 @@ then unzip; the binary is nvidia/cu13/bin/cuobjdump), or a CUDA toolkit's.
 from __future__ import annotations
 
 import argparse
+from collections import Counter
 import re
 import shutil
 import subprocess
 import sys
+
+
+ALU = {"SHF", "LOP3", "PRMT", "ISETP", "LEA", "IADD3", "VIADD", "SEL", "MOV", "IABS", "SGXT", "BMSK", "POPC", "FLO"}
+FMA_HEAVY = {"IMAD", "IDP", "IMUL"}
+
+
+def pipe_cycles(loop: list[str]) -> tuple[int, int]:
+    """(ALU cycles, FMA-heavy cycles) of a warp through the loop's instructions."""
+    ops = Counter()
+    for line in loop:
+        words = line.split("*/", 1)[1].split()
+        op = words[1] if words[0].startswith("@") else words[0]
+        ops[op.split(".")[0].rstrip(";")] += 1
+    alu = 2 * sum(n for op, n in ops.items() if op in ALU)
+    fma = 2 * sum(n for op, n in ops.items() if op in FMA_HEAVY) + ops["HFMA2"] + ops["HADD2"] + ops["HMUL2"]
+    return alu, fma
 
 
 def main() -> int:
@@ -49,8 +72,10 @@ def main() -> int:
             loop = body[first : branch + 1]
             bits, codebook, blocks = re.search(r"ILi(\d)ELi(\d)ELi(\d)", lines[i]).groups()
             tiles = len([line for line in loop if "HMMA" in line]) // int(blocks)
+            alu, fma = pipe_cycles(loop)
             print(f"{obj}: {bits} bits, codebook {codebook}, {8 * int(blocks)} rows: {len(loop)} instructions "
-                  f"per loop step ({tiles} tiles a lane) = {len(loop) / (8 * tiles):.1f} per weight")
+                  f"per loop step ({tiles} tiles a lane) = {len(loop) / (8 * tiles):.1f} per weight; pipes: ALU "
+                  f"{alu / tiles:.0f}, FMA-heavy {fma / tiles:.0f} cycles a tile")
     return 0
 
 
