@@ -9,7 +9,7 @@
 #
 # BASE: a folder with the baseline's pp4/sources/ext/exl3_decode files, e.g. made here by
 #   mkdir -p .carry/base && git archive HEAD pp4/sources/ext/exl3_decode | tar -x -C .carry/base
-# ROWS: the sweep's row counts (1,4,8,16,20). VARIANTS: worker_ab.sh's list instead of the three.
+# ROWS: the sweep's row counts (1,8,20); ROUNDS: how many times each build is swept (2), the best kept. VARIANTS: worker_ab.sh's list instead of the three.
 set -u
 START=$SECONDS
 source "$(dirname "$0")/device_setup.sh"
@@ -32,9 +32,9 @@ for b in wd wb; do
     --cuobjdump "${BENCH_CUDA:-/usr/local/cuda}/bin/cuobjdump" > "$OUT/sass-$b.txt" 2>&1
 done
 cd "$REPO"
-for round in 1 2; do
+for round in $(seq 1 "${ROUNDS:-2}"); do
   for b in wd wb; do
-    python3 bench/exl3_gemm_sweep.py --exl3-build /tmp/$b/build --splits none --rows "${ROWS:-1,4,8,16,20}" \
+    python3 bench/exl3_gemm_sweep.py --exl3-build /tmp/$b/build --splits none --rows "${ROWS:-1,8,20}" \
       --json "$OUT/sweep-$b-$round.json" > "$OUT/sweep-$b-$round.txt" 2>&1
     echo "sweep $b round $round: rc $?, $((SECONDS - START)) s"
   done
@@ -44,7 +44,7 @@ import json, sys
 out = sys.argv[1]
 best = {}  # (build, matrix, rows, pdl) -> the fastest of both rounds
 for b in ("wd", "wb"):
-    for r in (1, 2):
+    for r in range(1, 10):
         try:
             rows = json.load(open(f"{out}/sweep-{b}-{r}.json"))["results"]
         except (OSError, ValueError):
