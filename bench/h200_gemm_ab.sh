@@ -9,7 +9,7 @@
 #
 # BASE: a folder with the baseline's pp4/sources/ext/exl3_decode files, e.g. made here by
 #   mkdir -p .carry/base && git archive HEAD pp4/sources/ext/exl3_decode | tar -x -C .carry/base
-# ROWS: the sweep's row counts (1,8,20); ROUNDS: how many times each build is swept (2), the best kept. VARIANTS: worker_ab.sh's list instead of the three.
+# TOTAL: seconds the call may take (570): no worker variant starts in its last 90. ROWS: the sweep's row counts (1,8,20); ROUNDS: how many times each build is swept (2), the best kept. VARIANTS: worker_ab.sh's list instead of the three.
 set -u
 START=$SECONDS
 source "$(dirname "$0")/device_setup.sh"
@@ -61,5 +61,5 @@ for (b, name, m, pdl), row in sorted(best.items()):
               f" {100 * row['of_copy']:13.0f}% {100 * base['of_copy']:14.0f}%")
 PYEOF
 VARIANTS=${VARIANTS:-"new:--backend exl3-decode --exl3-build /tmp/wd/build|base:--backend exl3-decode --exl3-build /tmp/wb/build|triton:--backend triton"} \
-  OUT=$OUT DEADLINE=$((570 - (SECONDS - START))) bash "$REPO/bench/worker_ab.sh"
+  OUT=$OUT DEADLINE=$((${TOTAL:-570} - 90 - (SECONDS - START))) bash "$REPO/bench/worker_ab.sh"
 cat "$OUT/ab.txt" 2>/dev/null
