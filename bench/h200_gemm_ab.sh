@@ -9,7 +9,7 @@
 #
 # BASE: a folder with the baseline's pp4/sources/ext/exl3_decode files, e.g. made here by
 #   mkdir -p .carry/base && git archive HEAD pp4/sources/ext/exl3_decode | tar -x -C .carry/base
-# TOTAL: seconds the call may take (570): no worker variant starts in its last 90. ROWS: the sweep's row counts (1,8,20); ROUNDS: how many times each build is swept (2), the best kept. VARIANTS: worker_ab.sh's list instead of the three.
+# TOTAL: seconds the call may take (570): no worker variant starts in its last 90 (FIRST_FULL=0 passes on to worker_ab.sh). ROWS: the sweep's row counts (1,8,20); ROUNDS: how many times each build is swept (2), the best kept. VARIANTS: worker_ab.sh's list instead of the three.
 set -u
 START=$SECONDS
 source "$(dirname "$0")/device_setup.sh"

@@ -5,6 +5,7 @@
 #
 #   OUT=/some/dir [VARIANTS='name:args|name:args'] [DEADLINE=seconds] bash bench/worker_ab.sh [extra pp4.worker arguments for all]
 #
+# FIRST_FULL=0: the first variant runs like the others (no profile, no re-check): a shorter call.
 # DEADLINE: no variant starts later than this many seconds after the script began (each
 # takes 40-90 s on the H200 machine): list the variants in the order they matter.
 # Default VARIANTS: 'triton:--backend triton|torch:--backend torch'.
@@ -35,7 +36,7 @@ for i in "${!LIST[@]}"; do
   names+=("$name")
   mkdir -p "$OUT/$name"
   echo "=== variant $name: ${vargs[*]} $*"
-  if [ "$i" -eq 0 ]; then
+  if [ "$i" -eq 0 ] && [ "${FIRST_FULL:-1}" != 0 ]; then
     OUT=$OUT/$name STATES=/tmp/pp4-states-$name bash "$REPO/bench/worker_gpu.sh" "${vargs[@]}" "$@"
     rc=$?
   else
