@@ -7,16 +7,18 @@ block). Issue rate
 bounds a kernel that is not memory-bound, so this says how far the decode is from the bandwidth
 floor before any timing: an H200 issues about 33e12 warp-lane instructions a second against 4.1 TB/s.
 
-Within that, two pipes of half the issue rate (16 lanes a clock a scheduler, so 2 cycles a warp
-instruction) carry nearly all of the decode: the ALU pipe (shifts, logic, byte permutes, compares,
-address adds) and the FMA-heavy pipe (integer multiply-adds and dot products; fp16x2 arithmetic
-takes one cycle there, being issued to both FMA pipes at once: NVIDIA's description of sm_86 and
-sm_90). The busier of the two, in cycles a tile, bounds the loop: printed as "pipes".
+A scheduler issues one warp instruction a clock; two pipes behind it take two clocks for one (16
+lanes a clock): the ALU pipe (shifts, logic, byte permutes, compares, address adds) and the
+FMA-heavy pipe (integer multiply-adds and dot products; an fp16x2 op takes one clock there, being
+issued to both FMA pipes at once: NVIDIA's description of sm_86 and sm_90). Printed per tile (8
+weights a lane): issue clocks, and each pipe's clocks; the largest bounds the loop (a pipe only
+where it holds more than half of the instructions).
 
     python bench/exl3_decode_sass.py build/exl3-decode/obj/gemm_mul1.cu.o [--cuobjdump PATH]
 
 cuobjdump: NVIDIA's wheel nvidia-cuda-cuobjdump (pip download --no-deps nvidia-cuda-cuobjdump==13.2.86,
-then unzip; the binary is nvidia/cu13/bin/cuobjdump), or a CUDA toolkit's.
+then unzip; the binary is nvidia/cu13/bin/cuobjdump) with nvidia-cuda-nvdisasm's nvdisasm beside it
+or on PATH (cuobjdump runs it for -sass), or a CUDA toolkit's.
 """
 from __future__ import annotations
 
@@ -33,7 +35,7 @@ FMA_HEAVY = {"IMAD", "IDP", "IMUL"}
 
 
 def pipe_cycles(loop: list[str]) -> tuple[int, int]:
-    """(ALU cycles, FMA-heavy cycles) of a warp through the loop's instructions."""
+    """(ALU clocks, FMA-heavy clocks) a warp's pass through the loop takes on each pipe."""
     ops = Counter()
     for line in loop:
         words = line.split("*/", 1)[1].split()
@@ -74,8 +76,8 @@ def main() -> int:
             tiles = len([line for line in loop if "HMMA" in line]) // int(blocks)
             alu, fma = pipe_cycles(loop)
             print(f"{obj}: {bits} bits, codebook {codebook}, {8 * int(blocks)} rows: {len(loop)} instructions "
-                  f"per loop step ({tiles} tiles a lane) = {len(loop) / (8 * tiles):.1f} per weight; pipes: ALU "
-                  f"{alu / tiles:.0f}, FMA-heavy {fma / tiles:.0f} cycles a tile")
+                  f"per loop step ({tiles} tiles a lane) = {len(loop) / (8 * tiles):.1f} per weight; ALU "
+                  f"{alu / tiles:.0f}, FMA-heavy {fma / tiles:.0f}, issue {len(loop) / tiles:.0f} clocks a tile")
     return 0
 
 

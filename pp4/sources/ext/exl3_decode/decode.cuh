@@ -144,34 +144,15 @@ PP4_EXL3_HD void lane_states(const uint32_t* words, int lane, uint32_t (&states)
 
 // Two weights from two states: codebook CB as exllamav3's decode_3inst / mcg / mul1 compute it,
 // with the same fp16 roundings (one per weight: a half add or a half fma of exact operands).
-//
-// PACK_BY_MULTIPLY (mul1): the two 16-bit sums join into one register as sum1 * 65536 + sum0, an
-// integer multiply-add, instead of a byte permute. The two run on different pipes (multiply-adds
-// with the codebook's multiplies and byte sums, permutes with the shifts that read the states):
-// decode_lane packs one pair of four this way where the shifts' pipe would otherwise bound the
-// loop (bench/exl3_decode_sass.py counts both).
-template <int CB, bool PACK_BY_MULTIPLY = false>
+template <int CB>
 PP4_EXL3_HD half2 decode_pair(uint32_t x0, uint32_t x1) {
   if constexpr (CB == 2) {  // mul1: byte sum of the product, as an fp16 1024..2047, then an fma
     x0 *= 0x83DCD12Du;
     x1 *= 0x83DCD12Du;
     const uint32_t sum0 = byte_sum_plus(x0, 0x6400u);
     const uint32_t sum1 = byte_sum_plus(x1, 0x6400u);
-    half2 h;
-    if constexpr (PACK_BY_MULTIPLY) {
-#if defined(__CUDA_ARCH__)
-      uint32_t packed;  // inline PTX, so that the compiler does not turn it back into a permute
-      asm("mad.lo.u32 %0, %1, 65536, %2;" : "=r"(packed) : "r"(sum1), "r"(sum0));
-      h = *reinterpret_cast<const half2*>(&packed);
-#else
-      const uint32_t packed = sum1 * 65536u + sum0;
-      h = __halves2half2(__ushort_as_half(static_cast<unsigned short>(packed & 0xffffu)),
-                         __ushort_as_half(static_cast<unsigned short>(packed >> 16)));
-#endif
-    } else {
-      h = __halves2half2(__ushort_as_half(static_cast<unsigned short>(sum0)),
-                         __ushort_as_half(static_cast<unsigned short>(sum1)));
-    }
+    const half2 h = __halves2half2(__ushort_as_half(static_cast<unsigned short>(sum0)),
+                                   __ushort_as_half(static_cast<unsigned short>(sum1)));
 #if defined(__CUDA_ARCH__)
     return __hfma2(h, __half2half2(__ushort_as_half(0x1eee)), __half2half2(__ushort_as_half(0xc931)));
 #else
@@ -207,16 +188,11 @@ template <int BITS, int CB>
 PP4_EXL3_HD void decode_lane(const uint32_t* words, int lane, uint32_t (&b0)[2], uint32_t (&b1)[2]) {
   uint32_t states[8], r[4];
   lane_states<BITS>(words, lane, states);
-  // Widths whose states take two shifts each (all but 4 and 8 bits) leave the shifts' pipe the
-  // busier one: one pair of four packs by multiply-add (decode_pair).
-  constexpr bool kMultiplyPack = BITS % 4 != 0;
-  half2 d[4];
-  d[0] = decode_pair<CB>(states[0], states[1]);
-  d[1] = decode_pair<CB>(states[2], states[3]);
-  d[2] = decode_pair<CB>(states[4], states[5]);
-  d[3] = decode_pair<CB, kMultiplyPack>(states[6], states[7]);
 #pragma unroll
-  for (int j = 0; j < 4; ++j) std::memcpy(&r[j], &d[j], 4);  // (a pointer cast breaks the host's aliasing rules)
+  for (int j = 0; j < 4; ++j) {
+    const half2 d = decode_pair<CB>(states[2 * j], states[2 * j + 1]);
+    std::memcpy(&r[j], &d, 4);  // not a pointer cast: the host compiler's aliasing rules may drop that read
+  }
   b0[0] = r[0];
   b0[1] = r[1];
   b1[0] = r[2];
