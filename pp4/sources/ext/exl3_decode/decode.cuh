@@ -77,11 +77,11 @@ PP4_EXL3_HD uint32_t bits16_in_word(uint32_t word) {
 template <int P>
 PP4_EXL3_HD uint32_t bits16_at(uint32_t hi, uint32_t mid, uint32_t lo) {
   static_assert(P >= 0 && P + 16 <= 96, "a state lies in the lane's 96 bits");
-  if constexpr (P + 16 <= 32) return (hi >> (16 - P)) & 0xffffu;
+  if constexpr (P + 16 <= 32) return bits16_in_word<P>(hi);
   else if constexpr (P < 32) return funnel_right(mid, hi, 48 - P) & 0xffffu;
-  else if constexpr (P + 16 <= 64) return (mid >> (48 - P)) & 0xffffu;
+  else if constexpr (P + 16 <= 64) return bits16_in_word<P - 32>(mid);
   else if constexpr (P < 64) return funnel_right(lo, mid, 80 - P) & 0xffffu;
-  else return (lo >> (80 - P)) & 0xffffu;
+  else return bits16_in_word<P - 64>(lo);
 }
 
 // Where a bit width's lanes all start at the same bit of a word (4 and 8 bits: a lane's 8*BITS
@@ -111,6 +111,13 @@ PP4_EXL3_HD void states_in_words(uint32_t w0, uint32_t w1, uint32_t w2, uint32_t
   ((states[J] = state_in_words<first, first + J * BITS>(w0, w1, w2)), ...);
 }
 
+// The states when the first one's bits start at the top of hi (hi:mid:lo, every state at a fixed place).
+template <int BITS, int... J>
+PP4_EXL3_HD void states_from_top(uint32_t hi, uint32_t mid, uint32_t lo, uint32_t (&states)[8],
+                                 std::integer_sequence<int, J...>) {
+  ((states[J] = bits16_at<J * BITS>(hi, mid, lo)), ...);
+}
+
 // The states of lane `lane`'s weights 8*lane .. 8*lane+7. They lie in 16 + 7*BITS <= 72 stream bits
 // from the first state's first bit on, within three 32-bit words.
 template <int BITS>
@@ -128,17 +135,8 @@ PP4_EXL3_HD void lane_states(const uint32_t* words, int lane, uint32_t (&states)
     // first state's bits start at the top, after which every state is at a fixed place.
     const int offset = first & 31;
     const uint32_t a = words[w], b = words[w1], c = words[w2];
-    const uint32_t hi = funnel_left(b, a, offset);
-    const uint32_t mid = funnel_left(c, b, offset);
-    const uint32_t lo = c << offset;
-    states[0] = bits16_at<0 * BITS>(hi, mid, lo);
-    states[1] = bits16_at<1 * BITS>(hi, mid, lo);
-    states[2] = bits16_at<2 * BITS>(hi, mid, lo);
-    states[3] = bits16_at<3 * BITS>(hi, mid, lo);
-    states[4] = bits16_at<4 * BITS>(hi, mid, lo);
-    states[5] = bits16_at<5 * BITS>(hi, mid, lo);
-    states[6] = bits16_at<6 * BITS>(hi, mid, lo);
-    states[7] = bits16_at<7 * BITS>(hi, mid, lo);
+    states_from_top<BITS>(funnel_left(b, a, offset), funnel_left(c, b, offset), c << offset, states,
+                          std::make_integer_sequence<int, 8>());
   }
 }
 
