@@ -2,14 +2,16 @@
 # pp4's decode GEMM as it is in this tree against a baseline of its sources, one call on the device:
 # both exl3-decode modules built cold side by side (8 jobs each), each kernel's main loop counted
 # (bench/exl3_decode_sass.py), the worker's matrices at the module's own split timed new, base,
-# new, base (bench/exl3_gemm_sweep.py --splits none), then the whole worker with each module and
+# new, base, ... (bench/exl3_gemm_sweep.py --splits none), then the whole worker with each module and
 # fp16 Triton (bench/worker_ab.sh).
 #
 #   BASE=DIR bash bench/h200_gemm_ab.sh        (device tool: carry .whl and DIR; writes into $OUT)
 #
 # BASE: a folder with the baseline's pp4/sources/ext/exl3_decode files, e.g. made here by
 #   mkdir -p .carry/base && git archive HEAD pp4/sources/ext/exl3_decode | tar -x -C .carry/base
-# TOTAL: seconds the call may take (570): no worker variant starts in its last 90 (FIRST_FULL=0 passes on to worker_ab.sh). ROWS: the sweep's row counts (1,8,20); ROUNDS: how many times each build is swept (2), the best kept. VARIANTS: worker_ab.sh's list instead of the three.
+# TOTAL: seconds the call may take (570): no worker variant starts in its last 90 (FIRST_FULL=0
+#   passes on to worker_ab.sh). ROWS: the sweep's row counts (1,8,20). ROUNDS: how many times each
+#   build is swept (2), the fastest kept. VARIANTS: worker_ab.sh's list instead of the three.
 set -u
 START=$SECONDS
 source "$(dirname "$0")/device_setup.sh"
@@ -40,13 +42,13 @@ for round in $(seq 1 "${ROUNDS:-2}"); do
   done
 done
 python3 - "$OUT" <<'PYEOF' | tee "$OUT/gemm-ab.txt"
-import json, sys
+import glob, json, sys
 out = sys.argv[1]
-best = {}  # (build, matrix, rows, pdl) -> the fastest of both rounds
+best = {}  # (build, matrix, rows, pdl) -> the fastest of the rounds
 for b in ("wd", "wb"):
-    for r in range(1, 10):
+    for path in glob.glob(f"{out}/sweep-{b}-*.json"):
         try:
-            rows = json.load(open(f"{out}/sweep-{b}-{r}.json"))["results"]
+            rows = json.load(open(path))["results"]
         except (OSError, ValueError):
             continue
         for row in rows:
