@@ -210,11 +210,16 @@ def test_sigkill_of_a_compile_mid_build(seed, tmp_path, victim):
                             text=True, start_new_session=True)
     try:
         if victim == "compiler":  # the compiler proper (cc1plus, cicc, ptxas) under nvcc or g++
-            def pick():
-                return next((pid for pid, argv in processes_in(work)
-                             if argv and Path(argv[0]).name in ("cc1plus", "cicc", "ptxas", "cudafe++")), None)
-            pid = wait_for(pick, 120, "a compiler process")
-            os.kill(pid, signal.SIGKILL)
+            def kill_a_compiler():
+                for pid, argv in processes_in(work):
+                    if argv and Path(argv[0]).name in ("cc1plus", "cicc", "ptxas", "cudafe++"):
+                        try:
+                            os.kill(pid, signal.SIGKILL)
+                            return pid
+                        except ProcessLookupError:  # it ended between the listing and the kill
+                            continue
+                return None
+            wait_for(kill_a_compiler, 120, "a compiler process to kill")
         else:  # the edge's wrapper (or its client) with its shell: ninja gives each job its own
             # group; a compile server's worker that runs the edge, and its compiler, end with the client
             def pick():
