@@ -6,6 +6,8 @@
 #   OUT=/some/dir [VARIANTS='name:args|name:args'] [DEADLINE=seconds] bash bench/worker_ab.sh [extra pp4.worker arguments for all]
 #
 # FIRST_FULL=0: the first variant runs like the others (no profile, no re-check): a shorter call.
+# TREES='name=DIR ...': the variant of that name runs the worker of the pp4 tree in DIR (another
+# commit's Python), every other variant this checkout's.
 # DEADLINE: no variant starts later than this many seconds after the script began (each
 # takes 40-90 s on the H200 machine): list the variants in the order they matter.
 # Default VARIANTS: 'triton:--backend triton|torch:--backend torch'.
@@ -40,8 +42,10 @@ for i in "${!LIST[@]}"; do
     OUT=$OUT/$name STATES=/tmp/pp4-states-$name bash "$REPO/bench/worker_gpu.sh" "${vargs[@]}" "$@"
     rc=$?
   else
-    $PY -m pp4.worker --capture-states "/tmp/pp4-states-$name" --json "$OUT/$name/worker.json" \
-      --plot "$OUT/$name/worker.png" "${vargs[@]}" "$@" 2>&1 | tee "$OUT/$name/run.log"
+    tree=$REPO
+    for entry in ${TREES:-}; do [ "${entry%%=*}" = "$name" ] && tree=${entry#*=}; done
+    (cd "$tree" && PYTHONPATH="$tree${PYTHONPATH:+:$PYTHONPATH}" $PY -m pp4.worker --capture-states "/tmp/pp4-states-$name" \
+      --json "$OUT/$name/worker.json" --plot "$OUT/$name/worker.png" "${vargs[@]}" "$@") 2>&1 | tee "$OUT/$name/run.log"
     rc=${PIPESTATUS[0]}
   fi
   echo "variant $name: rc $rc" | tee -a "$OUT/rc.txt"

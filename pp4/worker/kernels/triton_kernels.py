@@ -349,12 +349,43 @@ def attention_split_kernel(Q, CACHE, POS, pos_stride_b, pos_stride_t, M_OUT, L_O
 
 
 @triton.jit
-def attention_combine_kernel(M_IN, L_IN, ACC_IN, POS, pos_stride_b, pos_stride_t, OUT, T, NSPLIT, ROWS_PADDED,
+def _butterflies(x, D: tl.constexpr, HALF: tl.constexpr):
+    """One stage of a Sylvester-Hadamard transform of x [D]: (a, b) -> (a + b, a - b) for every
+    pair HALF apart within blocks of 2*HALF."""
+    pairs = tl.permute(tl.reshape(x, (D // (2 * HALF), 2, HALF)), (0, 2, 1))
+    a, b = tl.split(pairs)
+    return tl.reshape(tl.permute(tl.join(a + b, a - b), (0, 2, 1)), (D,))
+
+
+@triton.jit
+def _exl3_input_transform(o, SUH, col):
+    """o [128] fp32, the 128 columns of one Hadamard block of an EXL3 linear's input from col on
+    -> had128(fp16(o) * suh) / sqrt(128) in fp16, with the roundings and the order of additions of
+    the exl3-decode module's input transform (pp4/sources/ext/exl3_decode/ops.cu, transform_lane):
+    the product rounded to fp16, then fp32 butterflies 1, 2, 4, ..., 64 apart, then the scale."""
+    d = tl.arange(0, 128)
+    h = (o.to(tl.float16).to(tl.float32) * tl.load(SUH + col + d).to(tl.float32)).to(tl.float16).to(tl.float32)
+    h = _butterflies(h, 128, 1)
+    h = _butterflies(h, 128, 2)
+    h = _butterflies(h, 128, 4)
+    h = _butterflies(h, 128, 8)
+    h = _butterflies(h, 128, 16)
+    h = _butterflies(h, 128, 32)
+    h = _butterflies(h, 128, 64)
+    return (h * 0.088388347648).to(tl.float16)
+
+
+@triton.jit
+def attention_combine_kernel(M_IN, L_IN, ACC_IN, POS, pos_stride_b, pos_stride_t, OUT, T, NSPLIT, ROWS_PADDED, SUH,
                              HKV: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr,
-                             BLOCK_S: tl.constexpr, BLOCK_SPLIT: tl.constexpr, PDL: tl.constexpr = False):
+                             BLOCK_S: tl.constexpr, BLOCK_SPLIT: tl.constexpr, HEADS_FIRST: tl.constexpr = False,
+                             TRANSFORM: tl.constexpr = False, PDL: tl.constexpr = False):
     """Split-KV attention, part 2: program (b*T + t, member*HKV + kv) combines the splits of
     query row t*GROUP + member and writes it, in the model dtype, straight into o's input
-    layout: rows (b, t), columns (member, kv head, D).  Splits are combined in order."""
+    layout: rows (b, t), columns (member, kv head, D), or (kv head, member, D) with HEADS_FIRST.
+    Splits are combined in order.  TRANSFORM (D == 128): what is written is o's input already
+    through its EXL3 input transform (_exl3_input_transform, SUH o's input signs), so o's GEMM
+    starts from it without a launch of its own."""
     _pdl_enter(PDL)
     row = tl.program_id(0)
     c = tl.program_id(1)
@@ -375,7 +406,12 @@ def attention_combine_kernel(M_IN, L_IN, ACC_IN, POS, pos_stride_b, pos_stride_t
     d = tl.arange(0, D)
     acc = tl.load(ACC_IN + src[:, None] * D + d[None, :], mask=used[:, None], other=0.0)
     o = tl.sum(w[:, None] * acc, axis=0) / total
-    tl.store(OUT + (row * GROUP * HKV + c) * D + d, o.to(OUT.dtype.element_ty))
+    block = kv * GROUP + member if HEADS_FIRST else c
+    col = block * D
+    if TRANSFORM:
+        tl.store(OUT + row * GROUP * HKV * D + col + d, _exl3_input_transform(o, SUH, col))
+    else:
+        tl.store(OUT + row * GROUP * HKV * D + col + d, o.to(OUT.dtype.element_ty))
 
 
 @triton.jit

@@ -166,9 +166,10 @@ class Exl3DecodeBackend(QuantizedLinears, TritonBackend):
 
     Launches are saved where the step before a linear can do its input transform: the all-reduce,
     residual add and norm before qkv, gate_up and the head are one kernel with that transform
-    (``norm_transform``), and gate_up's output transform, silu * mul and down's input transform
-    are one kernel (``gemm_swiglu``); five launches a rank and pass fewer.  A linear of parts at
-    different bit widths (an Exl3Group) runs unfused.
+    (``norm_transform``), gate_up's output transform, silu * mul and down's input transform
+    are one kernel (``gemm_swiglu``), and attention's combine kernel does o's input transform
+    (``attend_for``, 128-wide heads).  A linear of parts at different bit widths (an Exl3Group)
+    runs unfused.
     """
 
     name = "exl3-decode"
@@ -243,6 +244,19 @@ class Exl3DecodeBackend(QuantizedLinears, TritonBackend):
                                     eps, self.pdl)
             normed.append(Transformed(xh, lin))
         return x_new, normed
+
+    def attend_for(self, o, q, cache, step, scale: float, T: int, group: int, heads_first: bool = False):
+        """With fused attention and 128-wide heads, attention's combine kernel also does o's input
+        transform (each head's output is one Hadamard block of o's input) and o's GEMM starts from
+        its output: one launch a rank and layer fewer."""
+        B, hkv, _, d = q.shape
+        if not (self.fuse and self.attention_kind == "fused" and d == 128 and isinstance(o, Exl3Linear)
+                and o.parts == 1 and o.in_features == group * hkv * d):
+            return super().attend_for(o, q, cache, step, scale, T, group, heads_first)
+        xh = torch.empty(1, B * T, o.in_features, dtype=q.dtype, device=q.device)
+        self._attention_combine(self._attention_splits(q, cache, step, scale, T, group), step, xh[0], T, group,
+                                heads_first, suh=o.suh.view(-1))
+        return Transformed(xh, o)
 
     def mlp(self, n, gate_up, down, channels: int):
         if not (isinstance(n, Transformed) and self._fusable(gate_up) and self._fusable(down)

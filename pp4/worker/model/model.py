@@ -104,9 +104,7 @@ class RankShard:
         cache = self.kv[layer]
         # Query heads sharing a KV head are folded into the query length: plain MHA over hkv heads.
         q = be.rope_cache_fold(qkv, step, cache, hq, hkv, g.group)
-        att = be.attend(q, cache, step, self.scale, T, g.group)
-        if self.w.o_input == "heads" and g.group > 1:
-            att = att.view(B * T, g.group, hkv, d).transpose(1, 2).reshape(B * T, hq * d)
+        att = be.attend_for(lw.o, q, cache, step, self.scale, T, g.group, heads_first=self.w.o_input == "heads")
         return be.linear(att, lw.o)
 
     def mlp_partial(self, layer: int, n: torch.Tensor) -> torch.Tensor:
