@@ -13,6 +13,8 @@ on the GPU; needs only the exl3-decode module.
    heads; the worker's default geometry per rank, 1 to 8 positions of 4 rows, both column orders):
    o's gemm_transformed from its output against gemm from the plain attention output, **bit for bit**
    (the kernel follows the module's roundings and order of additions, so the GEMM's input is the same).
+5. the rope kernel making qkv from the GEMM's partial sums (qkv_rope_cache_fold, 128-wide heads):
+   q and the K/V cache against gemm_transformed then the plain rope kernel, **bit for bit**.
 
 Checks 1-3 fail where their largest difference exceeds two fp16 steps at the largest value (the
 kernels add in another order than the oracle: the sum of squares, the butterflies). Prints one
@@ -148,7 +150,7 @@ def check_attention(mine, device, out) -> bool:
     trellis, signs, svh = random_linear(K, H, 4, 14, device)
     g = torch.Generator(device="cpu").manual_seed(10)
     suh = (signs.float() * (torch.rand(K, generator=g) + 0.5).to(device)).half()  # not only signs: the product rounds
-    o = Exl3Linear(trellis=trellis, suh=suh, svh=svh, bits=4)
+    o = Exl3Linear(trellis=trellis, suh=suh, svh=svh, bits=4, codebook=CODEBOOK)
     cache = torch.randn(2, B, hkv, S, d, generator=g).half().to(device)
     for T in (1, 5, 8):  # B * T up to the GEMM's 32 rows
         for heads_first in (False, True):
@@ -173,6 +175,37 @@ def check_attention(mine, device, out) -> bool:
                   f"o's input {row['input_off'] or 0:.1e} from the fp64 oracle's)")
     return ok
 
+def check_qkv_rope(mine, device, out) -> bool:
+    from pp4.worker.model.exl3 import Exl3Linear
+    from pp4.worker.model.exl3_backends import Exl3DecodeBackend, Transformed
+    from pp4.worker.model.model import StepView
+
+    ok = True
+    be = Exl3DecodeBackend(device, "fused", mine)
+    hq, hkv, d, S, B = 16, 4, 128, 1088, 4  # the default geometry's rank
+    N = (hq + 2 * hkv) * d
+    trellis, suh, svh = random_linear(H, N, 4, 15, device)
+    w = Exl3Linear(trellis=trellis, suh=suh, svh=svh, bits=4, codebook=CODEBOOK)
+    g = torch.Generator(device="cpu").manual_seed(11)
+    table = torch.randn(S, 2, d, generator=g).half().to(device)
+    for T in (1, 5, 8):  # B * T up to the GEMM's 32 rows
+        xh = torch.randn(1, B * T, H, generator=g).half().to(device)
+        positions = (torch.arange(T)[None, :] + torch.tensor([[300], [700], [1000], [1088 - T]])).to(device)
+        step = StepView(positions=positions, batch_rows=None, cos=None, sin_signed=None, mask=None, rope_table=table)
+        caches = [torch.zeros(2, B, hkv, S, d, dtype=torch.float16, device=device) for _ in range(2)]
+        q_fused = be.qkv_rope_cache_fold(Transformed(xh, w), w, step, caches[0], hq, hkv, hq // hkv)
+        qkv = torch.empty(B * T, N, dtype=torch.float16, device=device)
+        mine.gemm_transformed(xh, trellis, svh, [], qkv, CODEBOOK, 0, False)
+        q_plain = be.rope_cache_fold(qkv.view(B, T, hq + 2 * hkv, d), step, caches[1], hq, hkv, hq // hkv)
+        row = {"positions": T, "q_equal": bool(torch.equal(q_fused, q_plain)),
+               "cache_equal": bool(torch.equal(caches[0], caches[1])), "q_differing": int((q_fused != q_plain).sum())}
+        row["ok"] = row["q_equal"] and row["cache_equal"]
+        ok &= row["ok"]
+        out.setdefault("qkv_rope", []).append(row)
+        print(f"qkv -> rope from partial sums, {T} positions: q bit for bit {row['q_equal']} "
+              f"({row['q_differing']} differ), K/V cache bit for bit {row['cache_equal']}")
+    return ok
+
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -183,7 +216,7 @@ def main() -> int:
     device = torch.device("cuda")
     out: dict = {"gpu": torch.cuda.get_device_name()}
     ok = (check_norm(mine, device, out) & check_transformed(mine, device, out) & check_swiglu(mine, device, out)
-          & check_attention(mine, device, out))
+          & check_attention(mine, device, out) & check_qkv_rope(mine, device, out))
     out["ok"] = ok
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))

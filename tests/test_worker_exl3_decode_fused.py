@@ -35,7 +35,7 @@ class TorchDecodeModule:
     silu * up, the residual, the norm's output)."""
 
     def __init__(self):
-        self.calls = {"gemm": 0, "gemm_transformed": 0, "gemm_swiglu": 0, "norm_transform": 0}
+        self.calls = {"gemm": 0, "gemm_transformed": 0, "gemm_partials": 0, "gemm_swiglu": 0, "norm_transform": 0}
 
     @staticmethod
     def _check(*tensors):
@@ -68,6 +68,22 @@ class TorchDecodeModule:
         self.calls["gemm_transformed"] += 1
         self._check(xh, out)
         out.copy_(self._product(xh, trellis, svh, part_columns, codebook))
+
+    def gemm_partials(self, xh, trellis, part_columns, codebook, splits=0, pdl=False):
+        """[2, rows, N] fp32: the products of K's two halves (the kernel adds splits in order)."""
+        self.calls["gemm_partials"] += 1
+        self._check(xh)
+        w = decode(trellis, codebook).double()
+        columns = list(part_columns) or [w.shape[1]]
+        half = xh.shape[2] // 2
+        halves = []
+        for ks in (slice(0, half), slice(half, None)):
+            outs, start = [], 0
+            for part, cols in enumerate(columns):
+                outs.append(xh[part, :, ks].double() @ w[ks, start : start + cols])
+                start += cols
+            halves.append(torch.cat(outs, dim=1))
+        return torch.stack(halves).float()
 
     def gemm_swiglu(self, xh, trellis, svh, part_columns, suh_down, xh_down, codebook, splits=0, pdl=False):
         self.calls["gemm_swiglu"] += 1
@@ -143,13 +159,18 @@ def test_the_fused_steps_compute_what_the_steps_apart_do(tmp_path, monkeypatch, 
     norms_per_forward = 2 * (g.layers * (1 if kv_bits else 2) + 1)
     assert fused_calls["norm_transform"] == len(bounds) * norms_per_forward
     assert fused_calls["gemm_swiglu"] == (len(bounds) + 1) * 2 * g.layers
-    # gemm_transformed, per rank and forward: qkv where it fused, down and, with wide heads, o in
-    # every layer, and the head over all rows, each once per chunk of 32 rows; the head again on
-    # the last position.
-    per_layer = (1 if kv_bits else 2) + (1 if g.head_dim == 128 else 0)
+    # gemm_transformed, per rank and forward: qkv where its input was transformed (with wide heads
+    # only over 32 rows: else the rope kernel finishes it from gemm_partials), down and, with wide
+    # heads, o in every layer, and the head over all rows, each once per chunk of 32 rows; the head
+    # again on the last position.
+    wide = g.head_dim == 128
     chunks = [-(-(z - a) // MAX_ROWS) for a, z in bounds]
-    assert fused_calls["gemm_transformed"] == sum(2 * ((g.layers * per_layer + 1) * c + 1) for c in chunks)
+    qkv_transformed = [0 if kv_bits else (c if not wide or c > 1 else 0) for c in chunks]
+    assert fused_calls["gemm_transformed"] == sum(
+        2 * (g.layers * (q + (1 + wide) * c) + c + 1) for q, c in zip(qkv_transformed, chunks))
+    assert fused_calls["gemm_partials"] == (2 * g.layers * sum(c == 1 for c in chunks) if wide and not kv_bits else 0)
     assert apart_calls["norm_transform"] == apart_calls["gemm_swiglu"] == apart_calls["gemm_transformed"] == 0
+    assert apart_calls["gemm_partials"] == 0
     assert (fused - apart).abs().max() < 0.01 * apart.std()
     for got in (fused, apart):
         assert (got - want).abs().max() < 0.02 * want.std()  # fp16 activations against fp64
@@ -219,3 +240,50 @@ def test_a_hidden_size_wider_than_the_norm_kernel_runs_unfused():
     assert module.calls["norm_transform"] == 0
     assert all(isinstance(n, torch.Tensor) and n.shape == (2, H) for n in normed)
     assert torch.equal(x, (partials[0].float() + partials[1].float()).half())
+
+
+class PresetPartials:
+    """A module whose gemm_partials hands back given partial sums: the rope kernel's input."""
+
+    def __init__(self, partials):
+        self.partials, self.calls = partials, 0
+
+    def gemm_partials(self, xh, trellis, part_columns, codebook, splits=0, pdl=False):
+        self.calls += 1
+        assert xh.shape[1] == self.partials.shape[1]
+        return self.partials
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+def test_rope_makes_qkv_from_the_partial_sums_bit_for_bit(splits):
+    """qkv_rope_cache_fold with 128-wide heads: the rope kernel makes each head from the GEMM's
+    partial sums (added in split order, had128 / sqrt(128) * svh, fp16) and rotates it; q and the
+    cache equal, bit for bit, those of the plain rope kernel on qkv made by the oracle: the same
+    steps in torch (exl3_reference's butterflies). Partial sums of magnitudes 2^-10 to 2^10, so that
+    another order of additions or another rounding shows."""
+    from pp4.worker.model.exl3 import Exl3Linear
+    from pp4.worker.model.exl3_backends import Transformed
+    from pp4.worker.model.model import StepView
+
+    gen = torch.Generator().manual_seed(splits)
+    B, T, hq, hkv, d, S, K = 4, 8, 4, 2, 128, 16, 256  # 32 rows: enough values for a rounding to show
+    N = (hq + 2 * hkv) * d
+    partials = torch.randn(splits, B * T, N, generator=gen) * torch.exp2(torch.randint(-10, 11, (N,), generator=gen).float())
+    svh = ((torch.rand(N, generator=gen) + 0.5) / 16).half()
+    module = PresetPartials(partials)
+    be = cpu_backend(module, True)
+    w = Exl3Linear(trellis=torch.zeros(K // 16, N // 16, 64, dtype=torch.int16), suh=torch.ones(K, dtype=torch.float16),
+                   svh=svh, bits=4)
+    positions = torch.arange(T).repeat(B, 1) + torch.tensor([[0], [3], [5], [8]])
+    table = torch.randn(S, 2, d, generator=gen).half()
+    step = StepView(positions=positions, batch_rows=None, cos=None, sin_signed=None, mask=None, rope_table=table)
+    cache_fused, cache_plain = torch.zeros(2, 2 * B, hkv, S, d).half(), torch.zeros(2, 2 * B, hkv, S, d).half()
+    q_fused = be.qkv_rope_cache_fold(Transformed(torch.zeros(1, B * T, K).half(), w), w, step, cache_fused, hq, hkv, 2)
+    assert module.calls == 1
+    summed = partials[0].clone()
+    for s in range(1, splits):
+        summed += partials[s]
+    qkv = (hadamard128(summed) * svh.float()).half().view(B, T, hq + 2 * hkv, d)
+    q_plain = be.rope_cache_fold(qkv, step, cache_plain, hq, hkv, 2)
+    assert torch.equal(q_fused, q_plain)
+    assert torch.equal(cache_fused, cache_plain) and cache_plain.abs().sum() > 0

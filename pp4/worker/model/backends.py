@@ -166,6 +166,13 @@ class TorchBackend:
         """(new residual, each rank's normed input to its linear in ``consumers``, where given)."""
         return unfused_residual_norm(self, x, partials, collective, norm_weights, eps)
 
+    def qkv_rope_cache_fold(self, n, qkv_weight, step, cache, hq: int, hkv: int, group: int):
+        """n through the qkv linear, then rope_cache_fold (a backend may do the linear's last step
+        inside the rope kernel, as residual_norm does the next linear's first)."""
+        B, T = step.positions.shape
+        qkv = self.linear(n, qkv_weight).view(B, T, hq + 2 * hkv, cache.shape[-1])
+        return self.rope_cache_fold(qkv, step, cache, hq, hkv, group)
+
     def rope_cache_fold(self, qkv, step, cache, hq: int, hkv: int, group: int):
         """qkv [B, T, hq + 2*hkv, D]: rotate q and k, write K and V of every position into
         ``cache`` [2, batch, hkv, S, D] at step.positions, and return q folded to
@@ -330,7 +337,7 @@ class TritonBackend(TorchBackend):
         pos = step.positions
         self.k.rope_cache_fold_kernel[(B * T, hq + hkv)](
             qkv, pos, pos.stride(0), pos.stride(1), step.rope_table, cache, q,
-            T, cache.shape[1], cache.shape[3], qkv, qkv, HQ=hq, HKV=hkv, D=d, **self.launch)
+            T, cache.shape[1], cache.shape[3], qkv, qkv, qkv, qkv, 1, 1, HQ=hq, HKV=hkv, D=d, **self.launch)
         return q
 
     def unfold_heads(self, att, T: int, group: int):

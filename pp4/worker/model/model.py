@@ -98,12 +98,11 @@ class RankShard:
         """n: the residual stream after this layer's attention norm (as the backend's residual_norm
         returned it: a backend may hand its next linear something already on the way to it)."""
         g, be, lw = self.g, self.backend, self.w.layers[layer]
-        B, T = step.positions.shape
-        hq, hkv, d = g.rank_heads, g.rank_kv_heads, g.head_dim
-        qkv = be.linear(n, lw.qkv).view(B, T, hq + 2 * hkv, d)
+        T = step.positions.shape[1]
+        hq, hkv = g.rank_heads, g.rank_kv_heads
         cache = self.kv[layer]
         # Query heads sharing a KV head are folded into the query length: plain MHA over hkv heads.
-        q = be.rope_cache_fold(qkv, step, cache, hq, hkv, g.group)
+        q = be.qkv_rope_cache_fold(n, lw.qkv, step, cache, hq, hkv, g.group)
         att = be.attend_for(lw.o, q, cache, step, self.scale, T, g.group, heads_first=self.w.o_input == "heads")
         return be.linear(att, lw.o)
 
