@@ -138,25 +138,35 @@ def check_swiglu(mine, device, out) -> bool:
                   f"{row['down_input_off']:.1e} from the oracle's)")
     return ok
 
+# A rank of the worker's default geometry (16 query heads over 4 KV heads of 128, 1088 cache slots)
+# for 4 requests, and its steps of T positions, the last request's ending at the cache's end.
+HQ, HKV, D, SLOTS, B = 16, 4, 128, 1088, 4
+
+
+def worker_step(T: int, device, rope_table=None):
+    from pp4.worker.model.model import StepView
+
+    positions = (torch.arange(T)[None, :] + torch.tensor([[300], [700], [1000], [SLOTS - T]])).to(device)
+    return StepView(positions=positions, batch_rows=None, cos=None, sin_signed=None, mask=None, rope_table=rope_table)
+
+
 def check_attention(mine, device, out) -> bool:
     from pp4.worker.model.exl3 import Exl3Linear
     from pp4.worker.model.exl3_backends import Exl3DecodeBackend, Transformed
-    from pp4.worker.model.model import StepView
 
     ok = True
     be = Exl3DecodeBackend(device, "fused", mine)
-    hkv, group, d, S, B = 4, 4, 128, 1088, 4  # the default geometry's rank: 16 query heads over 4 KV heads
+    hkv, group, d = HKV, HQ // HKV, D
     K = hkv * group * d
     trellis, signs, svh = random_linear(K, H, 4, 14, device)
     g = torch.Generator(device="cpu").manual_seed(10)
     suh = (signs.float() * (torch.rand(K, generator=g) + 0.5).to(device)).half()  # not only signs: the product rounds
     o = Exl3Linear(trellis=trellis, suh=suh, svh=svh, bits=4, codebook=CODEBOOK)
-    cache = torch.randn(2, B, hkv, S, d, generator=g).half().to(device)
+    cache = torch.randn(2, B, hkv, SLOTS, d, generator=g).half().to(device)
     for T in (1, 5, 8):  # B * T up to the GEMM's 32 rows
         for heads_first in (False, True):
             q = torch.randn(B, hkv, T * group, d, generator=g).half().to(device)
-            positions = (torch.arange(T)[None, :] + torch.tensor([[300], [700], [1000], [1088 - T]])).to(device)
-            step = StepView(positions=positions, batch_rows=None, cos=None, sin_signed=None, mask=None, rope_table=None)
+            step = worker_step(T, device)
             fused = be.attend_for(o, q, cache, step, d ** -0.5, T, group, heads_first)
             att = be.attend(q, cache, step, d ** -0.5, T, group, heads_first)
             want = torch.empty(B * T, H, dtype=torch.float16, device=device)
@@ -175,24 +185,23 @@ def check_attention(mine, device, out) -> bool:
                   f"o's input {row['input_off'] or 0:.1e} from the fp64 oracle's)")
     return ok
 
+
 def check_qkv_rope(mine, device, out) -> bool:
     from pp4.worker.model.exl3 import Exl3Linear
     from pp4.worker.model.exl3_backends import Exl3DecodeBackend, Transformed
-    from pp4.worker.model.model import StepView
 
     ok = True
     be = Exl3DecodeBackend(device, "fused", mine)
-    hq, hkv, d, S, B = 16, 4, 128, 1088, 4  # the default geometry's rank
+    hq, hkv, d = HQ, HKV, D
     N = (hq + 2 * hkv) * d
     trellis, suh, svh = random_linear(H, N, 4, 15, device)
     w = Exl3Linear(trellis=trellis, suh=suh, svh=svh, bits=4, codebook=CODEBOOK)
     g = torch.Generator(device="cpu").manual_seed(11)
-    table = torch.randn(S, 2, d, generator=g).half().to(device)
+    table = torch.randn(SLOTS, 2, d, generator=g).half().to(device)
     for T in (1, 5, 8):  # B * T up to the GEMM's 32 rows
         xh = torch.randn(1, B * T, H, generator=g).half().to(device)
-        positions = (torch.arange(T)[None, :] + torch.tensor([[300], [700], [1000], [1088 - T]])).to(device)
-        step = StepView(positions=positions, batch_rows=None, cos=None, sin_signed=None, mask=None, rope_table=table)
-        caches = [torch.zeros(2, B, hkv, S, d, dtype=torch.float16, device=device) for _ in range(2)]
+        step = worker_step(T, device, table)
+        caches = [torch.zeros(2, B, hkv, SLOTS, d, dtype=torch.float16, device=device) for _ in range(2)]
         q_fused = be.qkv_rope_cache_fold(Transformed(xh, w), w, step, caches[0], hq, hkv, hq // hkv)
         qkv = torch.empty(B * T, N, dtype=torch.float16, device=device)
         mine.gemm_transformed(xh, trellis, svh, [], qkv, CODEBOOK, 0, False)

@@ -106,6 +106,19 @@ def _butterflies(x, D: tl.constexpr, HALF: tl.constexpr):
 
 
 @triton.jit
+def _hadamard128(h):
+    """The unscaled 128-point Sylvester-Hadamard transform of h [128] fp32: the butterflies 1, 2, 4,
+    ..., 64 apart in that order, as exllamav3's had_r_128 and the exl3-decode module add them."""
+    h = _butterflies(h, 128, 1)
+    h = _butterflies(h, 128, 2)
+    h = _butterflies(h, 128, 4)
+    h = _butterflies(h, 128, 8)
+    h = _butterflies(h, 128, 16)
+    h = _butterflies(h, 128, 32)
+    return _butterflies(h, 128, 64)
+
+
+@triton.jit
 def _exl3_input_transform(o, SUH, col):
     """o [128] fp32, the 128 columns of one Hadamard block of an EXL3 linear's input from col on
     -> had128(fp16(o) * suh) / sqrt(128) in fp16, with the roundings and the order of additions of
@@ -113,14 +126,7 @@ def _exl3_input_transform(o, SUH, col):
     the product rounded to fp16, then fp32 butterflies 1, 2, 4, ..., 64 apart, then the scale."""
     d = tl.arange(0, 128)
     h = (o.to(tl.float16).to(tl.float32) * tl.load(SUH + col + d).to(tl.float32)).to(tl.float16).to(tl.float32)
-    h = _butterflies(h, 128, 1)
-    h = _butterflies(h, 128, 2)
-    h = _butterflies(h, 128, 4)
-    h = _butterflies(h, 128, 8)
-    h = _butterflies(h, 128, 16)
-    h = _butterflies(h, 128, 32)
-    h = _butterflies(h, 128, 64)
-    return (h * 0.088388347648).to(tl.float16)
+    return (_hadamard128(h) * 0.088388347648).to(tl.float16)
 
 
 @triton.jit
@@ -132,14 +138,7 @@ def _exl3_output_transform(PART, SVH, splits, rows, n, row, col):
     h = tl.load(PART + row * n + col + d)
     for s in range(1, splits):
         h += tl.load(PART + (s * rows + row) * n + col + d)
-    h = _butterflies(h, 128, 1)
-    h = _butterflies(h, 128, 2)
-    h = _butterflies(h, 128, 4)
-    h = _butterflies(h, 128, 8)
-    h = _butterflies(h, 128, 16)
-    h = _butterflies(h, 128, 32)
-    h = _butterflies(h, 128, 64)
-    return (h * 0.088388347648 * tl.load(SVH + col + d).to(tl.float32)).to(tl.float16)
+    return (_hadamard128(h) * 0.088388347648 * tl.load(SVH + col + d).to(tl.float32)).to(tl.float16)
 
 
 @triton.jit
