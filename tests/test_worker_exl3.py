@@ -159,7 +159,7 @@ def test_fold_kernel_takes_q_and_k_rotated_elsewhere():
         cache = torch.zeros(2, B, hkv, S, d, dtype=torch.float16)
         q = torch.empty(B, hkv, T * (hq // hkv), d, dtype=torch.float16)
         k.rope_cache_fold_kernel[(B * T, hq + hkv)](qkv, pos, pos.stride(0), pos.stride(1), table, cache, q,
-                                                    T, B, S, q_rot, k_rot, qkv, qkv, 1, 1, HQ=hq, HKV=hkv, D=d,
+                                                    T, B, S, q_rot, k_rot, HQ=hq, HKV=hkv, D=d,
                                                     APPLY_ROPE=apply_rope)
         return q, cache
 

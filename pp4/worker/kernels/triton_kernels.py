@@ -97,64 +97,10 @@ def rms_norm_kernel(X, W, OUT, x_row_stride, H, eps, BLOCK: tl.constexpr, PDL: t
 
 
 @triton.jit
-def _butterflies(x, D: tl.constexpr, HALF: tl.constexpr):
-    """One stage of a Sylvester-Hadamard transform of x [D]: (a, b) -> (a + b, a - b) for every
-    pair HALF apart within blocks of 2*HALF."""
-    pairs = tl.permute(tl.reshape(x, (D // (2 * HALF), 2, HALF)), (0, 2, 1))
-    a, b = tl.split(pairs)
-    return tl.reshape(tl.permute(tl.join(a + b, a - b), (0, 2, 1)), (D,))
-
-
-@triton.jit
-def _hadamard128(h):
-    """The unscaled 128-point Sylvester-Hadamard transform of h [128] fp32: the butterflies 1, 2, 4,
-    ..., 64 apart in that order, as exllamav3's had_r_128 and the exl3-decode module add them."""
-    h = _butterflies(h, 128, 1)
-    h = _butterflies(h, 128, 2)
-    h = _butterflies(h, 128, 4)
-    h = _butterflies(h, 128, 8)
-    h = _butterflies(h, 128, 16)
-    h = _butterflies(h, 128, 32)
-    return _butterflies(h, 128, 64)
-
-
-@triton.jit
-def _exl3_input_transform(o, SUH, col):
-    """o [128] fp32, the 128 columns of one Hadamard block of an EXL3 linear's input from col on
-    -> had128(fp16(o) * suh) / sqrt(128) in fp16, with the roundings and the order of additions of
-    the exl3-decode module's input transform (pp4/sources/ext/exl3_decode/ops.cu, transform_lane):
-    the product rounded to fp16, then fp32 butterflies 1, 2, 4, ..., 64 apart, then the scale."""
-    d = tl.arange(0, 128)
-    h = (o.to(tl.float16).to(tl.float32) * tl.load(SUH + col + d).to(tl.float32)).to(tl.float16).to(tl.float32)
-    return (_hadamard128(h) * 0.088388347648).to(tl.float16)
-
-
-@triton.jit
-def _exl3_output_transform(PART, SVH, splits, rows, n, row, col):
-    """128 columns from col on of row `row` of an EXL3 linear's output, from its GEMM's partial sums
-    PART [splits, rows, n]: added in split order, then had128 / sqrt(128) * svh rounded to fp16, with
-    the order of operations of the exl3-decode module's output_transform (ops.cu)."""
-    d = tl.arange(0, 128)
-    h = tl.load(PART + row * n + col + d)
-    for s in range(1, splits):
-        h += tl.load(PART + (s * rows + row) * n + col + d)
-    return (_hadamard128(h) * 0.088388347648 * tl.load(SVH + col + d).to(tl.float32)).to(tl.float16)
-
-
-@triton.jit
-def _swap_halves(x, D: tl.constexpr):
-    """x [D] -> x[(i + D/2) % D] for every i, in registers."""
-    halves = tl.permute(tl.reshape(x, (2, D // 2)), (1, 0))
-    first, second = tl.split(halves)
-    return tl.reshape(tl.permute(tl.join(second, first), (1, 0)), (D,))
-
-
-@triton.jit
 def rope_cache_fold_kernel(QKV, POS, pos_stride_b, pos_stride_t, ROPE, CACHE, Q_OUT,
-                           T, cache_batch, cache_len, Q_ROT, K_ROT, PART, SVH, splits, part_rows,
+                           T, cache_batch, cache_len, Q_ROT, K_ROT,
                            HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
-                           APPLY_ROPE: tl.constexpr = True, FROM_PARTIALS: tl.constexpr = False,
-                           PDL: tl.constexpr = False):
+                           APPLY_ROPE: tl.constexpr = True, PDL: tl.constexpr = False):
     """Rotary embedding of q and k, the K/V cache write and the query fold, in one kernel.
 
     Grid (B*T, HQ + HKV).  Program (row, h < HQ) rotates query head h and writes it
@@ -164,9 +110,6 @@ def rope_cache_fold_kernel(QKV, POS, pos_stride_b, pos_stride_t, ROPE, CACHE, Q_
     ROPE is [slot, (cos | sin_signed), D]: out = x*cos + swap_halves(x)*sin_signed.
     APPLY_ROPE=False: q and k were rotated already (EXL3's rope kernel) into Q_ROT
     [B*T, HQ, D] and K_ROT [B*T, HKV, D]; they are read from there, V from QKV.
-    FROM_PARTIALS (D == 128): qkv is not written yet; each head is made here from the EXL3
-    GEMM's partial sums PART [splits, part_rows, (HQ + 2*HKV) * D] by its output transform
-    (_exl3_output_transform, SVH its column scales), one Hadamard block a head.
     """
     _pdl_enter(PDL)
     GROUP: tl.constexpr = HQ // HKV
@@ -181,14 +124,9 @@ def rope_cache_fold_kernel(QKV, POS, pos_stride_b, pos_stride_t, ROPE, CACHE, Q_
         swapped = (offs + D // 2) % D
         cos = tl.load(ROPE + pos * 2 * D + offs).to(tl.float32)
         sin = tl.load(ROPE + pos * 2 * D + D + offs).to(tl.float32)
-        if FROM_PARTIALS:
-            x16 = _exl3_output_transform(PART, SVH, splits, part_rows, QKV_ROW, row, h * D)
-            x = x16.to(tl.float32)
-            xs = _swap_halves(x16, D).to(tl.float32)
-        else:
-            src = QKV + row * QKV_ROW + h * D
-            x = tl.load(src + offs).to(tl.float32)
-            xs = tl.load(src + swapped).to(tl.float32)
+        src = QKV + row * QKV_ROW + h * D
+        x = tl.load(src + offs).to(tl.float32)
+        xs = tl.load(src + swapped).to(tl.float32)
         y = (x * cos + xs * sin).to(CACHE.dtype.element_ty)
     elif h < HQ:
         y = tl.load(Q_ROT + (row * HQ + h) * D + offs)
@@ -203,10 +141,7 @@ def rope_cache_fold_kernel(QKV, POS, pos_stride_b, pos_stride_t, ROPE, CACHE, Q_
         j = h - HQ
         k_dst = CACHE + ((b * HKV + j) * cache_len + pos) * D
         tl.store(k_dst + offs, y)
-        if FROM_PARTIALS:
-            v = _exl3_output_transform(PART, SVH, splits, part_rows, QKV_ROW, row, (HQ + HKV + j) * D)
-        else:
-            v = tl.load(QKV + row * QKV_ROW + (HQ + HKV + j) * D + offs)
+        v = tl.load(QKV + row * QKV_ROW + (HQ + HKV + j) * D + offs)
         v_dst = CACHE + (((cache_batch + b) * HKV + j) * cache_len + pos) * D
         tl.store(v_dst + offs, v)
 
@@ -414,16 +349,12 @@ def attention_split_kernel(Q, CACHE, POS, pos_stride_b, pos_stride_t, M_OUT, L_O
 
 
 @triton.jit
-def attention_combine_kernel(M_IN, L_IN, ACC_IN, POS, pos_stride_b, pos_stride_t, OUT, T, NSPLIT, ROWS_PADDED, SUH,
+def attention_combine_kernel(M_IN, L_IN, ACC_IN, POS, pos_stride_b, pos_stride_t, OUT, T, NSPLIT, ROWS_PADDED,
                              HKV: tl.constexpr, GROUP: tl.constexpr, D: tl.constexpr,
-                             BLOCK_S: tl.constexpr, BLOCK_SPLIT: tl.constexpr, HEADS_FIRST: tl.constexpr = False,
-                             TRANSFORM: tl.constexpr = False, PDL: tl.constexpr = False):
+                             BLOCK_S: tl.constexpr, BLOCK_SPLIT: tl.constexpr, PDL: tl.constexpr = False):
     """Split-KV attention, part 2: program (b*T + t, member*HKV + kv) combines the splits of
     query row t*GROUP + member and writes it, in the model dtype, straight into o's input
-    layout: rows (b, t), columns (member, kv head, D), or (kv head, member, D) with HEADS_FIRST.
-    Splits are combined in order.  TRANSFORM (D == 128): what is written is o's input already
-    through its EXL3 input transform (_exl3_input_transform, SUH o's input signs), so o's GEMM
-    starts from it without a launch of its own."""
+    layout: rows (b, t), columns (member, kv head, D).  Splits are combined in order."""
     _pdl_enter(PDL)
     row = tl.program_id(0)
     c = tl.program_id(1)
@@ -444,12 +375,7 @@ def attention_combine_kernel(M_IN, L_IN, ACC_IN, POS, pos_stride_b, pos_stride_t
     d = tl.arange(0, D)
     acc = tl.load(ACC_IN + src[:, None] * D + d[None, :], mask=used[:, None], other=0.0)
     o = tl.sum(w[:, None] * acc, axis=0) / total
-    block = kv * GROUP + member if HEADS_FIRST else c
-    col = block * D
-    if TRANSFORM:
-        tl.store(OUT + row * GROUP * HKV * D + col + d, _exl3_input_transform(o, SUH, col))
-    else:
-        tl.store(OUT + row * GROUP * HKV * D + col + d, o.to(OUT.dtype.element_ty))
+    tl.store(OUT + (row * GROUP * HKV + c) * D + d, o.to(OUT.dtype.element_ty))
 
 
 @triton.jit

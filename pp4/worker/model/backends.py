@@ -166,13 +166,6 @@ class TorchBackend:
         """(new residual, each rank's normed input to its linear in ``consumers``, where given)."""
         return unfused_residual_norm(self, x, partials, collective, norm_weights, eps)
 
-    def qkv_rope_cache_fold(self, n, qkv_weight, step, cache, hq: int, hkv: int, group: int):
-        """n through the qkv linear, then rope_cache_fold (a backend may do the linear's last step
-        inside the rope kernel, as residual_norm does the next linear's first)."""
-        B, T = step.positions.shape
-        qkv = self.linear(n, qkv_weight).view(B, T, hq + 2 * hkv, cache.shape[-1])
-        return self.rope_cache_fold(qkv, step, cache, hq, hkv, group)
-
     def rope_cache_fold(self, qkv, step, cache, hq: int, hkv: int, group: int):
         """qkv [B, T, hq + 2*hkv, D]: rotate q and k, write K and V of every position into
         ``cache`` [2, batch, hkv, S, D] at step.positions, and return q folded to
@@ -187,19 +180,10 @@ class TorchBackend:
         B, hkv, _, d = att.shape
         return att.view(B, hkv, T, group, d).permute(0, 2, 3, 1, 4).reshape(B * T, group * hkv * d)
 
-    def attend(self, q, cache, step, scale: float, T: int, group: int, heads_first: bool = False):
-        """q [B, hkv, T*group, D] against the cache -> [B*T, hq*D] in o's column order: (member,
-        kv head, D), or with heads_first (a checkpoint's o: query heads in order) (kv head, member, D)."""
-        B, hkv, _, d = q.shape
-        att = self.unfold_heads(self.attention(q, cache[0, :B], cache[1, :B], step.mask, scale), T, group)
-        if heads_first and group > 1:
-            att = att.view(B * T, group, hkv, d).transpose(1, 2).reshape(B * T, group * hkv * d)
-        return att
-
-    def attend_for(self, o, q, cache, step, scale: float, T: int, group: int, heads_first: bool = False):
-        """attend's output as the linear o takes it (a backend may hand it over already on its way
-        into o, as residual_norm does for the linears after a norm)."""
-        return self.attend(q, cache, step, scale, T, group, heads_first)
+    def attend(self, q, cache, step, scale: float, T: int, group: int):
+        """q [B, hkv, T*group, D] against the cache -> [B*T, hq*D] in o's column order."""
+        B = q.shape[0]
+        return self.unfold_heads(self.attention(q, cache[0, :B], cache[1, :B], step.mask, scale), T, group)
 
     def gumbel_noise(self, seeds, row_depth, premix, out) -> None:
         """out [D, B, V] <- log(E) for every (depth, row, vocab id of this rank): the noise a
@@ -337,7 +321,7 @@ class TritonBackend(TorchBackend):
         pos = step.positions
         self.k.rope_cache_fold_kernel[(B * T, hq + hkv)](
             qkv, pos, pos.stride(0), pos.stride(1), step.rope_table, cache, q,
-            T, cache.shape[1], cache.shape[3], qkv, qkv, qkv, qkv, 1, 1, HQ=hq, HKV=hkv, D=d, **self.launch)
+            T, cache.shape[1], cache.shape[3], qkv, qkv, HQ=hq, HKV=hkv, D=d, **self.launch)
         return q
 
     def unfold_heads(self, att, T: int, group: int):
@@ -347,17 +331,9 @@ class TritonBackend(TorchBackend):
         self.k.unfold_attention_kernel[(B * T, group * hkv)](att, out, T, HKV=hkv, GROUP=group, D=d, **self.launch)
         return out
 
-    def attend(self, q, cache, step, scale: float, T: int, group: int, heads_first: bool = False):
+    def attend(self, q, cache, step, scale: float, T: int, group: int):
         if self.attention_kind != "fused":
-            return super().attend(q, cache, step, scale, T, group, heads_first)
-        B, hkv, _, d = q.shape
-        out = torch.empty(B * T, group * hkv * d, dtype=q.dtype, device=q.device)
-        self._attention_combine(self._attention_splits(q, cache, step, scale, T, group), step, out, T, group,
-                                heads_first)
-        return out
-
-    def _attention_splits(self, q, cache, step, scale: float, T: int, group: int):
-        """attention_split_kernel's per-split maxima, sums and outputs, with the grid they came from."""
+            return super().attend(q, cache, step, scale, T, group)
         B, hkv, rows, d = q.shape
         S = cache.shape[3]
         block_s = self.ATTENTION_SPLIT
@@ -374,18 +350,11 @@ class TritonBackend(TorchBackend):
         self.k.attention_split_kernel[(B * hkv, nsplit, row_blocks)](
             q, cache, pos, pos.stride(0), pos.stride(1), m, l, acc, T, cache.shape[1], S, scale, nsplit,
             rows_padded, HKV=hkv, GROUP=group, D=d, BLOCK_L=block_l, BLOCK_S=block_s, **self.launch)
-        return m, l, acc, hkv, d
-
-    def _attention_combine(self, splits, step, out, T: int, group: int, heads_first: bool, suh=None):
-        """The splits combined into out [B*T, group*hkv*D] in o's column order; with suh (o's input
-        signs, D == 128) through o's EXL3 input transform as well."""
-        m, l, acc, hkv, d = splits
-        nsplit, rows_padded = m.shape[1], m.shape[2]
-        pos = step.positions
-        self.k.attention_combine_kernel[(out.shape[0], group * hkv)](
-            m, l, acc, pos, pos.stride(0), pos.stride(1), out, T, nsplit, rows_padded, out if suh is None else suh,
-            HKV=hkv, GROUP=group, D=d, BLOCK_S=self.ATTENTION_SPLIT, BLOCK_SPLIT=self.k.next_power_of_2(nsplit),
-            HEADS_FIRST=heads_first, TRANSFORM=suh is not None, **self.launch)
+        out = torch.empty(B * T, group * hkv * d, dtype=q.dtype, device=dev)
+        self.k.attention_combine_kernel[(B * T, group * hkv)](
+            m, l, acc, pos, pos.stride(0), pos.stride(1), out, T, nsplit, rows_padded,
+            HKV=hkv, GROUP=group, D=d, BLOCK_S=block_s, BLOCK_SPLIT=self.k.next_power_of_2(nsplit), **self.launch)
+        return out
 
     def gumbel_noise(self, seeds, row_depth, premix, out) -> None:
         D, B, V = out.shape

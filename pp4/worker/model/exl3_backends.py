@@ -138,8 +138,7 @@ class Exl3Backend(QuantizedLinears, TritonBackend):
         pos = step.positions
         self.k.rope_cache_fold_kernel[(B * T, hq + hkv)](
             qkv, pos, pos.stride(0), pos.stride(1), step.rope_table, cache, q,
-            T, cache.shape[1], cache.shape[3], q_rot, k_rot, qkv, qkv, 1, 1, HQ=hq, HKV=hkv, D=d, APPLY_ROPE=False,
-            **self.launch)
+            T, cache.shape[1], cache.shape[3], q_rot, k_rot, HQ=hq, HKV=hkv, D=d, APPLY_ROPE=False, **self.launch)
         return q
 
 
@@ -167,11 +166,9 @@ class Exl3DecodeBackend(QuantizedLinears, TritonBackend):
 
     Launches are saved where the step before a linear can do its input transform: the all-reduce,
     residual add and norm before qkv, gate_up and the head are one kernel with that transform
-    (``norm_transform``), gate_up's output transform, silu * mul and down's input transform
-    are one kernel (``gemm_swiglu``); with 128-wide heads the rope kernel does qkv's output
-    transform (``qkv_rope_cache_fold``) and attention's combine kernel o's input transform
-    (``attend_for``).  A linear of parts at different bit widths (an Exl3Group)
-    runs unfused.
+    (``norm_transform``), and gate_up's output transform, silu * mul and down's input transform
+    are one kernel (``gemm_swiglu``); five launches a rank and pass fewer.  A linear of parts at
+    different bit widths (an Exl3Group) runs unfused.
     """
 
     name = "exl3-decode"
@@ -246,38 +243,6 @@ class Exl3DecodeBackend(QuantizedLinears, TritonBackend):
                                     eps, self.pdl)
             normed.append(Transformed(xh, lin))
         return x_new, normed
-
-    def qkv_rope_cache_fold(self, n, qkv_weight, step, cache, hq: int, hkv: int, group: int):
-        """With 128-wide heads and qkv's input transformed, the rope kernel does qkv's output
-        transform from the GEMM's partial sums (each head is one Hadamard block of qkv's output): one
-        launch a rank and layer fewer."""
-        B, T = step.positions.shape
-        d = cache.shape[-1]
-        w = qkv_weight
-        if not (self.fuse and isinstance(n, Transformed) and n.weight is w and d == 128
-                and n.xh.shape[1] == B * T <= self.MAX_ROWS and w.out_features == (hq + 2 * hkv) * d):
-            return super().qkv_rope_cache_fold(n, qkv_weight, step, cache, hq, hkv, group)
-        part = self.ext.gemm_partials(n.xh, w.trellis, list(w.part_columns), w.codebook, 0, self.pdl)
-        q = torch.empty(B, hkv, T * group, d, dtype=n.xh.dtype, device=n.xh.device)
-        pos = step.positions
-        self.k.rope_cache_fold_kernel[(B * T, hq + hkv)](
-            part, pos, pos.stride(0), pos.stride(1), step.rope_table, cache, q, T, cache.shape[1], cache.shape[3],
-            part, part, part, w.svh, part.shape[0], part.shape[1], HQ=hq, HKV=hkv, D=d, FROM_PARTIALS=True,
-            **self.launch)
-        return q
-
-    def attend_for(self, o, q, cache, step, scale: float, T: int, group: int, heads_first: bool = False):
-        """With fused attention and 128-wide heads, attention's combine kernel also does o's input
-        transform (each head's output is one Hadamard block of o's input) and o's GEMM starts from
-        its output: one launch a rank and layer fewer."""
-        B, hkv, _, d = q.shape
-        if not (self.fuse and self.attention_kind == "fused" and d == 128 and isinstance(o, Exl3Linear)
-                and o.parts == 1 and o.in_features == group * hkv * d):
-            return super().attend_for(o, q, cache, step, scale, T, group, heads_first)
-        xh = torch.empty(1, B * T, o.in_features, dtype=q.dtype, device=q.device)
-        self._attention_combine(self._attention_splits(q, cache, step, scale, T, group), step, xh[0], T, group,
-                                heads_first, suh=o.suh.view(-1))
-        return Transformed(xh, o)
 
     def mlp(self, n, gate_up, down, channels: int):
         if not (isinstance(n, Transformed) and self._fusable(gate_up) and self._fusable(down)

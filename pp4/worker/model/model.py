@@ -98,12 +98,15 @@ class RankShard:
         """n: the residual stream after this layer's attention norm (as the backend's residual_norm
         returned it: a backend may hand its next linear something already on the way to it)."""
         g, be, lw = self.g, self.backend, self.w.layers[layer]
-        T = step.positions.shape[1]
-        hq, hkv = g.rank_heads, g.rank_kv_heads
+        B, T = step.positions.shape
+        hq, hkv, d = g.rank_heads, g.rank_kv_heads, g.head_dim
+        qkv = be.linear(n, lw.qkv).view(B, T, hq + 2 * hkv, d)
         cache = self.kv[layer]
         # Query heads sharing a KV head are folded into the query length: plain MHA over hkv heads.
-        q = be.qkv_rope_cache_fold(n, lw.qkv, step, cache, hq, hkv, g.group)
-        att = be.attend_for(lw.o, q, cache, step, self.scale, T, g.group, heads_first=self.w.o_input == "heads")
+        q = be.rope_cache_fold(qkv, step, cache, hq, hkv, g.group)
+        att = be.attend(q, cache, step, self.scale, T, g.group)
+        if self.w.o_input == "heads" and g.group > 1:
+            att = att.view(B * T, g.group, hkv, d).transpose(1, 2).reshape(B * T, hq * d)
         return be.linear(att, lw.o)
 
     def mlp_partial(self, layer: int, n: torch.Tensor) -> torch.Tensor:

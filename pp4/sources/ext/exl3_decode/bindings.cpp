@@ -162,18 +162,6 @@ void gemm_transformed(const torch::Tensor& xh, const torch::Tensor& trellis, con
   finish(partial_sums(xh, trellis, plan, pdl), svh, out, plan, pdl);
 }
 
-// The partial sums [splits, rows, N] fp32 of xh @ decode(trellis), for a kernel that does the output
-// transform itself (the worker's rope, which reads qkv's output, does it for qkv).
-torch::Tensor gemm_partials(const torch::Tensor& xh, const torch::Tensor& trellis,
-                            const std::vector<int64_t>& part_columns, int64_t codebook, int64_t splits, bool pdl) {
-  TORCH_CHECK(xh.dim() == 3 && xh.is_cuda(), kName, ": xh must be a CUDA tensor [parts, rows, K], got ", xh.sizes());
-  const at::cuda::OptionalCUDAGuard guard(xh.device());
-  const GemmPlan plan = plan_gemm(trellis, static_cast<int>(xh.size(1)), static_cast<int>(xh.size(2)), part_columns,
-                                  codebook, splits);
-  check_transformed(xh, plan, "xh");
-  return partial_sums(xh, trellis, plan, pdl);
-}
-
 // gate_up from its transformed input, through silu(gate) * up, to down's transformed input xh_down.
 void gemm_swiglu(const torch::Tensor& xh, const torch::Tensor& trellis, const torch::Tensor& svh,
                  const std::vector<int64_t>& part_columns, const torch::Tensor& suh_down,
@@ -260,11 +248,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "gemm from xh [parts, rows, K], x already through its input transform (norm_transform, gemm_swiglu)",
         py::arg("xh"), py::arg("trellis"), py::arg("svh"), py::arg("part_columns"), py::arg("out"),
         py::arg("codebook"), py::arg("splits") = 0, py::arg("pdl") = false);
-  m.def("gemm_partials", &gemm_partials,
-        "the partial sums [splits, rows, N] fp32 of xh @ decode(trellis), added in split order and put through "
-        "had128(.) / sqrt(128) * svh they are gemm_transformed's out: for a kernel that does the output transform",
-        py::arg("xh"), py::arg("trellis"), py::arg("part_columns"), py::arg("codebook"), py::arg("splits") = 0,
-        py::arg("pdl") = false);
   m.def("gemm_swiglu", &gemm_swiglu,
         "gate_up (gate's columns, then up's) from xh, then silu(gate) * up through down's input transform "
         "(suh_down) into xh_down [1, rows, N/2]: down's input for gemm_transformed",
