@@ -40,6 +40,15 @@ __device__ __forceinline__ void mma_16816(float (&c)[4], const uint32_t (&a)[4],
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
+// Four 8x8 matrices of halves from shared memory, lane i naming the address of row i % 8 of matrix
+// i / 8; lane t receives row t / 4, columns 2(t % 4) and +1 of each: with x's rows as the rows and K
+// as the columns, one B fragment register of the MMA per matrix.
+__device__ __forceinline__ void load_matrices_x4(uint32_t (&r)[4], uint32_t shared_address) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(shared_address));
+}
+
 // K tiles per pipeline stage: the per-stage work (barrier, copies, addresses) is spread over four
 // tiles; a split of K is a whole number of stages (bindings.cpp).
 constexpr int kTilesPerStage = 4;
@@ -70,6 +79,7 @@ __global__ __launch_bounds__(kWarps * 32) void decode_gemm_kernel(const half* __
   constexpr int kXRowChunks = kTiles * 2;
   constexpr int kXStageWords = kXRows * kXRowWords;
   static_assert(kXRows * kXRowChunks <= kThreads, "one x chunk per thread and stage");
+  static_assert(kTiles % 2 == 0, "x's fragments load two K tiles at a time");
   // Four stages where they fit in the 48 KiB of static shared memory a block may have, else three
   // (8 bits with 32 rows).
   constexpr int kStages = 4 * (kStageWords + kXStageWords) * 4 <= 48 * 1024 ? 4 : 3;
@@ -108,6 +118,9 @@ __global__ __launch_bounds__(kWarps * 32) void decode_gemm_kernel(const half* __
   const bool copies_x = x_row < kXRows && x_row < rows;
   const uint32_t x_dst = x_base + 4u * (x_row * kXRowWords + x_chunk * 4);
   const half* x_src = x_rows + static_cast<size_t>(copies_x ? x_row : 0) * k + kt_begin * 16 + x_chunk * 8;
+  // Where this lane's row of the fragment loads starts: row lane % 8 of matrix lane / 8, the
+  // matrices (K tile, K half) = (0, 0), (0, 1), (1, 0), (1, 1).
+  const uint32_t x_fragments = x_base + 4u * ((lane % 8) * kXRowWords + (lane / 16) * 8 + ((lane / 8) % 2) * 4);
   // Stage `slot`'s copies, from the sources' next step on: the trellis words, then x's slice.
   auto load_words = [&](int slot) {
 #pragma unroll
@@ -158,14 +171,21 @@ __global__ __launch_bounds__(kWarps * 32) void decode_gemm_kernel(const half* __
     cp_async_commit();
 
     const uint32_t* stage = stage_words[step % kStages] + warp * kTileWords;
-    const uint32_t* xs = stage_x[step % kStages] + group * kXRowWords + pair;
+    const uint32_t xs = x_fragments + (step % kStages) * (kXStageWords * 4);
+    uint32_t bx[NB][4];
 #pragma unroll
     for (int kk = 0; kk < kTiles; ++kk) {
+      // Two K tiles' B fragments of each 8-row block in one load: (k 2*pair, row group), (k 2*pair
+      // + 8, row group) of K tile kk, then of kk + 1.
+      if (kk % 2 == 0) {
+#pragma unroll
+        for (int nb = 0; nb < NB; ++nb) load_matrices_x4(bx[nb], xs + 4u * (nb * 8 * kXRowWords + kk * 8));
+      }
       uint32_t b[NB][2];
 #pragma unroll
       for (int nb = 0; nb < NB; ++nb) {
-        b[nb][0] = xs[nb * 8 * kXRowWords + kk * 8];      // (k 2*pair, row group)
-        b[nb][1] = xs[nb * 8 * kXRowWords + kk * 8 + 4];  // (k 2*pair + 8, row group)
+        b[nb][0] = bx[nb][(kk % 2) * 2];
+        b[nb][1] = bx[nb][(kk % 2) * 2 + 1];
       }
       uint32_t w0[2], w1[2];
       decode_lane<BITS, CB>(stage + kk * kRowWords, lane, w0, w1);
