@@ -28,8 +28,9 @@ for entry in ${TREES:-}; do
   [ -n "$dir" ] && [ -f "$dir/configure.py" ] || { echo "TREES: $entry is not a pp4 tree (no configure.py)"; exit 2; }
   names+=("$name") dirs+=("$dir")
 done
-# One build per distinct set of GEMM sources: build_of[i] is tree i's build folder.
-build_of=() builds=() build_names=()
+# One build per distinct set of GEMM sources: build_of[i] is tree i's build folder; builds[k] is
+# built from build_trees[k] and named build_names[k].
+build_of=() builds=() build_names=() build_trees=()
 for i in "${!names[@]}"; do
   src=${dirs[$i]}/pp4/sources/ext/exl3_decode
   for j in $(seq 0 $((i - 1))); do
@@ -37,15 +38,14 @@ for i in "${!names[@]}"; do
   done
   if [ -z "${build_of[$i]:-}" ]; then
     build_of[$i]=/tmp/ab-${names[$i]}
-    builds+=("${build_of[$i]}") build_names+=("${names[$i]}")
+    builds+=("${build_of[$i]}") build_names+=("${names[$i]}") build_trees+=("${dirs[$i]}")
   fi
   echo "tree ${names[$i]}: ${dirs[$i]}, module ${build_of[$i]}" | tee -a "$OUT/trees.txt"
 done
 jobs=$(( 16 / ${#builds[@]} )); [ "$jobs" -ge 4 ] || jobs=4
 pids=()
-for i in "${!names[@]}"; do
-  [ "${build_of[$i]}" = "/tmp/ab-${names[$i]}" ] || continue
-  build_exl3_decode "${build_of[$i]}" "${dirs[$i]}" "$jobs" & pids+=($!)
+for k in "${!builds[@]}"; do
+  build_exl3_decode "${builds[$k]}" "${build_trees[$k]}" "$jobs" & pids+=($!)
 done
 for pid in "${pids[@]}"; do wait "$pid" || exit 1; done
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
