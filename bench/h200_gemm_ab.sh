@@ -16,7 +16,8 @@
 # ORDER: the worker variants in the order they run, this tree's being "new" (default: new, the
 #   trees in TREES' order, triton); no variant starts in the call's last 90 s.
 # TOTAL: seconds the call may take (570). ROWS: the sweep's row counts (1,8,20). ROUNDS: sweeps
-#   per build (1), the fastest kept. FUSED_CHECK=0 skips the fused steps' check.
+#   per build (1), the fastest kept. FUSED_CHECK=0 skips the fused steps' check. TRITON_ARGS: more
+#   worker arguments for the fp16 variant (e.g. "--profile $OUT/triton-profile.txt").
 set -u
 START=$SECONDS
 source "$(dirname "$0")/device_setup.sh"
@@ -99,7 +100,7 @@ for (b, name, m, pdl), base in sorted(best.items()):
 PYEOF
 variants=() trees=()
 for name in ${ORDER:-${names[*]} triton}; do
-  if [ "$name" = triton ]; then variants+=("triton:--backend triton"); continue; fi
+  if [ "$name" = triton ]; then variants+=("triton:--backend triton ${TRITON_ARGS:-}"); continue; fi
   for i in "${!names[@]}"; do
     [ "${names[$i]}" = "$name" ] || continue
     variants+=("$name:--backend exl3-decode --exl3-build ${build_of[$i]}/build")

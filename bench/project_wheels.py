@@ -39,6 +39,7 @@ import importlib.machinery
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import time
@@ -46,6 +47,7 @@ import zipfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import accounting  # noqa: E402  (bench/accounting.py: the compile server's CPU counted)
 import projects  # noqa: E402  (bench/projects.py: sha256, unpack, timed, ninja)
 
 REPO = Path(__file__).resolve().parent.parent
@@ -178,9 +180,14 @@ def main() -> int:
     ap.add_argument("--only", action="append", default=[], choices=sorted(PROJECTS))
     ap.add_argument("--first", choices=("pp4", "pip"), default="pp4", help="which builds first for the first "
                     "project (then they alternate)")
+    ap.add_argument("--pairs", type=int, default=1, help="timed pairs per project, the order swapped each time; "
+                    "the table gives the median ratio and the range (default: 1)")
     args = ap.parse_args()
 
+    if args.pairs < 1:
+        ap.error("--pairs: at least 1")
     args.work = args.work.resolve()
+    accounting.become_subreaper()  # the builds' compile servers, reaped in projects.timed and counted
     args.out.mkdir(parents=True, exist_ok=True)
     cuda_home = args.cuda_home or pinned_toolchain()
     env = build_env(cuda_home, args.jobs, args.arch)
@@ -255,41 +262,61 @@ def fetch(name: str, dest: Path) -> Path:
 
 
 def run_project(name: str, sdist: Path, pdir: Path, env: dict, args, pp4_first: bool) -> dict:
+    """The first pair builds, compares and runs both wheels; each further pair (--pairs) only times
+    both builds again, from fresh sources and folders, the order swapped each time."""
     version = PROJECTS[name][0]
-    print(f"\n===== {name} {version} ({'pp4' if pp4_first else 'pip'} first)", flush=True)
+    result = {"project": name, "version": version, "sdist": sdist.name, "sha256": PROJECTS[name][2],
+              "order": "pp4 first" if pp4_first else "pip first", "pairs": []}
+    for k in range(args.pairs):
+        first = pp4_first if k % 2 == 0 else not pp4_first
+        print(f"\n===== {name} {version}, pair {k + 1} of {args.pairs} ({'pp4' if first else 'pip'} first)", flush=True)
+        pair = timed_pair(sdist, pdir if k == 0 else pdir / f"pair-{k + 1}", env, args, first)
+        if k == 0:
+            result.update({key: pair[key] for key in ("pip", "pp4", "pp4_state", "failures") if key in pair})
+        if "failures" in pair or not (pair.get("pip", {}).get("wheel") and pair.get("pp4", {}).get("wheel")):
+            result.setdefault("failures", pair.get("failures", ["a build made no wheel"]))
+            return result
+        result["pairs"].append({"order": "pp4 first" if first else "pip first", "pp4_state": pair["pp4_state"],
+                                "pip": {k2: pair["pip"][k2] for k2 in ("wall_s", "cpu_s")},
+                                "pp4": {s: pair["pp4"][s] for s in ("configure", "ninja_wheel", "total")},
+                                "ratio_wall": round(pair["pp4"]["total"]["wall_s"] / pair["pip"]["wall_s"], 3),
+                                "ratio_cpu": round(pair["pp4"]["total"]["cpu_s"] / pair["pip"]["cpu_s"], 3)})
+    for what in ("wall", "cpu"):
+        ratios = sorted(p[f"ratio_{what}"] for p in result["pairs"])
+        result[f"ratio_{what}_pp4_over_pip"] = round(statistics.median(ratios), 3)
+        result[f"ratio_{what}_range"] = [ratios[0], ratios[-1]]
+    pip_whl, pp4_whl = Path(result["pip"]["wheel"]), Path(result["pp4"]["wheel"])
+    result["compare"] = compare_wheels(pip_whl, pp4_whl)
+    try:
+        result["run"] = compare_installed(name, pip_whl, pp4_whl, pdir, env, pdir / "logs")
+    except SystemExit as e:  # an install that failed
+        result["run"] = {"ops_equal": False, "modules_all_loaded": False, "error": str(e)}
+    print(json.dumps({k: result[k] for k in ("compare", "run")}, indent=1)[:6000], flush=True)
+    return result
+
+
+def timed_pair(sdist: Path, pdir: Path, env: dict, args, pp4_first: bool) -> dict:
+    """Both builds of one project, each from its own freshly unpacked sources, in the order given."""
     logs = pdir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     pip_src = projects.unpack(sdist, pdir / "src-pip")
     pp4_src = projects.unpack(sdist, pdir / "src-pp4")
-    result = {"project": name, "version": version, "sdist": sdist.name, "sha256": PROJECTS[name][2],
-              "order": "pp4 first" if pp4_first else "pip first"}
+    pair: dict = {}
 
     def pip_build():
-        result["pip"] = pip_wheel(pip_src, pdir / "pip-dist", env, logs)
+        pair["pip"] = pip_wheel(pip_src, pdir / "pip-dist", env, logs)
 
     def pp4_build():
-        result["pp4_state"] = pp4_state()
-        result["pp4"] = pp4_wheel(pp4_src, pdir / "pp4", env, args.jobs, args.arch, logs)
+        pair["pp4_state"] = pp4_state()
+        pair["pp4"] = pp4_wheel(pp4_src, pdir / "pp4", env, args.jobs, args.arch, logs)
 
     for step in (pp4_build, pip_build) if pp4_first else (pip_build, pp4_build):
         try:
             step()
         except SystemExit as e:  # projects.timed's failure: the command, its log's tail
-            result.setdefault("failures", []).append(str(e))
+            pair.setdefault("failures", []).append(str(e))
             print(f"FAILED: {str(e)[:2000]}", flush=True)
-    if "failures" in result or not (result.get("pip", {}).get("wheel") and result.get("pp4", {}).get("wheel")):
-        return result
-
-    result["ratio_wall_pp4_over_pip"] = round(result["pp4"]["total"]["wall_s"] / result["pip"]["wall_s"], 3)
-    result["ratio_cpu_pp4_over_pip"] = round(result["pp4"]["total"]["cpu_s"] / result["pip"]["cpu_s"], 3)
-    pip_whl, pp4_whl = Path(result["pip"]["wheel"]), Path(result["pp4"]["wheel"])
-    result["compare"] = compare_wheels(pip_whl, pp4_whl)
-    try:
-        result["run"] = compare_installed(name, pip_whl, pp4_whl, pdir, env, logs)
-    except SystemExit as e:  # an install that failed
-        result["run"] = {"ops_equal": False, "modules_all_loaded": False, "error": str(e)}
-    print(json.dumps({k: result[k] for k in ("compare", "run")}, indent=1)[:6000], flush=True)
-    return result
+    return pair
 
 
 def pip_wheel(src: Path, dist: Path, env: dict, logs: Path) -> dict:
@@ -470,24 +497,36 @@ def table(results: dict) -> str:
     lines = [f"pip wheel vs pp4's project wheel, {m['cpus']} CPUs, no GPU, -j {results['jobs']} / MAX_JOBS="
              f"{results['jobs']}, arch {results['arch']}, torch {m['torch']}, {m['nvcc']}, setuptools "
              f"{m['setuptools']}, pip {m['pip']}; pp4 {m['pp4_at_start']} at the start. "
-             "Wall and CPU in seconds; pp4's is configure + ninja wheel, cold (an empty store).", "",
-             "| project | version | units | pip wall / CPU | pp4 wall / CPU | pp4/pip wall | pp4/pip CPU "
+             "Wall and CPU in seconds, the median of the timed pairs (each pair from fresh sources, the order "
+             "swapped from pair to pair); pp4's is configure + ninja wheel, cold (an empty store). The ratios: "
+             "the median of the pairs' ratios (their range).", "",
+             "| project | version | units | pairs | pip wall / CPU | pp4 wall / CPU | pp4/pip wall | pp4/pip CPU "
              "| same wheel name | same file list | ops equal |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     notes = []
     for r in results["projects"]:
         if "compare" not in r:
-            lines.append(f"| {r['project']} | {r['version']} | | | | | | | | failed |")
+            lines.append(f"| {r['project']} | {r['version']} | | | | | | | | | failed |")
             notes += [f"- {r['project']}: {f.splitlines()[0][:300]}" for f in r.get("failures", [])]
             continue
-        c, run, pip, pp4 = r["compare"], r["run"], r["pip"], r["pp4"]
+        c, run, pp4 = r["compare"], r["run"], r["pp4"]
         same_list = yes(c["same_file_list"])
         if not c["same_file_list"] and c["same_file_list_but_module_file_names"]:
             same_list = "**no**: module file names differ (same import paths)"
-        lines.append(f"| {r['project']} | {r['version']} | {pp4['units']} | {pip['wall_s']} / {pip['cpu_s']} "
-                     f"| {pp4['total']['wall_s']} / {pp4['total']['cpu_s']} | {r['ratio_wall_pp4_over_pip']} "
-                     f"| {r['ratio_cpu_pp4_over_pip']} | {yes(c['same_wheel_name'])} | {same_list} "
+        pairs = r["pairs"]
+        med = lambda who, what: round(statistics.median(  # noqa: E731
+            (p[who]["total"] if who == "pp4" else p[who])[what] for p in pairs), 1)
+        ratio = lambda what: (f"{r[f'ratio_{what}_pp4_over_pip']}" + (  # noqa: E731
+            f" ({r[f'ratio_{what}_range'][0]}-{r[f'ratio_{what}_range'][1]})" if len(pairs) > 1 else ""))
+        lines.append(f"| {r['project']} | {r['version']} | {pp4['units']} | {len(pairs)} "
+                     f"| {med('pip', 'wall_s')} / {med('pip', 'cpu_s')} | {med('pp4', 'wall_s')} / {med('pp4', 'cpu_s')} "
+                     f"| {ratio('wall')} | {ratio('cpu')} | {yes(c['same_wheel_name'])} | {same_list} "
                      f"| {yes(run['ops_equal'])} |")
+        if len(pairs) > 1:
+            notes.append(f"- {r['project']}, each pair (pip, then pp4 as configure + ninja wheel; wall / CPU s): " + "; ".join(
+                f"{p['order']}: {p['pip']['wall_s']} / {p['pip']['cpu_s']} against {p['pp4']['configure']['wall_s']} + "
+                f"{p['pp4']['ninja_wheel']['wall_s']} = {p['pp4']['total']['wall_s']} / {p['pp4']['total']['cpu_s']} "
+                f"({p['ratio_wall']}x wall)" for p in pairs))
         notes.append(f"- {r['project']} ({r['order']}; pp4 at {r['pp4_state']}): pp4 configure {pp4['configure']['wall_s']} s, "
                      f"ninja wheel {pp4['ninja_wheel']['wall_s']} s. Other files "
                      f"byte-equal: {yes(c['other_files_byte_equal'])}"
