@@ -11,8 +11,8 @@
 # DEADLINE: no variant starts later than this many seconds after the script began (each
 # takes 40-90 s on the H200 machine): list the variants in the order they matter.
 # Default VARIANTS: 'triton:--backend triton|torch:--backend torch'.
-# Writes $OUT/ab.txt (each variant's median per cell, the ratio of each to the first, and each
-# one's ratio to the weight-read floor) and $OUT/worker-ab.tar.gz: one folder per variant with the
+# Writes $OUT/ab.txt (each variant's median per cell, the ratio of each to the first, each one's
+# ratio to the weight-read floor, and which variants' gate digests agree in every cell) and $OUT/worker-ab.tar.gz: one folder per variant with the
 # files worker_gpu.sh writes (one archive, because the device tool returns at most 8 files).
 # Each run measures its own copy bandwidth, so each ratio to the floor stands on its own as well.
 set -u
@@ -72,5 +72,15 @@ if have:
         vals = [f"{r['median_ms']:.3f}" for r in row] + [f"{r['median_ms'] / c0['median_ms']:.3f}" for r in row[1:]]
         vals += [f"{r['ratio']:.2f}" for r in row]
         print(f"{cell:16} " + " ".join(f"{v:>16}" for v in vals))
+# Variants whose gate digests are the same in every cell computed the same bits (one group per line).
+groups = {}
+for n in have:
+    try:
+        digests = json.load(open(f"{out}/{n}/worker.json"))["gate"]["digests"]
+    except (OSError, ValueError, KeyError):
+        continue
+    groups.setdefault(json.dumps(digests, sort_keys=True), []).append((n, len(digests)))
+for members in groups.values():
+    print(f"same gate digests in all {members[0][1]} cells: " + ", ".join(n for n, _ in members))
 PYEOF
 exit "$rc_all"

@@ -40,6 +40,11 @@ PREFIX = "python -m pp4.worker: error: "
         (["--pdl", "on"], "--pdl on needs --backend triton or exl3 (the torch backend launches no Triton kernels)"),
         (["--backend", "triton", "--device", "cpu", "--pdl", "on"],
          "--pdl on needs --device cuda (programmatic dependent launch is a GPU launch attribute)"),
+        (["--backend", "triton", "--device", "cpu", "--rank-streams", "on"],
+         "--rank-streams on needs --device cuda (streams are CUDA's)"),
+        (["--backend", "exl3", "--rank-streams", "on"],
+         "--rank-streams on: --backend exl3's GEMM (upstream's) keeps one lock buffer per device, which two ranks "
+         "at once would share; use --rank-streams off"),
         (["--layers", "0"], "--layers must be between 1 and 5, got 0"),
         (["--context", "8"], "--context must be at least 32, got 8"),
         (["--max-rss", "12X"], "--max-rss: not a size: '12X' (use a byte count or a number with K, M, G, T or P, e.g. 48G)"),

@@ -253,6 +253,22 @@ def test_split_k_skinny_linear_adds_its_splits_in_order(tiles):
     assert ((y.float() - by_hand.half().float()).abs().max().item()) <= 2e-3
 
 
+def test_each_split_weight_has_counters_of_its_own():
+    """Two ranks' GEMMs may run at once on two streams (--rank-streams on): a column block's
+    counter shared between them would let one rank's last program add the other's partials."""
+    gemm = SkinnyGemm(triton_kernels, torch.device("cpu"))
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(3, 512, generator=gen).half()
+    w1, w2 = ((torch.randn(72, 512, generator=gen) / 20).half() for _ in range(2))
+    tiles = SkinnyTiles(16, 128, 2)
+    y1, y2 = gemm(x, w1, tiles), gemm(x, w2, tiles)
+    a, b = gemm.counters_for(w1, 5), gemm.counters_for(w2, 5)  # 72 columns: 5 blocks of 16
+    assert a.data_ptr() != b.data_ptr() and abs(a.data_ptr() - b.data_ptr()) >= 5 * a.element_size()
+    assert gemm.counters_for(w1, 5).data_ptr() == a.data_ptr()  # the same weight keeps its own
+    assert torch.equal(gemm(x, w1, tiles), y1) and torch.equal(gemm(x, w2, tiles), y2)
+    assert not gemm.counters.any()
+
+
 def test_skinny_plan_takes_the_long_strips_and_splits_them_by_shape_alone():
     # The default geometry's per-rank matrices: qkv 4 splits, down 2, gate_up none; o (K 2048)
     # stays with cuBLAS, which the sweep found faster there.

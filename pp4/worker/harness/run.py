@@ -44,6 +44,7 @@ def run(args, argv: list[str], checked, cache_dir: str, caches_late: bool, rss: 
         geometry=geometry, dtype=args.dtype, context=args.context, weight_seed=args.weight_seed,
         weights_dir=args.weights, backend=args.backend, overlap_noise=not args.no_overlap_noise,
         attention=args.attention, head_chunks=args.head_chunks, gemm=args.gemm, pdl=args.pdl == "on",
+        rank_streams=args.rank_streams == "on",
         exl3=Exl3Options(args.exl3_build, "exl3" if args.exl3_module == "stock" else "exl3-facc",
                          args.exl3_bits, args.exl3_head_bits, args.exl3_codebook, args.exl3_select,
                          args.exl3_fuse == "on")
@@ -58,7 +59,7 @@ def run(args, argv: list[str], checked, cache_dir: str, caches_late: bool, rss: 
     cells = [CellKey(b, d, mode) for b in batch_sizes for d in depths for mode in MODES]
     runners, passed = _gate(args, worker, model, gpu, cells, all_states, states_digest, batch_sizes, depths, doc)
     doc.update(backend=args.backend, attention=args.attention, gemm=args.gemm, pdl=args.pdl, upload=args.upload,
-               head_chunks=model.ranks[0].vocab_chunks, overlap_noise=settings.overlap_noise, ranks="colocated",
+               rank_streams=args.rank_streams, head_chunks=model.ranks[0].vocab_chunks, overlap_noise=settings.overlap_noise, ranks="colocated",
                device=str(gpu.device), execution="cuda-graph" if gpu.cuda else "eager",
                geometry=geometry.as_dict(), dtype=args.dtype, context=args.context, cache_len=model.cache_len,
                weights=model.weights_fingerprint, weight_bytes_per_pass=model.weight_bytes_per_pass(),
@@ -117,7 +118,8 @@ def _open_device(args, cache_dir: str, caches_late: bool, held: Held, max_rss: i
     device = torch.device("cuda", args.gpu) if args.device == "cuda" else torch.device("cpu")
     cuda = device.type == "cuda"
     _say(f"pp4.worker: backend {args.backend} (attention {args.attention}, gemm {args.gemm}, pdl {args.pdl}, "
-         f"upload {args.upload}), ranks colocated (2 logical TP ranks on one device, one after the other), "
+         f"upload {args.upload}), ranks colocated (2 logical TP ranks on one device, "
+         f"{'side by side on two streams' if args.rank_streams == 'on' else 'one after the other'}), "
          f"device {device}, {'CUDA graphs' if cuda else 'eager (CPU: no graphs, host clock)'}")
     _say(f"private caches: {cache_dir}" + (" (torch was already imported: CUDA cache may be the default)"
                                            if caches_late else ""))

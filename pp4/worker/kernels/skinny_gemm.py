@@ -62,7 +62,8 @@ def plan(rows: int, n: int, k: int, block_n: int = 32, block_k: int = 128) -> Sk
 
 class SkinnyGemm:
     """Launches ``skinny_linear_kernel``; holds the split counters (zero between launches:
-    the last program of each column block resets its own)."""
+    the last program of each column block resets its own). Each weight matrix has counters of
+    its own, so that two ranks' GEMMs running at once on two streams never share one."""
 
     MAX_ROWS = 64
     # Allocated once, up front: a buffer first made inside a graph capture would be the graph's.
@@ -72,6 +73,21 @@ class SkinnyGemm:
         self.k = kernels
         self.launch = launch or {}  # the backend's launch options (--pdl)
         self.counters = torch.zeros(self.MAX_COLUMN_BLOCKS, dtype=torch.int32, device=device)
+        self._first_counter: dict[tuple, int] = {}  # (weight's address, blocks) -> its first counter
+        self._counters_used = 0
+
+    def counters_for(self, weight: torch.Tensor, blocks: int) -> torch.Tensor:
+        """The weight's own counters, given out on its first product (the worker's weights live
+        as long as the model, so their counters are never given back)."""
+        key = (weight.data_ptr(), blocks)
+        start = self._first_counter.get(key)
+        if start is None:
+            if self._counters_used + blocks > self.MAX_COLUMN_BLOCKS:
+                raise ValueError(f"split counters for more than {self.MAX_COLUMN_BLOCKS} column blocks of "
+                                 "split weights in all")
+            start = self._first_counter[key] = self._counters_used
+            self._counters_used += blocks
+        return self.counters[start : start + blocks]
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, tiles: SkinnyTiles | None = None,
                  out_dtype: torch.dtype | None = None) -> torch.Tensor:
@@ -92,8 +108,9 @@ class SkinnyGemm:
         y = torch.empty(M, N, dtype=out_dtype or x.dtype, device=x.device)
         part = (torch.empty(tiles.splits, M, N, dtype=torch.float32, device=x.device)
                 if tiles.splits > 1 else y)
+        counters = self.counters_for(weight, blocks) if tiles.splits > 1 else self.counters
         self.k.skinny_linear_kernel[(blocks, tiles.splits)](
-            x, weight, y, part, self.counters, M, N, K, x.stride(0), k_per_split, tiles.splits,
+            x, weight, y, part, counters, M, N, K, x.stride(0), k_per_split, tiles.splits,
             BLOCK_M=max(16, self.k.next_power_of_2(M)), BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
             num_warps=tiles.num_warps, num_stages=tiles.num_stages, **self.launch)
         return y

@@ -44,6 +44,9 @@ class TorchBackend:
     reads_start_positions = False
     # Whether the linears are EXL3-quantized (pp4/worker/model/exl3.py) rather than 16-bit matrices.
     quantized = False
+    # Whether two ranks' steps may run at once on two streams (--rank-streams): nothing a kernel
+    # keeps between launches is shared by the ranks.
+    ranks_may_overlap = True
 
     def __init__(self, device: torch.device, attention: str = DEFAULT_ATTENTION["torch"]):
         if attention not in self.ATTENTION:

@@ -174,6 +174,10 @@ class ModelSettings:
     # launches earlier and changes no arithmetic, so it is not part of the fingerprint: the
     # same reference digests hold with it on and off.
     pdl: bool = False
+    # Each rank's share of a step (its attention, its MLP, its head) on a CUDA stream of its own,
+    # joined where the ranks' partials meet, as two GPUs would run them side by side; the
+    # kernels and their inputs are the same, so the bits are too: not in the fingerprint either.
+    rank_streams: bool = False
 
     def __attrs_post_init__(self) -> None:
         # Settings always hold concrete choices: the fingerprint names what runs.

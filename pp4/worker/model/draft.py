@@ -133,8 +133,8 @@ class DraftWorker:
             normed = m.forward(tokens, plan.step(p0, p1))
             if depth == 0 and sampling_call:
                 self._join_noise()
-            stats = [rank.head_stats(m.backend.last_positions(n, B, p1 - p0), mode, depth, t1)
-                     for rank, n in zip(m.ranks, normed)]
+            stats = m.per_rank(lambda rank, n: rank.head_stats(m.backend.last_positions(n, B, p1 - p0), mode, depth, t1),
+                               normed)
             m.backend.merge_choice(stats, out.proposals, out.confidences, out.q_payload, depth, mode, t1, m.zero_f32)
             tokens = out.proposals[:, depth : depth + 1]  # fed back: the next pass's input token
 

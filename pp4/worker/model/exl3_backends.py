@@ -50,6 +50,8 @@ class Exl3Backend(QuantizedLinears, TritonBackend):
 
     name = "exl3"
     quantized = True
+    # exllamav3's cooperative GEMM synchronizes its blocks through one lock buffer per device.
+    ranks_may_overlap = False
     ROPE_NEOX = 2  # exllamav3's RopeStyle.NEOX: rotate-half, as the other backends
     GEMV_MAX_ROWS = 8  # exllamav3's EXL3_GEMV_MAX_M
     SELECT = ("heuristic", "autotune")

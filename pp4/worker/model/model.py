@@ -188,6 +188,12 @@ class TensorParallelDraft:
         self.collective = ColocatedSum()
         self._build_constants()
         self.noise_stream = torch.cuda.Stream(device) if device.type == "cuda" and settings.overlap_noise else None
+        if settings.rank_streams and not self.backend.ranks_may_overlap:
+            raise ValueError(f"--rank-streams on: the {self.backend.name} backend's kernels share state between "
+                             "the ranks (upstream EXL3's GEMM keeps one lock buffer per device); use --rank-streams off")
+        # Ranks after the first run on these, beside the first on the current stream.
+        self.rank_streams = ([torch.cuda.Stream(device) for _ in range(TP_RANKS - 1)]
+                             if device.type == "cuda" and settings.rank_streams else [])
 
     def _build_constants(self) -> None:
         g, dev, S = self.g, self.device, self.cache_len
@@ -206,6 +212,27 @@ class TensorParallelDraft:
         cos, sin = torch.cos(ang), torch.sin(ang)
         table = torch.stack([torch.cat([cos, cos], -1), torch.cat([-sin, sin], -1)], dim=1)
         self.rope_table = table.to(self.dtype).to(dev)
+
+    def per_rank(self, work, *per_rank_args) -> list:
+        """[work(rank, its args...) for each rank]: with rank streams, every rank after the first
+        on its own stream, which waits for all the current stream has been given and is waited
+        for before this returns (what each rank reads is ready before it starts; what it made is
+        ready after). Tensors pass between the streams only across those two points, where
+        everything before is ordered before everything after, so the caching allocator's
+        per-stream reuse of a freed block cannot overtake a read of it."""
+        jobs = list(zip(self.ranks, *per_rank_args)) if per_rank_args else [(r,) for r in self.ranks]
+        if not self.rank_streams:
+            return [work(*job) for job in jobs]
+        current = torch.cuda.current_stream(self.device)
+        for stream in self.rank_streams:
+            stream.wait_stream(current)
+        out = [work(*jobs[0])]
+        for stream, job in zip(self.rank_streams, jobs[1:]):
+            with torch.cuda.stream(stream):
+                out.append(work(*job))
+        for stream in self.rank_streams:
+            current.wait_stream(stream)
+        return out
 
     # ---------------------------------------------------------------- geometry of a call
     def call_positions(self, positions: torch.Tensor) -> CallPositions:
@@ -229,15 +256,15 @@ class TensorParallelDraft:
         """
         ranks, collective, eps = self.ranks, self.collective, self.g.norm_eps
         reduce_norm = self.backend.residual_norm
-        x, partials = None, [r.embed_partial(tokens) for r in ranks]
+        x, partials = None, self.per_rank(lambda r: r.embed_partial(tokens))
         for layer in range(self.g.layers):
             lws = [r.w.layers[layer] for r in ranks]
             x, normed = reduce_norm(x, partials, collective, [lw.attn_norm for lw in lws], eps,
                                     [lw.qkv for lw in lws])
-            partials = [r.attention_partial(layer, n, step) for r, n in zip(ranks, normed)]
+            partials = self.per_rank(lambda r, n: r.attention_partial(layer, n, step), normed)
             x, normed = reduce_norm(x, partials, collective, [lw.mlp_norm for lw in lws], eps,
                                     [lw.gate_up for lw in lws])
-            partials = [r.mlp_partial(layer, n) for r, n in zip(ranks, normed)]
+            partials = self.per_rank(lambda r, n: r.mlp_partial(layer, n), normed)
         return reduce_norm(x, partials, collective, [r.w.final_norm for r in ranks], eps, [r.w.head for r in ranks])[1]
 
     # ---------------------------------------------------------------- byte counts for the limit
