@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The worker with each rank's steps on a stream of its own (--rank-streams on) against the ranks one
-# after the other, for pp4's EXL3 decode GEMM and for fp16 Triton, one call on the device: one
+# The worker with each rank's steps on a stream of its own (--rank-streams on, the default) against
+# the ranks one after the other (off), for pp4's EXL3 decode GEMM and for fp16 Triton, one call on the device: one
 # exl3-decode module built cold, then four variants in turn (bench/worker_ab.sh), each with its
 # own gate. The summary (ab.txt) gives each cell's time, the ratios, and which variants' gate
 # digests agree: streams change where kernels run, not what they compute, so on and off must agree.
@@ -17,5 +17,5 @@ export PYTHONPATH=/tmp/site:$REPO
 build_exl3_decode /tmp/ab-new "$REPO" 16 || exit 1
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.draw,temperature.gpu --format=csv | tee "$OUT/gpu.txt"
 decode="--backend exl3-decode --exl3-build /tmp/ab-new/build"
-VARIANTS="streams:$decode --rank-streams on|serial:$decode|triton-streams:--backend triton --rank-streams on|triton:--backend triton ${TRITON_ARGS:-}" \
+VARIANTS="streams:$decode --rank-streams on|serial:$decode --rank-streams off|triton:--backend triton --rank-streams off ${TRITON_ARGS:-}|triton-streams:--backend triton --rank-streams on" \
   FIRST_FULL=0 OUT=$OUT DEADLINE=$((${TOTAL:-570} - 90 - (SECONDS - START))) bash "$REPO/bench/worker_ab.sh"

@@ -63,15 +63,15 @@ def test_argument_errors_have_exact_messages(argv, message, capsys):
     assert capsys.readouterr().err.strip().splitlines()[-1] == PREFIX + message
 
 
-@pytest.mark.parametrize("argv, gemm, pdl", [
-    (["--backend", "torch"], "cublas", "off"), (["--backend", "triton"], "triton", "on"),
-    (["--backend", "triton", "--device", "cpu"], "triton", "off"), (["--backend", "exl3"], "cublas", "off"),
-    (["--backend", "exl3", "--pdl", "on"], "cublas", "on"), (["--backend", "exl3-decode"], "cublas", "on"),
-    (["--backend", "exl3-decode", "--pdl", "off"], "cublas", "off")])
-def test_the_triton_backend_defaults_to_the_skinny_gemm_and_pdl_on_cuda(argv, gemm, pdl):
+@pytest.mark.parametrize("argv, gemm, pdl, streams", [
+    (["--backend", "torch"], "cublas", "off", "off"), (["--backend", "triton"], "triton", "on", "on"),
+    (["--backend", "triton", "--device", "cpu"], "triton", "off", "off"), (["--backend", "exl3"], "cublas", "off", "off"),
+    (["--backend", "exl3", "--pdl", "on"], "cublas", "on", "off"), (["--backend", "exl3-decode"], "cublas", "on", "on"),
+    (["--backend", "exl3-decode", "--pdl", "off", "--rank-streams", "off"], "cublas", "off", "off")])
+def test_the_triton_backend_defaults_to_the_skinny_gemm_pdl_and_rank_streams_on_cuda(argv, gemm, pdl, streams):
     args = cli.build_parser().parse_args(argv)
     cli.validate(args)
-    assert (args.gemm, args.pdl) == (gemm, pdl)
+    assert (args.gemm, args.pdl, args.rank_streams) == (gemm, pdl, streams)
 
 
 def test_argparse_rejects_unknown_choices(capsys):

@@ -64,10 +64,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where a call's one packed copy of the request inputs to the GPU runs: launched just "
                         "before the replay (default) or as the graph's first node (within run-to-run spread of each other "
                         "in two H200 A/B runs)")
-    a.add_argument("--rank-streams", choices=("on", "off"), default="off",
-                   help="on: each rank's attention, MLP and head on a CUDA stream of its own, side by side, "
-                        "joined where the ranks' partials are added (as two GPUs would run them); the same "
-                        "kernels on the same inputs, so the same bits (default off)")
+    a.add_argument("--rank-streams", choices=("on", "off"), default=None,
+                   help="on (the triton and exl3-decode backends' default on CUDA): each rank's attention, MLP "
+                        "and head on a CUDA stream of its own, side by side, joined where the ranks' partials are "
+                        "added, as two GPUs would run them; off: the ranks one after the other. The same kernels "
+                        "on the same inputs, so the same bits either way")
     a.add_argument("--no-overlap-noise", action="store_true",
                    help="compute the Gumbel noise on the main stream instead of beside pass 0")
     e = p.add_argument_group("EXL3 kernels (--backend exl3: upstream's; --backend exl3-decode: pp4's decode GEMM)")
@@ -176,6 +177,8 @@ def validate(args) -> tuple[Geometry, list[int], list[int], int, int]:
         args.pdl = "on" if args.backend in ("triton", "exl3-decode") and args.device == "cuda" else "off"
     if args.pdl == "on" and args.backend == "torch":
         raise UsageError("--pdl on needs --backend triton or exl3 (the torch backend launches no Triton kernels)")
+    if args.rank_streams is None:
+        args.rank_streams = "on" if args.backend in ("triton", "exl3-decode") and args.device == "cuda" else "off"
     if args.rank_streams == "on" and args.device != "cuda":
         raise UsageError("--rank-streams on needs --device cuda (streams are CUDA's)")
     if args.rank_streams == "on" and args.backend == "exl3":
