@@ -54,12 +54,16 @@ done
 $PY - "$OUT" "${names[@]}" <<'PYEOF' | tee "$OUT/ab.txt"
 import json, sys
 out, names = sys.argv[1], sys.argv[2:]
-cells = {}
+cells, digests = {}, {}
 for n in names:
     try:
-        cells[n] = {c["cell"]: c for c in json.load(open(f"{out}/{n}/worker.json"))["timing"]["cells"]}
+        doc = json.load(open(f"{out}/{n}/worker.json"))
+        cells[n] = {c["cell"]: c for c in doc["timing"]["cells"]}
     except (OSError, ValueError, KeyError) as exc:
         print(f"{n}: no results ({exc})")
+        continue
+    if "digests" in doc.get("gate", {}):
+        digests[n] = doc["gate"]["digests"]
 have = [n for n in names if n in cells]
 if have:
     first = have[0]
@@ -74,12 +78,8 @@ if have:
         print(f"{cell:16} " + " ".join(f"{v:>16}" for v in vals))
 # Variants whose gate digests are the same in every cell computed the same bits (one group per line).
 groups = {}
-for n in have:
-    try:
-        digests = json.load(open(f"{out}/{n}/worker.json"))["gate"]["digests"]
-    except (OSError, ValueError, KeyError):
-        continue
-    groups.setdefault(json.dumps(digests, sort_keys=True), []).append((n, len(digests)))
+for n, d in digests.items():
+    groups.setdefault(json.dumps(d, sort_keys=True), []).append((n, len(d)))
 for members in groups.values():
     print(f"same gate digests in all {members[0][1]} cells: " + ", ".join(n for n, _ in members))
 PYEOF

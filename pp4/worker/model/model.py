@@ -220,7 +220,7 @@ class TensorParallelDraft:
         ready after). Tensors pass between the streams only across those two points, where
         everything before is ordered before everything after, so the caching allocator's
         per-stream reuse of a freed block cannot overtake a read of it."""
-        jobs = list(zip(self.ranks, *per_rank_args)) if per_rank_args else [(r,) for r in self.ranks]
+        jobs = list(zip(self.ranks, *per_rank_args))
         if not self.rank_streams:
             return [work(*job) for job in jobs]
         current = torch.cuda.current_stream(self.device)
