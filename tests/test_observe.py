@@ -7,7 +7,9 @@ import ctypes
 import hashlib
 import errno
 import os
+import re
 import subprocess
+import time
 
 import pytest
 
@@ -282,19 +284,58 @@ def test_commands_are_mapped_into_the_root_except_what_the_user_wrote(tmp_path):
         "messages point at the files a user edits"
 
 
-@pytest.mark.parametrize("argv, flags, compiler", [
-    (["/usr/bin/c++", "-O2", "-march=native", "-c", "a.cpp"], ["-march=native"], "/usr/bin/c++"),
-    (["/t/nvcc", "-ccbin", "/usr/bin/gcc", "-Xcompiler", "-fPIC,-mtune=native", "-c", "a.cu"], ["-mtune=native"],
-     "/usr/bin/gcc"),
-    (["/t/nvcc", "-ccbin=/opt/gcc", "--compiler-options=-mcpu=native", "-Xcompiler=-march=native"],
-     ["-march=native", "-mcpu=native"], "/opt/gcc"),
-    (["/usr/bin/c++", "-march=x86-64-v3", "-DNAME=native", "-c", "a.cpp"], [], None),
-])
-def test_native_cpu_options_are_found_however_passed(argv, flags, compiler):
+def driver_expansion(words) -> list[str]:
+    """The CPU options a gcc driver's -march=native became (-march=<cpu>, -m<feature>, cache sizes)."""
+    return [w for w in words if w.startswith(("-march=", "-mtune=", "-m", "l1-cache", "l2-cache"))
+            and not w.startswith(("-mtune=generic", "-march=x86-64"))]
+
+
+@pytest.mark.parametrize("how", ["argument", "response-file", "wrapper", "specs-free-spelling"])
+def test_a_driver_that_expands_native_is_found_from_what_it_was_started_with(tmp_path, how):
+    """-march=native is read from the programs' arguments and the COLLECT_GCC_OPTIONS a driver hands
+    its children, not from the command's text: given directly, in a response file, added by a CXX
+    wrapper script, or with a space inside one -Xcompiler-style word, the driver that expanded it
+    is keyed on `DRIVER -### ... -march=native`, and that dry run spells out exactly the options
+    the compile's cc1 received (the oracle: cc1's own recorded arguments)."""
+    if observe.unavailable():
+        pytest.skip(observe.unavailable())
     from pp4.reuse import nativecpu
 
-    assert nativecpu.flags_in(argv) == flags
-    assert (nativecpu.host_compiler(argv) if flags else None) == compiler
+    (tmp_path / "a.c").write_text("int f(void) { return 1; }\n")
+    gcc = "/usr/bin/gcc"
+    argv = [gcc, "-O2", "-march=native", "-c", str(tmp_path / "a.c"), "-o", str(tmp_path / "a.o")]
+    if how == "response-file":
+        (tmp_path / "flags.rsp").write_text("-O2 -march=native\n")
+        argv = [gcc, f"@{tmp_path / 'flags.rsp'}", "-c", str(tmp_path / "a.c"), "-o", str(tmp_path / "a.o")]
+    elif how == "wrapper":
+        wrapper = tmp_path / "cc-wrapper"
+        wrapper.write_text(f'#!/bin/sh\nexec {gcc} -march=native "$@"\n')
+        wrapper.chmod(0o755)
+        argv = [str(wrapper), "-O2", "-c", str(tmp_path / "a.c"), "-o", str(tmp_path / "a.o")]
+    elif how == "specs-free-spelling":
+        argv = ["/bin/sh", "-c", f"{gcc} $0 -c {tmp_path / 'a.c'} -o {tmp_path / 'a.o'}", "-O2 -march=native"]
+    ran = run(argv, {"PATH": "/usr/bin:/bin"}, Limits(), tmp_path / "runs", None, compile=False)
+    assert ran.returncode == 0, ran.stderr
+    cpu, gpu, problem = nativecpu.drivers(ran.trace)
+    assert problem is None and gpu == {}
+    assert cpu == {gcc: ["-march=native"]}, cpu
+    (cc1,) = [e for e in ran.trace.execs if e.program.endswith("/cc1")]
+    said = subprocess.run([gcc, "-###", "-E", "-x", "c", os.devnull, "-march=native"], capture_output=True, text=True)
+    (line,) = [ln for ln in said.stderr.splitlines() if "/cc1 " in ln]
+    import shlex
+
+    assert driver_expansion(shlex.split(line)) == driver_expansion(cc1.argv)
+
+
+def test_no_native_option_means_no_cpu_observation(tmp_path):
+    if observe.unavailable():
+        pytest.skip(observe.unavailable())
+    from pp4.reuse import nativecpu
+
+    (tmp_path / "a.c").write_text("int f(void) { return 1; }\n")
+    ran = run(["/usr/bin/gcc", "-O2", "-march=x86-64-v2", "-DNAME=native", "-c", str(tmp_path / "a.c"), "-o",
+               str(tmp_path / "a.o")], {"PATH": "/usr/bin:/bin"}, Limits(), tmp_path / "runs", None, compile=False)
+    assert nativecpu.drivers(ran.trace) == ({}, {}, None)
 
 
 @pytest.mark.parametrize("argv, flags", [
@@ -302,12 +343,141 @@ def test_native_cpu_options_are_found_however_passed(argv, flags, compiler):
     (["/t/nvcc", "-arch", "native", "-c", "a.cu"], ["-arch=native"]),
     (["/t/nvcc", "--gpu-architecture=native", "-c", "a.cu"], ["--gpu-architecture=native"]),
     (["/t/nvcc", "-gencode", "arch=compute_90,code=sm_90", "-DNATIVE=native", "-c", "a.cu"], []),
-    (["/usr/bin/c++", "-arch=native", "-c", "a.cpp"], []),
 ])
-def test_native_gpu_options_are_found_however_passed(argv, flags):
+def test_nvccs_native_gpu_options_are_read_from_its_arguments(argv, flags):
     from pp4.reuse import nativecpu
 
-    assert nativecpu.gpu_flags_in(argv) == flags
+    assert nativecpu.gpu_flags(argv) == flags
+    trace = observe.parse(f"9\texecve\t0\t\t/t/nvcc\n9\t+exec\t1\t\t{len(argv)}\t" + "\t".join(argv) + "\tPATH=/bin\n")
+    assert nativecpu.drivers(trace) == ({}, {"/t/nvcc": flags} if flags else {}, None)
+
+
+def test_a_program_other_than_nvcc_that_asks_the_gpu_driver_is_not_keyed():
+    from pp4.reuse import nativecpu
+
+    log = ("9\texecve\t0\t\t/t/nvcc\n9\t+exec\t1\t\t1\t/t/nvcc\n9\topenat\t2\t\t/dev/nvidiactl\n"
+           "10\texecve\t0\t\t/opt/probe\n10\t+exec\t9\t\t1\t/opt/probe\n10\topenat\t0\t\t/dev/nvidia0\n")
+    cpu, gpu, problem = nativecpu.drivers(observe.parse(log))
+    assert problem is not None and "/opt/probe asked the GPU driver" in problem
+    cpu, gpu, problem = nativecpu.drivers(observe.parse(log.split("10\t")[0]))
+    assert problem is None and gpu == {"/t/nvcc": ["-arch=native"]}
+
+
+def test_every_system_call_of_the_running_kernel_is_classed(tmp_path):
+    """The observer's table names every x86-64 system call the running kernel has (read from
+    /proc/kallsyms, where each has an `__x64_sys_` entry point); a kernel with a call it does not
+    know fails here until the call is classed. (Unknown numbers are not let through meanwhile:
+    the filter hands every call it does not allow to the observer, which reports it.)"""
+    if observe.unavailable():
+        pytest.skip(observe.unavailable())
+    table = subprocess.run([str(observe.observer_path()), "--table"], capture_output=True, text=True, check=True).stdout
+    classes = {line.split("\t")[1]: line.split("\t")[2] for line in table.splitlines()}
+    numbers = {line.split("\t")[1]: int(line.split("\t")[0]) for line in table.splitlines()}
+    assert set(classes.values()) == {"harmless", "unkeyed", "answered", "observed", "some-requests", "unstorable"}
+    try:
+        symbols = open("/proc/kallsyms").read()
+    except OSError as e:
+        pytest.skip(f"/proc/kallsyms cannot be read here ({e})")
+    names = set(re.findall(r" [TtWw] __x64_sys_(\w+)$", symbols, re.M)) - {n for n in re.findall(r"__x64_sys_(\w+)\.cold", symbols)}
+    if not names:
+        pytest.skip("/proc/kallsyms names no __x64_sys_ entry points here")
+    # Entry points of x86-64 calls named otherwise in the table (arch/x86/entry/syscalls/syscall_64.tbl).
+    renamed = {"newstat": "stat", "newfstat": "fstat", "newlstat": "lstat", "newuname": "uname",
+               "sendfile64": "sendfile", "umount": "umount2", "ni_syscall": "read"}
+    # Entry points that only 32-bit programs reach (their x86-64 twins have entries of their own):
+    # the i386 ABI's calls are reported as another ABI's, whatever they are.
+    thirty_two_bit = {"stat", "fstat", "lstat", "uname", "sendfile", "set_thread_area", "get_thread_area", "uselib",
+                      "llseek", "mmap_pgoff", "nice", "old_getrlimit", "old_readdir", "oldumount", "olduname",
+                      "recv", "send", "sgetmask", "ssetmask", "signal", "sigpending", "sigprocmask", "sigsuspend",
+                      "socketcall", "stime", "stime32", "statfs64", "fstatfs64", "waitpid", "sync_file_range2",
+                      "fadvise64_64", "gethostname", "ipc", "old_msgctl", "old_semctl", "old_shmctl", "vm86", "vm86old",
+                      "pciconfig_iobase", "pciconfig_read", "pciconfig_write", "rtas", "s390_ipc", "s390_pci_mmio_read",
+                      "s390_pci_mmio_write", "spu_create", "spu_run", "subpage_prot"}
+    thirty_two_bit |= {n for n in names if n.endswith(("16", "_time32", "32")) or n.startswith("ia32_")}
+    unknown = sorted(n for n in names if renamed.get(n, n) not in classes and n not in thirty_two_bit)
+    assert unknown == [], f"system calls of this kernel that pp4-observe's table does not class: {unknown}"
+    header = "/usr/include/x86_64-linux-gnu/asm/unistd_64.h"
+    if os.path.exists(header):
+        for name, nr in re.findall(r"#define __NR_(\w+) (\d+)", open(header).read()):
+            assert numbers.get(name) == int(nr), f"{name}: the table says {numbers.get(name)}, {header} {nr}"
+
+
+def test_the_cpu_set_is_answered_the_same_everywhere(tmp_path):
+    """A tool that sizes its work by the CPUs it may use (nproc, -j0, LLVM's thread pools) is told
+    one CPU by the observer, whatever the machine and whatever `configure --cpus` chose: nothing
+    about this machine's CPUs reaches an object through it, and there is nothing to key."""
+    if observe.unavailable():
+        pytest.skip(observe.unavailable())
+    out = tmp_path / "out"
+    for cpus in (None, (0,), tuple(sorted(os.sched_getaffinity(0)))):
+        ran = run(["/bin/sh", "-c", "nproc; python3 -c 'import os; print(sorted(os.sched_getaffinity(0)))'"],
+                  {"PATH": "/usr/bin:/bin"}, Limits(cpus=cpus), tmp_path / "runs", None, compile=False, stdout=out)
+        assert ran.returncode == 0 and out.read_text().split("\n")[:2] == ["1", "[0]"], out.read_text()
+        assert ran.trace.unstorable == ()
+
+
+def test_unstorable_calls_name_the_call_and_the_program(tmp_path):
+    """A socket of any family and direction (a UDP question and its answer without connect), an
+    extended attribute read through the *at calls of Linux 6.13, the machine's name, and a call the
+    table does not know: each is reported once with the program that made it; a compile with any
+    is never stored, and its reason names both."""
+    program = observed_program(tmp_path, "asks",
+                               "#define _GNU_SOURCE\n#include <netinet/in.h>\n#include <string.h>\n"
+                               "#include <sys/socket.h>\n#include <sys/syscall.h>\n#include <sys/utsname.h>\n"
+                               "#include <unistd.h>\n"
+                               "int main(int argc, char **argv) {\n"
+                               "  if (argv[1][0] == 'u') { int s = socket(AF_INET, SOCK_DGRAM, 0);\n"
+                               "    struct sockaddr_in in = {.sin_family = AF_INET, .sin_port = htons(9),\n"
+                               "                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};\n"
+                               "    char b[8]; sendto(s, \"q\", 1, 0, (struct sockaddr *)&in, sizeof in);\n"
+                               "    recvfrom(s, b, sizeof b, MSG_DONTWAIT, 0, 0); }\n"
+                               "  if (argv[1][0] == 'n') { struct utsname u; uname(&u); }\n"
+                               "  if (argv[1][0] == 'x') syscall(1000, 0);\n"
+                               "  return 0; }\n")
+    for how, call in (("u", "sendto"), ("n", "uname"), ("x", "syscall-1000")):
+        ran = run([str(program), how], {"PATH": "/usr/bin:/bin"}, Limits(), tmp_path / "runs", None, compile=False)
+        assert ran.trace.unstorable and ran.trace.unstorable[0].call == call, (how, ran.trace.unstorable)
+        assert all(u.program == str(program) for u in ran.trace.unstorable)
+        pairs, why = observed.from_run(ran, set(), observed.States(FileHasher()))
+        assert pairs == [] and f"system call {call} ({program})" in why
+
+
+def test_extended_attributes_are_observed_with_their_values(tmp_path):
+    """An attribute read by path, by descriptor, without following a link, or through getxattrat
+    (Linux 6.13) is an observation of its value; the list of names too. A value that changes
+    changes the state."""
+    probe = tmp_path / "probe"
+    probe.write_text("same bytes\n")
+    try:
+        os.setxattr(probe, "user.pp4", b"one")
+    except OSError as e:
+        pytest.skip(f"this file system keeps no user extended attributes ({e})")
+    program = observed_program(tmp_path, "attrs",
+                               "#define _GNU_SOURCE\n#include <fcntl.h>\n#include <stdint.h>\n#include <sys/syscall.h>\n"
+                               "#include <sys/xattr.h>\n#include <unistd.h>\n"
+                               "struct xattr_args { uint64_t value; uint32_t size; uint32_t flags; };\n"
+                               "int main(int argc, char **argv) { char v[64], names[256];\n"
+                               "  getxattr(argv[1], \"user.pp4\", v, sizeof v);\n"
+                               "  int fd = open(argv[1], O_RDONLY); fgetxattr(fd, \"user.other\", v, sizeof v);\n"
+                               "  listxattr(argv[1], names, sizeof names);\n"
+                               "  struct xattr_args a = {(uint64_t)(uintptr_t)v, sizeof v, 0};\n"
+                               "  syscall(464, AT_FDCWD, argv[1], 0, \"user.third\", &a, sizeof a);\n"
+                               "  return 0; }\n")
+    time.sleep(0.1)  # the program is new: a file made within a compile's clock tick reads as changed during it
+    ran = run([str(program), str(probe)], {"PATH": "/usr/bin:/bin"}, Limits(), tmp_path / "runs", None, compile=False)
+    assert ran.trace.unstorable == () and ran.trace.opaque == ()
+    assert set(ran.trace.xattrs) >= {(str(probe), True, "user.pp4"), (str(probe), True, "user.other"),
+                                     (str(probe), True, None)}
+    pairs, why = observed.from_run(ran, set(), observed.States(FileHasher()))
+    assert why is None
+    states = dict(pairs)
+    mine = [st for p, st in pairs if p == str(probe) and st.startswith("xattr:user.pp4=")]
+    assert mine == [f"xattr:user.pp4={hashlib.sha256(b'one').hexdigest()}"]
+    assert any(p == str(probe) and st == "xattr:user.other=-" for p, st in pairs)
+    assert any(p == str(probe) and st == "xattr:user.third=-" for p, st in pairs)
+    os.setxattr(probe, "user.pp4", b"two")
+    assert observed.States(FileHasher()).now(str(probe), mine[0]) != mine[0]
+    assert states  # the file's own read is observed too
 
 
 def test_a_file_reached_through_proc_is_not_trusted():
@@ -316,12 +486,13 @@ def test_a_file_reached_through_proc_is_not_trusted():
     through = ["/proc/self/cwd/a.h", "/proc/thread-self/root/usr/include/b.h", "/proc/42/task/43/cwd/c.h",
                "/dev/fd/7/d.h", "/dev/fd/../cwd/e.h", "//proc//self/cwd/f.h", "/proc/self/fd/3/g.h"]
     benign = ["/proc/self/exe", "/dev/urandom", "/proc/sys/vm/overcommit_memory", "/proc/self/cwd", "/proc/self/fd/3",
-              "/dev/null", "/sys/devices/system/cpu/online"]
-    ordinary = ["/dev/shm/cfg/x.h"]  # a tmpfs anyone keeps files in: seen like any folder
+              "/dev/null"]
+    # a tmpfs anyone keeps files in, and the CPUs this machine has: seen (and keyed) like any file
+    ordinary = ["/dev/shm/cfg/x.h", "/sys/devices/system/cpu/online"]
     log = "".join(f"7\topenat\t0\t\t{p}\n" for p in through + benign + ordinary)
     t = observe.parse(log)
     assert set(t.through_proc) == set(through)
-    assert t.reads == {("/dev/shm/cfg/x.h", True): "ok"} and t.opaque == ()
+    assert t.reads == {(p, True): "ok" for p in ordinary} and t.opaque == ()
 
 
 def test_a_file_under_proc_sys_or_dev_is_neutral_only_if_real_compiles_read_it():
@@ -329,7 +500,7 @@ def test_a_file_under_proc_sys_or_dev_is_neutral_only_if_real_compiles_read_it()
     other file there holds (the mounts, the load, a device) describes the machine or the run, and
     is reported; a stat of one only says it exists."""
     neutral = ["/proc/self/exe", "/proc/4242/exe", "/proc/sys/vm/overcommit_memory", "/proc/filesystems",
-               "/sys/devices/system/cpu/online", "/dev/urandom", "/dev/null", "/dev/stdin", "/dev/nvidiactl",
+               "/sys/fs/selinux", "/dev/urandom", "/dev/null", "/dev/stdin", "/dev/nvidiactl",
                "/dev/nvidia-caps/nvidia-cap1", "/proc/driver/nvidia/params", "/proc/self/fd", "/proc/self/fd/4"]
     describing = ["/proc/self/mountinfo", "/proc/loadavg", "/proc/uptime", "/proc/self/status", "/proc/mounts",
                   "/sys/fs/cgroup/cpu.max", "/sys/class/net/eth0/address", "/dev/sda", "/dev/tty", "/proc"]
@@ -347,7 +518,7 @@ def test_a_process_that_sets_up_io_uring_is_not_trusted(tmp_path):
                                "int main(void) { char params[120]; memset(params, 0, sizeof params);\n"
                                "  syscall(SYS_io_uring_setup, 1, params); return 0; }\n")
     ran = run([str(program)], {"PATH": "/usr/bin:/bin"}, Limits(), tmp_path / "runs", None, compile=False)
-    assert ran.trace is not None and any("\tio_uring_setup\t" in line for line in ran.trace.opaque), ran.trace
+    assert ran.trace is not None and [u.call for u in ran.trace.unstorable] == ["io_uring_setup"], ran.trace
 
 
 def test_a_process_that_remaps_paths_without_mount_is_not_trusted(tmp_path):
@@ -366,10 +537,11 @@ def test_a_process_that_remaps_paths_without_mount_is_not_trusted(tmp_path):
     for how, call in (("t", "open_tree"), ("m", "move_mount"), ("f", "fsopen"), ("s", "setns")):
         ran = run([str(program), how, str(tmp_path)], {"PATH": "/usr/bin:/bin"}, Limits(),
                   tmp_path / "runs", None, compile=False)
-        assert ran.trace is not None and any(f"\t{call}\t" in line for line in ran.trace.opaque), (call, ran.trace)
+        assert ran.trace is not None and [u.call for u in ran.trace.unstorable] == [call], (call, ran.trace)
+        assert ran.trace.unstorable[0].program == str(program)
     ran = run([str(program), "-", str(tmp_path)], {"PATH": "/usr/bin:/bin"}, Limits(), tmp_path / "runs",
               None, compile=False)
-    assert ran.trace is not None and ran.trace.opaque == ()
+    assert ran.trace is not None and ran.trace.opaque == () and ran.trace.unstorable == ()
 
 
 def test_an_open_resolved_in_another_root_is_not_trusted(tmp_path):
@@ -405,8 +577,11 @@ def test_an_open_resolved_in_another_root_is_not_trusted(tmp_path):
 
 def test_sockets_and_folder_opens_are_seen_for_what_they_are(tmp_path):
     """A program that connects to a server (TCP, or a Unix socket that is there) is never trusted:
-    another process answered it. A Unix socket with nothing at its path is an absence; opening a
-    folder to list it (O_DIRECTORY, which glibc's __O_TMPFILE also holds) is a read, O_TMPFILE a write."""
+    another process answered it. A Unix socket with nothing at its path is an absence (glibc's user
+    lookups try nscd's socket first); opening a folder to list it (O_DIRECTORY, which glibc's
+    __O_TMPFILE also holds) is a read, O_TMPFILE a write."""
+    import socket as sockets
+
     program = observed_program(tmp_path, "talk",
                                "#define _GNU_SOURCE\n#include <fcntl.h>\n#include <netinet/in.h>\n#include <string.h>\n"
                                "#include <sys/socket.h>\n#include <sys/un.h>\n#include <unistd.h>\n"
@@ -427,27 +602,40 @@ def test_sockets_and_folder_opens_are_seen_for_what_they_are(tmp_path):
     ran = run([str(program), str(tmp_path / "none.sock"), str(folder)], env, Limits(), tmp_path / "runs",
               None, compile=False)
     t = ran.trace
-    assert t.sockets == () and t.opaque == ()
+    assert t.unstorable == () and t.opaque == ()
     assert t.reads[(str(tmp_path / "none.sock"), True)] == "ENOENT" and t.reads[(str(folder), True)] == "ok"
     assert str(folder) in t.writes  # the O_TMPFILE open
     ran = run([str(program), str(tmp_path / "none.sock"), str(folder), "tcp"], env, Limits(),
               tmp_path / "runs", None, compile=False)
-    assert ran.trace.sockets == ("connect family 2",)
+    assert [(u.call, u.detail) for u in ran.trace.unstorable] == [("connect", "address family 2")]
     pairs, why = observed.from_run(ran, set(), observed.States(FileHasher()))
-    assert pairs == [] and "through a socket (connect family 2)" in why
+    assert pairs == [] and "system call connect" in why and "a socket reaches another process" in why
+    server = sockets.socket(sockets.AF_UNIX)
+    server.bind(str(tmp_path / "there.sock"))
+    server.listen(1)
+    try:
+        ran = run([str(program), str(tmp_path / "there.sock"), str(folder)], env, Limits(), tmp_path / "runs",
+                  None, compile=False)
+    finally:
+        server.close()
+    assert [(u.call, u.detail) for u in ran.trace.unstorable] == [("connect", str(tmp_path / "there.sock"))]
 
 
-def test_once_only_twins_are_keyed_in_the_project_alone(tmp_path):
-    """Two copies of a `#pragma once` header in the project are keyed on whether their times agree;
-    copies inside torch (or the toolchain, the system) are not: their times are each machine's
-    install times, and keying them would split a shared store."""
+def test_twins_are_keyed_wherever_they_are(tmp_path):
+    """Files of the same bytes that one compile read are keyed on whether their times agree, in the
+    project and in torch alike (gcc folds once-only twins of one second; pip gives every file its
+    unpack time); an empty file holds no directive and is left out."""
+    from pp4.reuse import twins
+
     project, torch_dir = tmp_path / "src", tmp_path / "torch"
     for folder in (project / "a", project / "b", torch_dir / "c10", torch_dir / "csrc"):
         folder.mkdir(parents=True)
     once = "#pragma once\nstruct _object;\n"
     for path in (project / "a" / "x.h", project / "b" / "x.h", torch_dir / "c10" / "stub.h", torch_dir / "csrc" / "stub.h"):
-        path.write_text(once)
+        path.write_text(once if "src" in str(path.parent.parent.name) else "\ufeff#pragma once\nstruct _other;\n")
         os.utime(path, (1_000_000, 1_000_000))
+    (project / "a" / "empty.h").write_text("")
+    (project / "b" / "empty.h").write_text("")
     os.utime(torch_dir / "csrc" / "stub.h", (2_000_000, 2_000_000))
     root = Root.from_mounts([["/pp4/src", str(project)], ["/pp4/torch", str(torch_dir)]])
 
@@ -458,14 +646,16 @@ def test_once_only_twins_are_keyed_in_the_project_alone(tmp_path):
         def real(self, path):
             return root.real(path)
 
-    digest = hashlib.sha256(once.encode()).hexdigest()
-    pairs = {(p, "f"): digest for p in ("/pp4/src/a/x.h", "/pp4/src/b/x.h", "/pp4/torch/c10/stub.h", "/pp4/torch/csrc/stub.h")}
-    observed._twins(Ran(), pairs)
-    twins = {k: v for k, v in pairs.items() if k[1] == observed.TWINS}
-    assert list(twins) == [("/pp4/src/a/x.h", observed.TWINS)]
-    assert twins[("/pp4/src/a/x.h", observed.TWINS)] == observed.TWINS + "/pp4/src/b/x.h|0,0"
     states = observed.States(FileHasher())
-    recorded = twins[("/pp4/src/a/x.h", observed.TWINS)]
+    pairs = {(p, "f"): states.state(root.real(p)) for p in
+             ("/pp4/src/a/x.h", "/pp4/src/b/x.h", "/pp4/torch/c10/stub.h", "/pp4/torch/csrc/stub.h",
+              "/pp4/src/a/empty.h", "/pp4/src/b/empty.h")}
+    twins.observe(Ran(), pairs)
+    found = {k[0]: v for k, v in pairs.items() if k[1] == twins.PREFIX}
+    assert found == {"/pp4/src/a/x.h": twins.PREFIX + "/pp4/src/b/x.h|0,0",
+                     "/pp4/torch/c10/stub.h": twins.PREFIX + "/pp4/torch/csrc/stub.h|0,1"}
+    recorded = found["/pp4/src/a/x.h"]
     assert states.now(str(project / "a" / "x.h"), recorded, root.real) == recorded
     os.utime(project / "b" / "x.h", (1_000_100, 1_000_100))
-    assert states.now(str(project / "a" / "x.h"), recorded, root.real) == observed.TWINS + "/pp4/src/b/x.h|0,1"
+    assert observed.States(FileHasher()).now(str(project / "a" / "x.h"), recorded, root.real) == \
+        twins.PREFIX + "/pp4/src/b/x.h|0,1"

@@ -1,19 +1,23 @@
-"""The observer: every path a command and all its children opened, looked at, listed or ran.
+"""The observer: every path a command and all its children opened, looked at, listed or ran, every
+program they started and with what, and every other call that could bring in what pp4 cannot key.
 
 A compile's inputs are whatever its processes asked the kernel about, not what a model of gcc or
 nvcc says they read: nvcc's passes, the host compiler's cc1plus and as, a data file an `.incbin`
 pulls in, a response file, a header looked for and not found, the shared libraries the loader
 maps. The command runs under pp4-observe (observer.c, built here with the host C compiler on first
-use): a seccomp filter that every process the command starts inherits hands each file system call
-to it, which reads the paths, looks at what is there, and lets the call go on. Its log is parsed
-into a `Trace`: for each path, how it was reached (following links or not) and whether something
-was there; the folders listed; the paths written, created, renamed or removed; and what could not
-be understood.
+use): a seccomp filter that every process the command starts inherits lets through the calls of
+its table that learn nothing from outside (memory, signals, a process's own descriptors) and hands
+every other call to it, which reads the paths, looks at what is there, and lets the call go on; a
+call it cannot observe (a socket, another process's memory, the machine's name, a call its table
+does not know) is logged as such, and the compile is never stored. Its log is parsed into a
+`Trace`.
 
-What is not seen: time (the compilers are asked about it instead: -Wdate-time, pp4/execution/run.py),
-/proc, /sys and /dev (left out below: a compile that reads the CPU's features from /proc changes
-with the machine, which no key here covers), and anything that reaches a file without a path (an fd
-passed in from outside). docs/reuse.md says what that leaves open.
+What is not seen: the clock, randomness, resource limits and the user's ids, which real compiles
+read and whose answers change none of their objects (observer.c's UNKEYED class; docs/reuse.md
+says why each is safe or not), the CPU's own answers to the `cpuid` instruction (pp4/reuse/
+nativecpu.py keys what a compiler driver makes of them), /proc, /sys and /dev but the files named
+below, and a file reached through a descriptor passed in from outside (a compile gets /dev/null and
+files of its own as its standard streams: pp4/execution/run.py).
 """
 
 from __future__ import annotations
@@ -46,19 +50,25 @@ _THROUGH_PROC = re.compile(r"^/(?:proc/(?:self|thread-self|\d+)(?:/task/\d+)?/(?
                            r"|dev/(?:fd/\d+|stdin|stdout|stderr))/.|^/(?:proc|dev)/(?:.*/)?\.\.(?:/|$)")
 # What a command may read under /proc, /sys and /dev without being keyed on it: what nvcc, gcc, the
 # linker and gcc's LTO driver read there (pp4-observe of real compiles and links: the program's own
-# path, the kernel's overcommit setting, the CPUs online, the list of file systems libselinux
-# checks, random bytes, the null device), a process's own folder links (what they name is seen
-# where it is read), the standard streams (a compile's input is /dev/null), and the NVIDIA driver's
-# files, which `-arch=native` reaches through the driver and which pp4 keys through nvcc's dry run
-# instead (what a compile reads there on a GPU host was not checked: another file there makes its
-# compiles unstorable, each event naming it, not stale). Every other
-# file there describes the machine or the run (its CPU, kernel, mounts, load, uptime, cgroups,
-# a process's status, a device's contents): a compile that reads one is not keyed on it, so it is
-# never stored.
+# path, the kernel's overcommit setting, the list of file systems libselinux checks, random bytes,
+# the null device), a process's own folder links (what they name is seen where it is read), the
+# standard streams (a compile's input is /dev/null), and the NVIDIA driver's files, which
+# `-arch=native` reaches through the driver and which pp4 keys through nvcc's dry run instead.
+# Every other file there describes the machine or the run (its CPU, kernel, mounts, load, uptime,
+# cgroups, a process's status, a device's contents): a compile that reads one is not keyed on it,
+# so it is never stored.
 _NEUTRAL_FILES = re.compile(r"^/dev/(?:null|zero|full|random|urandom|stdin|stdout|stderr|nvidia[^/]*|nvidia-caps/.+)$"
                             r"|^/proc/(?:self|thread-self|\d+)(?:/task/\d+)?/(?:exe|cwd|root|fd|fd/\d+)$"
                             r"|^/proc/(?:sys/vm/overcommit_memory|filesystems)$|^/proc/driver/nvidia/"
-                            r"|^/sys/devices/system/cpu/(?:online|possible|present)$|^/sys/module/nvidia")
+                            r"|^/sys/module/nvidia|^/sys/fs/selinux$")
+# Files under /sys that are keyed like any other file, by their bytes: the CPUs this machine has
+# (glibc's sysconf(_SC_NPROCESSORS_ONLN) reads `online`). Real compiles do not read them; a tool
+# that sizes its work by them is keyed on them (the CPU set a process may use is answered by
+# pp4-observe, the same everywhere: observer.c).
+_KEYED_UNDER_SYS = re.compile(r"^/sys/devices/system/cpu/(?:online|possible|present)$")
+# What asks the GPU driver: nvcc's -arch=native does (pp4/reuse/nativecpu.py keys what nvcc makes
+# of it); any other program that does is asking something pp4 cannot key.
+_GPU_DRIVER = re.compile(r"^/dev/nvidia|^/proc/driver/nvidia")
 # The calls that read what a file holds (or what a link names): a stat or an access of a file
 # there says only that it exists.
 _CONTENT_READS = {"open", "openat", "openat2", "readlink", "readlinkat", "execve", "execveat"}
@@ -66,46 +76,71 @@ _CONTENT_READS = {"open", "openat", "openat2", "readlink", "readlinkat", "execve
 # Calls that read a path, and whether they follow a final link (the log's 'n' flag can say not).
 _READS = {"open": True, "openat": True, "openat2": True, "stat": True, "lstat": False, "newfstatat": True,
           "statx": True, "access": True, "faccessat": True, "faccessat2": True, "readlink": False,
-          "readlinkat": False, "execve": True, "execveat": True, "statfs": True}
-# Calls that change the file system.
+          "readlinkat": False, "execve": True, "execveat": True}
+# Calls that read a path's extended attributes (an attribute by name, or the list of names).
+_XATTR_READS = {"getxattr", "lgetxattr", "fgetxattr", "getxattrat"}
+_XATTR_LISTS = {"listxattr", "llistxattr", "flistxattr", "listxattrat"}
+# Calls that change the file system (by path, or through a descriptor: fchmod and the like).
 _WRITES = {"creat", "unlink", "unlinkat", "rmdir", "mkdir", "mkdirat", "rename", "renameat", "renameat2", "link",
-           "linkat", "symlink", "symlinkat", "chmod", "fchmodat", "chown", "lchown", "fchownat", "truncate",
-           "utime", "utimes", "utimensat", "futimesat", "mknod", "mknodat", "setxattr", "lsetxattr",
-           "removexattr", "lremovexattr"}
+           "linkat", "symlink", "symlinkat", "chmod", "fchmodat", "fchmodat2", "chown", "lchown", "fchownat",
+           "truncate", "utime", "utimes", "utimensat", "futimesat", "mknod", "mknodat", "setxattr", "lsetxattr",
+           "removexattr", "lremovexattr", "setxattrat", "removexattrat", "fchmod", "fchown", "fsetxattr",
+           "fremovexattr"}
 _LISTS = {"getdents", "getdents64"}
+# A connect to a Unix socket with nothing at its path (pp4-observe reports every other connect as
+# unstorable): an absence, observed like any other.
+_CONNECTS = {"connect"}
 # The observer resolves each path against the caller's folder itself: a change of folder needs nothing.
 _FREE = {"chdir", "fchdir"}
-# Calls that reach another process through a socket, whose answers no path shows. A connect to a
-# Unix socket with nothing at its path fails: an absence, observed like any other.
-_SOCKETS = {"connect", "bind"}
-# Calls that ask the kernel about the machine itself (its name, its kernel release): no path shows it.
-_MACHINE = {"uname"}
-# Inputs that neither a file's content nor its presence shows: other ways to another process or to
-# what one left behind, and extended attributes (which nvcc, gcc and the linker do not read).
-CHANNELS = {**dict.fromkeys(("getxattr", "lgetxattr", "fgetxattr", "listxattr", "llistxattr", "flistxattr"),
-                            "a file's extended attributes"),
-            **dict.fromkeys(("shmget", "shmat", "shmctl"), "System V shared memory"),
-            **dict.fromkeys(("msgget", "msgrcv", "msgctl"), "a System V message queue"),
-            **dict.fromkeys(("semget", "semctl", "semop", "semtimedop"), "System V semaphores"),
-            "mq_open": "a POSIX message queue",
-            **dict.fromkeys(("process_vm_readv", "ptrace", "pidfd_getfd"), "another process's memory or descriptors"),
-            **dict.fromkeys(("keyctl", "request_key"), "the kernel's key store")}
 _ESCAPE = re.compile(r"\\(.)")
 _ESCAPED = {"t": "\t", "n": "\n", "\\": "\\"}
 
 
 @attrs.frozen
+class Exec:
+    """A program a command started (after an execve that found it): what it was started with."""
+    pid: int
+    ppid: int
+    program: str  # the path execve was given, as the process named it
+    argv: tuple[str, ...]
+    env: tuple[str, ...]  # NAME=VALUE
+
+    def getenv(self, name: str) -> str | None:
+        prefix = name + "="
+        return next((e[len(prefix):] for e in self.env if e.startswith(prefix)), None)
+
+
+@attrs.frozen
+class Unstorable:
+    """A system call pp4 cannot observe (observer.c's class UNSTORABLE, an unknown call, an ioctl
+    or fcntl request that asks beyond the process): the compile is never stored."""
+    call: str
+    program: str
+    detail: str = ""
+
+
+@attrs.frozen
 class Trace:
-    """What one command's process tree asked about paths."""
+    """What one command's process tree asked about paths, and what else it asked the kernel."""
     reads: dict  # (path, follows a final link) -> "ok" or the errno name of what was there
     listed: frozenset  # folders whose entries were read
     executed: frozenset  # programs run (their interpreters are read by the kernel, unseen)
     writes: frozenset  # paths created, written, renamed, removed (normalized)
     opaque: tuple  # lines that could not be understood: an observation that cannot be trusted
     through_proc: tuple = ()  # paths read through a process's folder link under /proc: not trusted either
-    sockets: tuple = ()  # the addresses of sockets it connected or bound: another process's answers
-    machine: tuple = ()  # what asked which machine it runs on (uname), or a file that describes it or the run
-    channels: tuple = ()  # the calls that reached another process other than by socket (CHANNELS)
+    machine: tuple = ()  # a file under /proc, /sys or /dev that describes the machine or the run
+    unstorable: tuple = ()  # Unstorable calls, each call and program once
+    execs: tuple = ()  # Exec: every program started, with its arguments and environment
+    xattrs: dict = attrs.field(factory=dict)  # (path, follows, attribute name or None: the list) -> result
+    gpu: tuple = ()  # pids that asked the GPU driver (opened or looked at /dev/nvidia*, /proc/driver/nvidia)
+
+    def program_of(self, pid: int) -> str | None:
+        """The program a process was running when it last started one (None: it never ran one here)."""
+        found = None
+        for e in self.execs:
+            if e.pid == pid:
+                found = e.program
+        return found
 
 
 def compiler() -> str | None:
@@ -202,28 +237,34 @@ def _unescape(field: str) -> str:
 def parse(log_text: str) -> Trace:
     """The trace of one observed command, from pp4-observe's log (observer.c says its format)."""
     reads: dict[tuple[str, bool], str] = {}
-    listed, executed, writes, opaque, through_proc, sockets, machine, channels = set(), set(), set(), [], [], [], [], []
+    xattrs: dict[tuple[str, bool, str | None], str] = {}
+    listed, executed, writes, opaque, through_proc, machine, gpu = set(), set(), set(), [], [], [], []
+    unstorable: list[Unstorable] = []
+    execs: list[Exec] = []
+    last_exec: dict[str, str] = {}  # pid -> the program its last found execve named
     for line in log_text.splitlines():
         fields = line.split("\t")
-        if len(fields) < 5 or not fields[2].isdigit() or "?" in fields[3]:
-            opaque.append(line)  # a path the observer could not read, or a line cut short
+        if len(fields) >= 5 and fields[1] == "+exec":
+            if "?" in fields[3] or not fields[2].isdigit() or not fields[4].isdigit() or fields[0] not in last_exec:
+                opaque.append(line[:400])  # arguments that could not be read: what it was told is unknown
+                continue
+            words = [_unescape(f) for f in fields[5:]]
+            argc = int(fields[4])
+            execs.append(Exec(int(fields[0]), int(fields[2]), last_exec[fields[0]], tuple(words[:argc]),
+                              tuple(words[argc:])))
+            continue
+        if len(fields) < 5 or not fields[2].isdigit():
+            opaque.append(line)  # a line cut short
             continue
         name, err, flags = fields[1], int(fields[2]), fields[3]
+        if "!" in flags:
+            unstorable.append(Unstorable(name, _unescape(fields[4]), _unescape(fields[5]) if len(fields) > 5 else ""))
+            continue
+        if "?" in flags:
+            opaque.append(line)  # a path the observer could not read
+            continue
         paths = [_unescape(f) for f in fields[4:]]
         if name in _FREE:
-            continue
-        if name in _MACHINE:
-            machine.append(name)
-            continue
-        if name in CHANNELS:
-            channels.append(name)
-            continue
-        if name in _SOCKETS:
-            if name == "connect" and "s" not in flags and err != 0:
-                if reads.get((paths[0], True)) != "ok":
-                    reads[(paths[0], True)] = errno.errorcode.get(err, f"E{err}")
-            else:
-                sockets.append(f"{name} {paths[0]}" if paths and paths[0] else name)
             continue
         if name in _LISTS:
             if err == 0:
@@ -232,8 +273,19 @@ def parse(log_text: str) -> Trace:
         if name in _WRITES:
             writes.update(os.path.normpath(p) for p in paths)
             continue
+        if name in _CONNECTS:
+            if reads.get((paths[0], True)) != "ok":
+                reads[(paths[0], True)] = errno.errorcode.get(err, f"E{err}")
+            continue
+        if name in _XATTR_READS or name in _XATTR_LISTS:
+            if not paths[0]:
+                opaque.append(line)
+                continue
+            attribute = paths[1] if name in _XATTR_READS and len(paths) > 1 else None
+            xattrs.setdefault((paths[0], "n" not in flags, attribute), "ok" if err == 0 else errno.errorcode.get(err, f"E{err}"))
+            continue
         if name not in _READS:
-            opaque.append(line)  # chroot, mount, a handle, another ABI's call: nothing pp4 can judge
+            opaque.append(line)  # a call this parser does not know: nothing pp4 can judge
             continue
         path = paths[0]
         if "e" in flags and not path:
@@ -242,7 +294,10 @@ def parse(log_text: str) -> Trace:
             writes.add(os.path.normpath(path))
             continue
         unseen = re.sub("/+", "/", path) if "//" in path else path
-        if (unseen in UNSEEN or unseen.startswith(_UNSEEN_UNDER)) and not unseen.startswith(_FILES_UNDER_DEV):
+        if _GPU_DRIVER.match(unseen):
+            gpu.append(int(fields[0]))
+        if (unseen in UNSEEN or unseen.startswith(_UNSEEN_UNDER)) and not unseen.startswith(_FILES_UNDER_DEV) \
+                and not _KEYED_UNDER_SYS.match(unseen):
             if _THROUGH_PROC.match(unseen):
                 through_proc.append(path)
             elif name in _CONTENT_READS and not _NEUTRAL_FILES.match(unseen):
@@ -255,8 +310,9 @@ def parse(log_text: str) -> Trace:
             reads[key] = result
         if name.startswith("execve") and err == 0:
             executed.add(path)
+            last_exec[fields[0]] = path
     return Trace(reads, frozenset(listed), frozenset(executed), frozenset(writes), tuple(opaque), tuple(through_proc),
-                 tuple(sockets), tuple(machine), tuple(channels))
+                 tuple(machine), tuple(dict.fromkeys(unstorable)), tuple(execs), xattrs, tuple(dict.fromkeys(gpu)))
 
 
 def interpreters(path: str) -> list[str]:
@@ -282,3 +338,40 @@ def interpreters(path: str) -> list[str]:
     except (OSError, struct.error, IndexError):
         return []
     return []
+
+
+# What each call pp4-observe reports as unstorable brings in, for the reason a compile's event gives.
+_BRINGS = [
+    (("connect", "accept", "accept4", "bind", "listen", "sendto", "sendmsg", "sendmmsg"),
+     "a socket reaches another process or the network, whose answers no file shows"),
+    (("uname",), "it tells the machine's name and kernel release"),
+    (("shmget", "shmat", "shmctl", "shmdt", "msgget", "msgsnd", "msgrcv", "msgctl", "semget", "semop", "semctl",
+      "semtimedop", "mq_open", "mq_unlink", "mq_timedsend", "mq_timedreceive", "mq_notify", "mq_getsetattr"),
+     "it reads what another process left (System V or POSIX IPC)"),
+    (("process_vm_readv", "process_vm_writev", "ptrace", "pidfd_getfd", "kcmp", "process_madvise",
+      "process_mrelease"), "it reaches another process's memory or descriptors"),
+    (("keyctl", "add_key", "request_key"), "it reads the kernel's key store"),
+    (("mount", "umount2", "pivot_root", "chroot", "open_tree", "move_mount", "fsopen", "fsconfig", "fsmount",
+      "fspick", "mount_setattr", "open_tree_attr", "setns", "unshare"),
+     "after it a path can name other bytes than the ones pp4 checks"),
+    (("io_uring_setup", "io_uring_enter", "io_uring_register", "io_setup", "io_submit", "io_getevents",
+      "io_pgetevents", "io_cancel", "io_destroy"), "its requests read files without a call the observer sees"),
+    (("statfs", "fstatfs", "ustat", "statmount", "listmount", "cachestat", "mincore", "file_getattr"),
+     "it tells about a file system, the page cache or a file's attributes beyond its bytes"),
+    (("inotify_add_watch", "fanotify_init", "fanotify_mark"), "it learns of other processes' changes to files"),
+    (("name_to_handle_at", "open_by_handle_at"), "a file handle names a file without its path"),
+]
+
+
+def why_unstorable(u: Unstorable) -> str:
+    """Why a compile that made this call is not stored, in words."""
+    what = next((why for calls, why in _BRINGS if u.call in calls), None)
+    if u.call in ("ioctl", "fcntl"):
+        what = f"{u.detail}: a request that asks beyond the process's own descriptors"
+    elif u.call == "foreign-abi":
+        what = f"{u.detail}, which pp4-observe's table does not cover"
+    elif u.call.startswith("syscall-"):
+        what = "a system call pp4-observe's table does not know (a kernel newer than pp4?)"
+    elif what is None:
+        what = "pp4 cannot observe what it brings in"
+    return f"it made the system call {u.call} ({u.program}): {what}"

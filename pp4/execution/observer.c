@@ -1,13 +1,16 @@
-/* pp4-observe: every path a command and all its children asked the kernel about, and what was there.
+/* pp4-observe: every path a command and all its children asked the kernel about, what was there,
+   and every other system call that could bring in something pp4 cannot key.
 
        pp4-observe [--preload LIB] LOG COMMAND [ARG...]
+       pp4-observe --table            (the table of system calls below, one "NR NAME CLASS" a line)
 
-   Built by pp4 with the host C compiler (pp4/execution/observe.py). A seccomp filter, inherited
-   by every process the command starts (static programs included, since it acts on system calls,
-   not library calls), hands each call below to this supervisor as a user notification: the
-   calling thread waits while its path arguments are read from its memory and what is at the
-   path is looked up (stat, or lstat where the call does not follow a final link), then the call
-   goes on as the process made it. One line per call goes to LOG:
+   Built by pp4 with the host C compiler (pp4/execution/observe.py). A seccomp filter, inherited by
+   every process the command starts (static programs included: it acts on system calls, not library
+   calls), lets the harmless calls of CALLS below through and hands every other call, of any number
+   or ABI, to this supervisor as a user notification. A closed world: a call the table does not
+   name is never let through unseen. The calling thread waits while its arguments are read from its
+   memory and what is at a path is looked up (stat, or lstat where the call does not follow a final
+   link); then the call goes on as the process made it. One line per call goes to LOG:
 
        PID <tab> CALL <tab> ERRNO <tab> FLAGS <tab> PATH [<tab> PATH2]
 
@@ -17,10 +20,46 @@
 
    ERRNO is what the lookup found at the moment of the call (0: something is there). FLAGS: 'w'
    opened for writing, 'n' a final link not followed, 'e' an empty path (the call names an open
-   file), '?' a path that could not be read or resolved, 's' a socket address that is no path
-   (connect and bind log a Unix socket's path, else "family N"). Paths are absolute as the process named
-   them (relative ones joined to its working folder or dirfd, nothing normalized); tab, newline
-   and backslash are written as \t, \n and \\. The exit status is the command's (128 + signal).
+   file), '?' a path that could not be read or resolved, 'x' PATH2 is an extended attribute's name.
+   Paths are absolute as the process named them (relative ones joined to its working folder or
+   dirfd, nothing normalized); tab, newline and backslash are written as \t, \n and \\.
+
+   Two more kinds of line:
+       PID <tab> +exec <tab> PPID <tab> <tab> ARGC <tab> ARG... <tab> ENV...
+                           after an execve that found its program: what the program was started
+                           with (the driver's decisions, such as -march=native's expansion, are in
+                           its children's arguments and environment)
+       PID <tab> CALL <tab> 0 <tab> ! <tab> PROGRAM [<tab> DETAIL]
+                           a call pp4 cannot observe (class UNSTORABLE below, an unknown number,
+                           another ABI, an ioctl or fcntl request that asks outside the process):
+                           the compile is never stored; logged once per call and program
+
+   The exit status is the command's (128 + signal).
+
+   The classes of CALLS (docs/reuse.md has the table with the reason for each):
+       HARMLESS     learns nothing from outside the command's processes: memory, signals, its own
+                    descriptors, processes and threads; let through by the filter
+       UNKEYED      a value real compiles read whose answer changes no object of theirs: the
+                    clock, randomness, resource limits and usage, memory statistics, the user's
+                    ids; let through, not keyed (docs/reuse.md: out of reach, and why)
+       ANSWERED     answered here, the same on every machine: the CPU set (one CPU), so that a
+                    tool that sizes its work by it does the same everywhere
+       READ ... XLIST
+                    observed: a path, a descriptor's target or an extended attribute, logged
+                    with what was there
+       SOCKET       connect: to a Unix socket with nothing at its path, an absence observed like
+                    any other (glibc's user lookups try nscd's socket first); to anything else, a
+                    reach to another process or the network: UNSTORABLE
+       IOCTL, FCNTL, SEND
+                    the filter lets through the requests that ask only about the process's own
+                    descriptors (a terminal's settings, close-on-exec, ...) and sends without an
+                    address (on a socket whose connect was judged, or a pair of the process's
+                    own); others are UNSTORABLE, except the NVIDIA driver's ioctls (what nvcc
+                    learns there is keyed by its dry run)
+       UNSTORABLE   anything else: giving a socket an address or a peer (bind, listen, accept),
+                    other processes' memory, System V and POSIX IPC, the kernel's key store, the
+                    machine's name, mounts, io_uring and asynchronous I/O, file system statistics,
+                    administration
 
    Why this and not strace or a ptrace tracer: a notification costs one round trip to this process
    per call, where ptrace stops the caller twice (entry and exit) and strace also decodes and prints
@@ -56,146 +95,434 @@
 #include <sys/uio.h>
 #include <sys/un.h>
 #include <sys/wait.h>
+#include <termios.h>
 #include <unistd.h>
 
-#if defined(__x86_64__)
-#define ARCH AUDIT_ARCH_X86_64
-#elif defined(__aarch64__)
-#define ARCH AUDIT_ARCH_AARCH64
-#else
-#error "pp4-trace knows the system calls of x86_64 and aarch64 only"
+#if !defined(__x86_64__)
+#error "pp4-observe's table is x86-64's system calls: pp4 runs on x86_64 Linux"
 #endif
+#define ARCH AUDIT_ARCH_X86_64
 
-enum kind { READ, NOFOLLOW, WRITE, LIST, EXEC, CHDIR, SOCKET, MACHINE, CHANNEL };
+enum kind {
+    HARMLESS, UNKEYED, ANSWERED,
+    READ, NOFOLLOW, WRITE, LIST, EXEC, CHDIR, FDWRITE, XATTR, XATTR_NOFOLLOW, XLIST, XLIST_NOFOLLOW,
+    SOCKET, IOCTL, FCNTL, SEND, UNSTORABLE
+};
+static const char *const KIND_NAMES[] = {
+    "harmless", "unkeyed", "answered",
+    "observed", "observed", "observed", "observed", "observed", "observed", "observed", "observed", "observed",
+    "observed", "observed", "observed", "some-requests", "some-requests", "some-requests", "unstorable"
+};
 
-/* A traced call: where its paths are. dirfd: the argument holding the folder the path at `path`
-   is relative to (-1: the working folder). flags: the argument whose bits say write/nofollow/empty
-   (-1: none). path2/dirfd2: a second path (rename, link). */
+/* One system call of x86-64 and where its arguments are. dirfd: the argument holding the folder
+   the path at `path` is relative to (-1: the working folder), or for a call on a descriptor
+   (fchmod, fgetxattr, getdents, fchdir) the descriptor itself, with path -1. flags: the argument
+   whose bits say write/nofollow/empty (-1: none). dirfd2/path2: a second path (rename, link).
+   extra: an extended attribute's name. */
 struct call {
-    long nr;
+    int nr;
     const char *name;
     enum kind kind;
-    int dirfd, path, flags, dirfd2, path2;
+    int dirfd, path, flags, dirfd2, path2, extra;
 };
 
-#define C(n, k, d, p, f, d2, p2) {SYS_##n, #n, k, d, p, f, d2, p2}
+/* Every system call of x86-64 Linux to 6.18, by number (arch/x86/entry/syscalls/syscall_64.tbl).
+   tests/test_observe.py fails when the running kernel has one this table does not name. */
 static const struct call CALLS[] = {
-#ifdef SYS_open
-    C(open, READ, -1, 0, 1, -1, -1),
-    C(stat, READ, -1, 0, -1, -1, -1),
-    C(lstat, NOFOLLOW, -1, 0, -1, -1, -1),
-    C(access, READ, -1, 0, -1, -1, -1),
-    C(readlink, NOFOLLOW, -1, 0, -1, -1, -1),
-    C(creat, WRITE, -1, 0, -1, -1, -1),
-    C(unlink, WRITE, -1, 0, -1, -1, -1),
-    C(rmdir, WRITE, -1, 0, -1, -1, -1),
-    C(mkdir, WRITE, -1, 0, -1, -1, -1),
-    C(rename, WRITE, -1, 0, -1, -1, 1),
-    C(link, WRITE, -1, 0, -1, -1, 1),
-    C(symlink, WRITE, -1, 1, -1, -1, -1),
-    C(chmod, WRITE, -1, 0, -1, -1, -1),
-    C(chown, WRITE, -1, 0, -1, -1, -1),
-    C(lchown, WRITE, -1, 0, -1, -1, -1),
-    C(utime, WRITE, -1, 0, -1, -1, -1),
-    C(utimes, WRITE, -1, 0, -1, -1, -1),
-    C(futimesat, WRITE, 0, 1, -1, -1, -1),
-    C(mknod, WRITE, -1, 0, -1, -1, -1),
-    C(getdents, LIST, -1, -1, -1, -1, -1),
-#endif
-    C(openat, READ, 0, 1, 2, -1, -1),
-    C(openat2, READ, 0, 1, 2, -1, -1),
-    C(newfstatat, READ, 0, 1, 3, -1, -1),
-    C(statx, READ, 0, 1, 2, -1, -1),
-    C(faccessat, READ, 0, 1, -1, -1, -1),
-#ifdef SYS_faccessat2
-    C(faccessat2, READ, 0, 1, 3, -1, -1),
-#endif
-    C(readlinkat, NOFOLLOW, 0, 1, -1, -1, -1),
-    C(execve, EXEC, -1, 0, -1, -1, -1),
-    C(execveat, EXEC, 0, 1, 4, -1, -1),
-    C(statfs, READ, -1, 0, -1, -1, -1),
-    C(getxattr, READ, -1, 0, -1, -1, -1),
-    C(lgetxattr, NOFOLLOW, -1, 0, -1, -1, -1),
-    C(listxattr, READ, -1, 0, -1, -1, -1),
-    C(llistxattr, NOFOLLOW, -1, 0, -1, -1, -1),
-    C(setxattr, WRITE, -1, 0, -1, -1, -1),
-    C(lsetxattr, WRITE, -1, 0, -1, -1, -1),
-    C(removexattr, WRITE, -1, 0, -1, -1, -1),
-    C(lremovexattr, WRITE, -1, 0, -1, -1, -1),
-    C(unlinkat, WRITE, 0, 1, -1, -1, -1),
-    C(mkdirat, WRITE, 0, 1, -1, -1, -1),
-    C(mknodat, WRITE, 0, 1, -1, -1, -1),
-    C(renameat, WRITE, 0, 1, -1, 2, 3),
-    C(renameat2, WRITE, 0, 1, -1, 2, 3),
-    C(linkat, WRITE, 0, 1, -1, 2, 3),
-    C(symlinkat, WRITE, 1, 2, -1, -1, -1),
-    C(fchmodat, WRITE, 0, 1, -1, -1, -1),
-    C(fchownat, WRITE, 0, 1, -1, -1, -1),
-    C(truncate, WRITE, -1, 0, -1, -1, -1),
-    C(utimensat, WRITE, 0, 1, -1, -1, -1),
-    C(chdir, CHDIR, -1, 0, -1, -1, -1),
-    C(fchdir, CHDIR, -1, -1, -1, -1, -1),
-    C(chroot, CHDIR, -1, 0, -1, -1, -1),
-    C(getdents64, LIST, -1, -1, -1, -1, -1),
-    /* Calls that take a path pp4 cannot judge: seen, and reported as opaque. */
-    C(mount, WRITE, -1, 1, -1, -1, -1),
-    C(umount2, WRITE, -1, 0, -1, -1, -1),
-    C(pivot_root, WRITE, -1, 0, -1, -1, 1),
-    /* The mount API without mount(2) (a copy of a tree attached over a folder), and entering another
-       process's namespaces: after either, a path may name other bytes than it names here. */
-#ifdef SYS_open_tree
-    C(open_tree, WRITE, 0, 1, -1, -1, -1),
-    C(move_mount, WRITE, 0, 1, -1, 2, 3),
-    C(fsopen, WRITE, -1, -1, -1, -1, -1),
-    C(fsmount, WRITE, -1, -1, -1, -1, -1),
-    C(fspick, WRITE, 0, 1, -1, -1, -1),
-#endif
-#ifdef SYS_mount_setattr
-    C(mount_setattr, WRITE, 0, 1, -1, -1, -1),
-#endif
-    C(setns, WRITE, -1, -1, -1, -1, -1),
-    C(name_to_handle_at, READ, 0, 1, -1, -1, -1),
-    C(open_by_handle_at, WRITE, -1, -1, -1, -1, -1),
-    C(inotify_add_watch, READ, -1, 1, -1, -1, -1),
-    C(fanotify_mark, READ, 3, 4, -1, -1, -1),
-    /* A socket reaches another process (a compiler cache's server, a remote compiler, a network
-       service): what it answers is an input no path shows. The address is logged: a Unix socket's
-       path (nothing there: the connect fails, an absence like any other), or its family. */
-    C(connect, SOCKET, -1, -1, -1, -1, -1),
-    C(bind, SOCKET, -1, -1, -1, -1, -1),
-    /* The machine's name and kernel release (gethostname asks this too): no path shows them. */
-    C(uname, MACHINE, -1, -1, -1, -1, -1),
-    /* Other ways to another process, or to what another process left, that no file's content shows:
-       System V shared memory, message queues and semaphores, POSIX message queues, another
-       process's memory or descriptors, an open file's extended attributes (getxattr and the like,
-       above, log their path), the kernel's key store. The call itself is what is logged. */
-    C(shmget, CHANNEL, -1, -1, -1, -1, -1),
-    C(shmat, CHANNEL, -1, -1, -1, -1, -1),
-    C(shmctl, CHANNEL, -1, -1, -1, -1, -1),
-    C(msgget, CHANNEL, -1, -1, -1, -1, -1),
-    C(msgrcv, CHANNEL, -1, -1, -1, -1, -1),
-    C(msgctl, CHANNEL, -1, -1, -1, -1, -1),
-    C(semget, CHANNEL, -1, -1, -1, -1, -1),
-    C(semctl, CHANNEL, -1, -1, -1, -1, -1),
-    C(semop, CHANNEL, -1, -1, -1, -1, -1),
-    C(semtimedop, CHANNEL, -1, -1, -1, -1, -1),
-    C(mq_open, CHANNEL, -1, -1, -1, -1, -1),
-    C(process_vm_readv, CHANNEL, -1, -1, -1, -1, -1),
-    C(ptrace, CHANNEL, -1, -1, -1, -1, -1),
-#ifdef SYS_pidfd_getfd
-    C(pidfd_getfd, CHANNEL, -1, -1, -1, -1, -1),
-#endif
-    C(fgetxattr, CHANNEL, -1, -1, -1, -1, -1),
-    C(flistxattr, CHANNEL, -1, -1, -1, -1, -1),
-    C(keyctl, CHANNEL, -1, -1, -1, -1, -1),
-    C(request_key, CHANNEL, -1, -1, -1, -1, -1),
-#ifdef SYS_io_uring_setup
-    /* A ring's requests (IORING_OP_OPENAT, _STATX, ...) are carried out without a call this filter
-       sees: a process that sets one up is reported, and its command's observation not trusted. */
-    C(io_uring_setup, WRITE, -1, -1, -1, -1, -1),
-#endif
+    {0, "read", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {1, "write", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {2, "open", READ, -1, 0, 1, -1, -1, -1},
+    {3, "close", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {4, "stat", READ, -1, 0, -1, -1, -1, -1},
+    {5, "fstat", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {6, "lstat", NOFOLLOW, -1, 0, -1, -1, -1, -1},
+    {7, "poll", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {8, "lseek", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {9, "mmap", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {10, "mprotect", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {11, "munmap", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {12, "brk", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {13, "rt_sigaction", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {14, "rt_sigprocmask", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {15, "rt_sigreturn", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {16, "ioctl", IOCTL, -1, -1, -1, -1, -1, -1},
+    {17, "pread64", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {18, "pwrite64", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {19, "readv", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {20, "writev", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {21, "access", READ, -1, 0, -1, -1, -1, -1},
+    {22, "pipe", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {23, "select", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {24, "sched_yield", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {25, "mremap", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {26, "msync", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {27, "mincore", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {28, "madvise", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {29, "shmget", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {30, "shmat", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {31, "shmctl", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {32, "dup", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {33, "dup2", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {34, "pause", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {35, "nanosleep", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {36, "getitimer", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {37, "alarm", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {38, "setitimer", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {39, "getpid", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {40, "sendfile", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {41, "socket", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {42, "connect", SOCKET, -1, -1, -1, -1, -1, -1},
+    {43, "accept", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {44, "sendto", SEND, -1, -1, -1, -1, -1, -1},
+    {45, "recvfrom", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {46, "sendmsg", SEND, -1, -1, -1, -1, -1, -1},
+    {47, "recvmsg", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {48, "shutdown", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {49, "bind", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {50, "listen", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {51, "getsockname", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {52, "getpeername", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {53, "socketpair", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {54, "setsockopt", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {55, "getsockopt", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {56, "clone", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {57, "fork", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {58, "vfork", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {59, "execve", EXEC, -1, 0, -1, -1, -1, -1},
+    {60, "exit", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {61, "wait4", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {62, "kill", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {63, "uname", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {64, "semget", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {65, "semop", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {66, "semctl", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {67, "shmdt", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {68, "msgget", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {69, "msgsnd", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {70, "msgrcv", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {71, "msgctl", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {72, "fcntl", FCNTL, -1, -1, -1, -1, -1, -1},
+    {73, "flock", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {74, "fsync", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {75, "fdatasync", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {76, "truncate", WRITE, -1, 0, -1, -1, -1, -1},
+    {77, "ftruncate", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {78, "getdents", LIST, 0, -1, -1, -1, -1, -1},
+    {79, "getcwd", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {80, "chdir", CHDIR, -1, 0, -1, -1, -1, -1},
+    {81, "fchdir", CHDIR, 0, -1, -1, -1, -1, -1},
+    {82, "rename", WRITE, -1, 0, -1, -1, 1, -1},
+    {83, "mkdir", WRITE, -1, 0, -1, -1, -1, -1},
+    {84, "rmdir", WRITE, -1, 0, -1, -1, -1, -1},
+    {85, "creat", WRITE, -1, 0, -1, -1, -1, -1},
+    {86, "link", WRITE, -1, 0, -1, -1, 1, -1},
+    {87, "unlink", WRITE, -1, 0, -1, -1, -1, -1},
+    {88, "symlink", WRITE, -1, 1, -1, -1, -1, -1},
+    {89, "readlink", NOFOLLOW, -1, 0, -1, -1, -1, -1},
+    {90, "chmod", WRITE, -1, 0, -1, -1, -1, -1},
+    {91, "fchmod", FDWRITE, 0, -1, -1, -1, -1, -1},
+    {92, "chown", WRITE, -1, 0, -1, -1, -1, -1},
+    {93, "fchown", FDWRITE, 0, -1, -1, -1, -1, -1},
+    {94, "lchown", WRITE, -1, 0, -1, -1, -1, -1},
+    {95, "umask", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {96, "gettimeofday", UNKEYED, -1, -1, -1, -1, -1, -1},
+    {97, "getrlimit", UNKEYED, -1, -1, -1, -1, -1, -1},
+    {98, "getrusage", UNKEYED, -1, -1, -1, -1, -1, -1},
+    {99, "sysinfo", UNKEYED, -1, -1, -1, -1, -1, -1},
+    {100, "times", UNKEYED, -1, -1, -1, -1, -1, -1},
+    {101, "ptrace", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {102, "getuid", UNKEYED, -1, -1, -1, -1, -1, -1},
+    {103, "syslog", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {104, "getgid", UNKEYED, -1, -1, -1, -1, -1, -1},
+    {105, "setuid", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {106, "setgid", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {107, "geteuid", UNKEYED, -1, -1, -1, -1, -1, -1},
+    {108, "getegid", UNKEYED, -1, -1, -1, -1, -1, -1},
+    {109, "setpgid", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {110, "getppid", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {111, "getpgrp", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {112, "setsid", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {113, "setreuid", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {114, "setregid", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {115, "getgroups", UNKEYED, -1, -1, -1, -1, -1, -1},
+    {116, "setgroups", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {117, "setresuid", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {118, "getresuid", UNKEYED, -1, -1, -1, -1, -1, -1},
+    {119, "setresgid", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {120, "getresgid", UNKEYED, -1, -1, -1, -1, -1, -1},
+    {121, "getpgid", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {122, "setfsuid", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {123, "setfsgid", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {124, "getsid", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {125, "capget", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {126, "capset", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {127, "rt_sigpending", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {128, "rt_sigtimedwait", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {129, "rt_sigqueueinfo", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {130, "rt_sigsuspend", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {131, "sigaltstack", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {132, "utime", WRITE, -1, 0, -1, -1, -1, -1},
+    {133, "mknod", WRITE, -1, 0, -1, -1, -1, -1},
+    {134, "uselib", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {135, "personality", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {136, "ustat", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {137, "statfs", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {138, "fstatfs", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {139, "sysfs", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {140, "getpriority", UNKEYED, -1, -1, -1, -1, -1, -1},
+    {141, "setpriority", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {142, "sched_setparam", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {143, "sched_getparam", UNKEYED, -1, -1, -1, -1, -1, -1},
+    {144, "sched_setscheduler", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {145, "sched_getscheduler", UNKEYED, -1, -1, -1, -1, -1, -1},
+    {146, "sched_get_priority_max", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {147, "sched_get_priority_min", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {148, "sched_rr_get_interval", UNKEYED, -1, -1, -1, -1, -1, -1},
+    {149, "mlock", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {150, "munlock", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {151, "mlockall", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {152, "munlockall", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {153, "vhangup", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {154, "modify_ldt", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {155, "pivot_root", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {156, "_sysctl", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {157, "prctl", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {158, "arch_prctl", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {159, "adjtimex", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {160, "setrlimit", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {161, "chroot", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {162, "sync", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {163, "acct", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {164, "settimeofday", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {165, "mount", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {166, "umount2", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {167, "swapon", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {168, "swapoff", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {169, "reboot", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {170, "sethostname", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {171, "setdomainname", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {172, "iopl", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {173, "ioperm", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {174, "create_module", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {175, "init_module", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {176, "delete_module", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {177, "get_kernel_syms", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {178, "query_module", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {179, "quotactl", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {180, "nfsservctl", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {181, "getpmsg", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {182, "putpmsg", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {183, "afs_syscall", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {184, "tuxcall", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {185, "security", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {186, "gettid", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {187, "readahead", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {188, "setxattr", WRITE, -1, 0, -1, -1, -1, -1},
+    {189, "lsetxattr", WRITE, -1, 0, -1, -1, -1, -1},
+    {190, "fsetxattr", FDWRITE, 0, -1, -1, -1, -1, -1},
+    {191, "getxattr", XATTR, -1, 0, -1, -1, -1, 1},
+    {192, "lgetxattr", XATTR_NOFOLLOW, -1, 0, -1, -1, -1, 1},
+    {193, "fgetxattr", XATTR, 0, -1, -1, -1, -1, 1},
+    {194, "listxattr", XLIST, -1, 0, -1, -1, -1, -1},
+    {195, "llistxattr", XLIST_NOFOLLOW, -1, 0, -1, -1, -1, -1},
+    {196, "flistxattr", XLIST, 0, -1, -1, -1, -1, -1},
+    {197, "removexattr", WRITE, -1, 0, -1, -1, -1, -1},
+    {198, "lremovexattr", WRITE, -1, 0, -1, -1, -1, -1},
+    {199, "fremovexattr", FDWRITE, 0, -1, -1, -1, -1, -1},
+    {200, "tkill", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {201, "time", UNKEYED, -1, -1, -1, -1, -1, -1},
+    {202, "futex", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {203, "sched_setaffinity", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {204, "sched_getaffinity", ANSWERED, -1, -1, -1, -1, -1, -1},
+    {205, "set_thread_area", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {206, "io_setup", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {207, "io_destroy", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {208, "io_getevents", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {209, "io_submit", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {210, "io_cancel", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {211, "get_thread_area", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {212, "lookup_dcookie", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {213, "epoll_create", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {214, "epoll_ctl_old", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {215, "epoll_wait_old", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {216, "remap_file_pages", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {217, "getdents64", LIST, 0, -1, -1, -1, -1, -1},
+    {218, "set_tid_address", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {219, "restart_syscall", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {220, "semtimedop", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {221, "fadvise64", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {222, "timer_create", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {223, "timer_settime", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {224, "timer_gettime", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {225, "timer_getoverrun", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {226, "timer_delete", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {227, "clock_settime", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {228, "clock_gettime", UNKEYED, -1, -1, -1, -1, -1, -1},
+    {229, "clock_getres", UNKEYED, -1, -1, -1, -1, -1, -1},
+    {230, "clock_nanosleep", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {231, "exit_group", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {232, "epoll_wait", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {233, "epoll_ctl", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {234, "tgkill", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {235, "utimes", WRITE, -1, 0, -1, -1, -1, -1},
+    {236, "vserver", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {237, "mbind", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {238, "set_mempolicy", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {239, "get_mempolicy", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {240, "mq_open", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {241, "mq_unlink", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {242, "mq_timedsend", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {243, "mq_timedreceive", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {244, "mq_notify", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {245, "mq_getsetattr", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {246, "kexec_load", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {247, "waitid", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {248, "add_key", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {249, "request_key", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {250, "keyctl", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {251, "ioprio_set", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {252, "ioprio_get", UNKEYED, -1, -1, -1, -1, -1, -1},
+    {253, "inotify_init", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {254, "inotify_add_watch", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {255, "inotify_rm_watch", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {256, "migrate_pages", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {257, "openat", READ, 0, 1, 2, -1, -1, -1},
+    {258, "mkdirat", WRITE, 0, 1, -1, -1, -1, -1},
+    {259, "mknodat", WRITE, 0, 1, -1, -1, -1, -1},
+    {260, "fchownat", WRITE, 0, 1, -1, -1, -1, -1},
+    {261, "futimesat", WRITE, 0, 1, -1, -1, -1, -1},
+    {262, "newfstatat", READ, 0, 1, 3, -1, -1, -1},
+    {263, "unlinkat", WRITE, 0, 1, -1, -1, -1, -1},
+    {264, "renameat", WRITE, 0, 1, -1, 2, 3, -1},
+    {265, "linkat", WRITE, 0, 1, -1, 2, 3, -1},
+    {266, "symlinkat", WRITE, 1, 2, -1, -1, -1, -1},
+    {267, "readlinkat", NOFOLLOW, 0, 1, -1, -1, -1, -1},
+    {268, "fchmodat", WRITE, 0, 1, -1, -1, -1, -1},
+    {269, "faccessat", READ, 0, 1, -1, -1, -1, -1},
+    {270, "pselect6", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {271, "ppoll", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {272, "unshare", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {273, "set_robust_list", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {274, "get_robust_list", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {275, "splice", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {276, "tee", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {277, "sync_file_range", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {278, "vmsplice", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {279, "move_pages", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {280, "utimensat", WRITE, 0, 1, -1, -1, -1, -1},
+    {281, "epoll_pwait", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {282, "signalfd", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {283, "timerfd_create", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {284, "eventfd", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {285, "fallocate", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {286, "timerfd_settime", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {287, "timerfd_gettime", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {288, "accept4", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {289, "signalfd4", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {290, "eventfd2", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {291, "epoll_create1", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {292, "dup3", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {293, "pipe2", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {294, "inotify_init1", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {295, "preadv", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {296, "pwritev", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {297, "rt_tgsigqueueinfo", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {298, "perf_event_open", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {299, "recvmmsg", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {300, "fanotify_init", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {301, "fanotify_mark", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {302, "prlimit64", UNKEYED, -1, -1, -1, -1, -1, -1},
+    {303, "name_to_handle_at", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {304, "open_by_handle_at", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {305, "clock_adjtime", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {306, "syncfs", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {307, "sendmmsg", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {308, "setns", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {309, "getcpu", UNKEYED, -1, -1, -1, -1, -1, -1},
+    {310, "process_vm_readv", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {311, "process_vm_writev", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {312, "kcmp", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {313, "finit_module", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {314, "sched_setattr", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {315, "sched_getattr", UNKEYED, -1, -1, -1, -1, -1, -1},
+    {316, "renameat2", WRITE, 0, 1, -1, 2, 3, -1},
+    {317, "seccomp", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {318, "getrandom", UNKEYED, -1, -1, -1, -1, -1, -1},
+    {319, "memfd_create", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {320, "kexec_file_load", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {321, "bpf", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {322, "execveat", EXEC, 0, 1, 4, -1, -1, -1},
+    {323, "userfaultfd", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {324, "membarrier", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {325, "mlock2", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {326, "copy_file_range", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {327, "preadv2", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {328, "pwritev2", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {329, "pkey_mprotect", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {330, "pkey_alloc", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {331, "pkey_free", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {332, "statx", READ, 0, 1, 2, -1, -1, -1},
+    {333, "io_pgetevents", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {334, "rseq", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {335, "uretprobe", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {336, "uprobe", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {424, "pidfd_send_signal", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {425, "io_uring_setup", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {426, "io_uring_enter", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {427, "io_uring_register", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {428, "open_tree", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {429, "move_mount", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {430, "fsopen", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {431, "fsconfig", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {432, "fsmount", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {433, "fspick", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {434, "pidfd_open", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {435, "clone3", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {436, "close_range", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {437, "openat2", READ, 0, 1, 2, -1, -1, -1},
+    {438, "pidfd_getfd", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {439, "faccessat2", READ, 0, 1, 3, -1, -1, -1},
+    {440, "process_madvise", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {441, "epoll_pwait2", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {442, "mount_setattr", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {443, "quotactl_fd", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {444, "landlock_create_ruleset", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {445, "landlock_add_rule", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {446, "landlock_restrict_self", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {447, "memfd_secret", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {448, "process_mrelease", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {449, "futex_waitv", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {450, "set_mempolicy_home_node", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {451, "cachestat", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {452, "fchmodat2", WRITE, 0, 1, -1, -1, -1, -1},
+    {453, "map_shadow_stack", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {454, "futex_wake", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {455, "futex_wait", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {456, "futex_requeue", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {457, "statmount", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {458, "listmount", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {459, "lsm_get_self_attr", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {460, "lsm_set_self_attr", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {461, "lsm_list_modules", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {462, "mseal", HARMLESS, -1, -1, -1, -1, -1, -1},
+    {463, "setxattrat", WRITE, 0, 1, -1, -1, -1, -1},
+    {464, "getxattrat", XATTR, 0, 1, 2, -1, -1, 3},
+    {465, "listxattrat", XLIST, 0, 1, 2, -1, -1, -1},
+    {466, "removexattrat", WRITE, 0, 1, -1, -1, -1, -1},
+    {467, "open_tree_attr", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {468, "file_getattr", UNSTORABLE, -1, -1, -1, -1, -1, -1},
+    {469, "file_setattr", UNSTORABLE, -1, -1, -1, -1, -1, -1},
 };
 #define NCALLS (sizeof CALLS / sizeof CALLS[0])
+#define MAXNR 1024
+static const struct call *BY_NR[MAXNR];
+
+/* ioctl requests that ask only about the caller's own descriptor (is it a terminal, its window,
+   its blocking and close-on-exec flags, what is waiting to be read): let through by the filter. */
+static const unsigned OWN_IOCTLS[] = {TCGETS, TIOCGWINSZ, TIOCGPGRP, FIONBIO, FIOCLEX, FIONCLEX, FIONREAD};
+/* fcntl commands that ask about other processes (their locks and leases on a file): the rest are
+   the descriptor's own. */
+static const unsigned OTHERS_FCNTLS[] = {F_GETLK, F_OFD_GETLK, F_GETLEASE};
 
 /* One call, as read while its thread waits. */
 struct seen {
@@ -207,16 +534,23 @@ struct seen {
 
 static FILE *out;
 static const char *preload;
+static int channel = -1;  /* the socket the filtered child sends the listener on: its one sendmsg */
+
+/* Bytes of the caller's memory; 0 when all of them could be read. */
+static int read_memory(pid_t pid, unsigned long addr, void *into, size_t n) {
+    struct iovec local = {into, n}, remote = {(void *)addr, n};
+    return process_vm_readv(pid, &local, 1, &remote, 1, 0) == (ssize_t)n ? 0 : -1;
+}
 
 /* A NUL-terminated string from the caller, page by page (a read across into an unmapped page
-   fails as a whole). NULL when it cannot be read or is longer than PATH_MAX. */
-static char *read_string(pid_t pid, unsigned long addr) {
-    char *buf = malloc(PATH_MAX + 1);
+   fails as a whole). NULL when it cannot be read or is longer than limit. */
+static char *read_limited(pid_t pid, unsigned long addr, size_t limit) {
+    char *buf = malloc(limit + 1);
     size_t got = 0;
     if (!buf) return NULL;
-    while (got < PATH_MAX) {
+    while (got < limit) {
         size_t room = 4096 - ((addr + got) & 4095);
-        if (room > PATH_MAX - got) room = PATH_MAX - got;
+        if (room > limit - got) room = limit - got;
         struct iovec local = {buf + got, room}, remote = {(void *)(addr + got), room};
         ssize_t n = process_vm_readv(pid, &local, 1, &remote, 1, 0);
         if (n <= 0) { free(buf); return NULL; }
@@ -227,7 +561,10 @@ static char *read_string(pid_t pid, unsigned long addr) {
     return NULL;
 }
 
-/* The folder a relative path is resolved against: the dirfd's or the working folder. */
+static char *read_string(pid_t pid, unsigned long addr) { return read_limited(pid, addr, PATH_MAX); }
+
+/* The folder a relative path is resolved against: the dirfd's or the working folder (also: the
+   target of any descriptor). */
 static char *folder_of(pid_t pid, long dirfd) {
     char link[64], *target = malloc(PATH_MAX + 1);
     if (!target) return NULL;
@@ -238,6 +575,17 @@ static char *folder_of(pid_t pid, long dirfd) {
     ssize_t n = readlink(link, target, PATH_MAX);
     if (n <= 0 || target[0] != '/') { free(target); return NULL; }
     target[n] = 0;
+    return target;
+}
+
+/* What a process is running (for the lines that name a program). */
+static char *program_of(pid_t pid) {
+    char link[64], *target = malloc(PATH_MAX + 1);
+    if (!target) return NULL;
+    snprintf(link, sizeof link, "/proc/%d/exe", pid);
+    ssize_t n = readlink(link, target, PATH_MAX);
+    if (n <= 0) strcpy(target, "?");
+    else target[n] = 0;
     return target;
 }
 
@@ -269,59 +617,50 @@ static char *path_arg(struct seen *c, const uint64_t *args, int dirfd_index, int
     return joined;
 }
 
-/* What a connect or bind names: a Unix socket's path (absolute, as path_arg makes it), else
-   "family N" with 's' in flags (another family, or a Unix socket by abstract name or none). */
-static char *socket_address(pid_t pid, unsigned long addr, size_t len, char *flags) {
+/* A connect's Unix socket path (absolute), or NULL with what it is instead in `detail`
+   (another family, an abstract name, an address that cannot be read). */
+static char *socket_path(pid_t pid, unsigned long addr, size_t len, char *detail, size_t room) {
     struct sockaddr_un un;
     memset(&un, 0, sizeof un);
     if (len > sizeof un) len = sizeof un;
-    struct iovec local = {&un, len}, remote = {(void *)addr, len};
-    if (!addr || len < sizeof(sa_family_t) || process_vm_readv(pid, &local, 1, &remote, 1, 0) != (ssize_t)len) {
-        strcat(flags, "?");
+    if (!addr || len < sizeof(sa_family_t) || read_memory(pid, addr, &un, len)) {
+        snprintf(detail, room, "an address that cannot be read");
         return NULL;
     }
-    if (un.sun_family == AF_UNIX && len > offsetof(struct sockaddr_un, sun_path) && un.sun_path[0]) {
-        char name[sizeof un.sun_path + 1];
-        memcpy(name, un.sun_path, sizeof un.sun_path);
-        name[sizeof un.sun_path] = 0;
-        if (name[0] == '/') return strdup(name);
-        char *base = folder_of(pid, AT_FDCWD), *joined = base ? under(base, name) : NULL;
-        free(base);
-        if (!joined) strcat(flags, "?");
-        return joined;
+    if (un.sun_family != AF_UNIX || len <= offsetof(struct sockaddr_un, sun_path) || !un.sun_path[0]) {
+        snprintf(detail, room, un.sun_family == AF_UNIX ? "an abstract Unix socket" : "address family %d",
+                 (int)un.sun_family);
+        return NULL;
     }
-    char *family = malloc(32);
-    if (family) snprintf(family, 32, "family %d", (int)un.sun_family);
-    strcat(flags, "s");
-    return family;
+    char name[sizeof un.sun_path + 1];
+    memcpy(name, un.sun_path, sizeof un.sun_path);
+    name[sizeof un.sun_path] = 0;
+    if (name[0] == '/') return strdup(name);
+    char *base = folder_of(pid, AT_FDCWD), *joined = base ? under(base, name) : NULL;
+    free(base);
+    if (!joined) snprintf(detail, room, "a relative socket path in a folder that cannot be read");
+    return joined;
 }
 
 /* Read what a call names, before the kernel acts on it. */
 static void read_call(struct seen *c, const struct seccomp_data *data) {
-    c->call = NULL;
+    c->call = data->nr >= 0 && data->nr < MAXNR ? BY_NR[data->nr] : NULL;
     c->path = c->path2 = NULL;
     c->flags[0] = 0;
-    for (size_t i = 0; i < NCALLS; i++)
-        if (CALLS[i].nr == (long)data->nr) { c->call = &CALLS[i]; break; }
     const struct call *k = c->call;
-    if (!k) return;
+    if (!k || k->kind < READ || k->kind > XLIST_NOFOLLOW) return;
     const uint64_t *args = (const uint64_t *)data->args;
     unsigned long long flags = k->flags >= 0 ? args[k->flags] : 0;
     if (k->nr == SYS_openat2) {
         struct open_how how;
-        struct iovec local = {&how, sizeof how}, remote = {(void *)args[2], sizeof how};
-        int read = process_vm_readv(c->pid, &local, 1, &remote, 1, 0) == sizeof how;
+        int read = read_memory(c->pid, args[2], &how, sizeof how) == 0;
         flags = read ? how.flags : 0;
         /* RESOLVE_IN_ROOT resolves "/x.h" under the descriptor's folder, and the other RESOLVE_
            bits make an open fail where a plain one, and this observer's own look, succeed: what
            was found there is not what the path names here. */
         if (!read || how.resolve) strcat(c->flags, "?");
     }
-    int opens = k->nr == SYS_openat || k->nr == SYS_openat2;
-#ifdef SYS_open
-    opens = opens || k->nr == SYS_open;
-#endif
-    if (opens) {
+    if (k->nr == SYS_openat || k->nr == SYS_openat2 || k->nr == SYS_open) {
         /* glibc's __O_TMPFILE holds O_DIRECTORY too: its own bit alone says O_TMPFILE, where an
            opendir's O_DIRECTORY is a read. */
         if (flags & (O_WRONLY | O_RDWR | O_CREAT | O_TRUNC | O_APPEND | (__O_TMPFILE & ~O_DIRECTORY)))
@@ -331,38 +670,41 @@ static void read_call(struct seen *c, const struct seccomp_data *data) {
         if (flags & AT_SYMLINK_NOFOLLOW) strcat(c->flags, "n");
         if (flags & AT_EMPTY_PATH) strcat(c->flags, "e");
     }
-    if (k->kind == SOCKET) {
-        c->path = socket_address(c->pid, args[1], (size_t)args[2], c->flags);
-    } else if (k->kind == MACHINE || k->kind == CHANNEL) {
-        /* nothing to read: the call itself is what is logged */
-    } else if (k->kind == LIST || k->nr == SYS_fchdir) {
-        c->path = folder_of(c->pid, (long)(int)args[0]);
+    if (k->kind == XATTR_NOFOLLOW || k->kind == XLIST_NOFOLLOW) strcat(c->flags, "n");
+    if (k->path < 0) {
+        /* a call on a descriptor: what it names is the descriptor's target */
+        c->path = folder_of(c->pid, (long)(int)args[k->dirfd]);
         if (!c->path) strcat(c->flags, "?");
-    } else if (k->path >= 0) {
+    } else {
         char *name = strchr(c->flags, 'e') ? read_string(c->pid, args[k->path]) : NULL;
         if (name && !name[0]) {
-            /* An open file's stat is judged by its open, seen before: only a program run by its
-               descriptor needs the descriptor's path. */
-            c->path = k->kind == EXEC ? folder_of(c->pid, (long)(int)args[k->dirfd]) : strdup("");
+            /* An open file's stat is judged by its open, seen before: a program run by its
+               descriptor, and an attribute read through one, need the descriptor's path. */
+            c->path = k->kind == EXEC || k->kind == XATTR || k->kind == XLIST ? folder_of(c->pid, (long)(int)args[k->dirfd])
+                                                                              : strdup("");
+            if (!c->path) strcat(c->flags, "?");
         } else {
             char *e = strchr(c->flags, 'e');
             if (e) memmove(e, e + 1, strlen(e));
             c->path = path_arg(c, args, k->dirfd, k->path);
         }
         free(name);
-        if (k->path2 >= 0) c->path2 = path_arg(c, args, k->dirfd2, k->path2);
-    } else {
-        strcat(c->flags, "?");
+    }
+    if (k->path2 >= 0) c->path2 = path_arg(c, args, k->dirfd2, k->path2);
+    if (k->extra >= 0) {
+        c->path2 = read_limited(c->pid, args[k->extra], 256);  /* XATTR_NAME_MAX is 255 */
+        if (!c->path2) strcat(c->flags, "?");
+        strcat(c->flags, "x");
     }
 }
 
 /* What the call will find at its path now, as an errno (0: something is there). */
 static int look(const struct seen *c) {
-    if (!c->path || !c->path[0] || c->call->kind == WRITE || c->call->kind == LIST || c->call->kind == CHDIR ||
-        strchr(c->flags, 's'))
+    enum kind kind = c->call->kind;
+    if (!c->path || !c->path[0] || kind == WRITE || kind == FDWRITE || kind == LIST || kind == CHDIR)
         return 0;
     struct stat st;
-    int nofollow = c->call->kind == NOFOLLOW || strchr(c->flags, 'n');
+    int nofollow = kind == NOFOLLOW || strchr(c->flags, 'n');
     return (nofollow ? lstat(c->path, &st) : stat(c->path, &st)) ? errno : 0;
 }
 
@@ -383,9 +725,9 @@ static void write_call(const struct seen *c, int error) {
     putc('\n', out);
 }
 
-/* Calls already logged with something at their path (same call, flags and path): the log's reader
-   keeps a path's first such answer, so a repeat is neither looked at nor logged again. Keys are
-   "name\tflags\tpath" in an open-addressing table that only grows. */
+/* Lines already logged, as "name\tflags\tpath" keys in an open-addressing table that only grows:
+   a call logged with something at its path (the log's reader keeps a path's first such answer),
+   and each unstorable call of each program. */
 static char **seen;
 static size_t seen_slots, seen_used;
 
@@ -401,10 +743,10 @@ static char **seen_slot(char **table, size_t slots, const char *key) {
     return &table[i];
 }
 
-static char *seen_key(const struct seen *c) {
-    if (!c->path || c->path2) return NULL;
-    char *key = malloc(strlen(c->call->name) + strlen(c->flags) + strlen(c->path) + 3);
-    if (key) sprintf(key, "%s\t%s\t%s", c->call->name, c->flags, c->path);
+static char *seen_key(const char *name, const char *flags, const char *path, const char *path2) {
+    if (!path || (path2 && !strchr(flags, 'x'))) return NULL;
+    char *key = malloc(strlen(name) + strlen(flags) + strlen(path) + (path2 ? strlen(path2) : 0) + 4);
+    if (key) sprintf(key, "%s\t%s\t%s\t%s", name, flags, path, path2 ? path2 : "");
     return key;
 }
 
@@ -427,27 +769,157 @@ static void remember_seen(char *key) {
     seen_used++;
 }
 
+/* A call pp4 cannot observe: one line per call name and program. */
+static void unstorable(pid_t pid, const char *name, const char *detail) {
+    char *program = program_of(pid);
+    if (!program) return;
+    char *key = seen_key(name, "!", program, NULL);
+    if (key && !seen_before(key)) {
+        fprintf(out, "%d\t%s\t0\t!\t", pid, name);
+        write_field(program);
+        if (detail) { putc('\t', out); write_field(detail); }
+        putc('\n', out);
+        remember_seen(key);
+    } else {
+        free(key);
+    }
+    free(program);
+}
+
+/* After an execve that found its program: the program's arguments and environment, read from the
+   caller (argv and envp are arrays of pointers, NULL-terminated). */
+static void write_exec(pid_t pid, const struct call *k, const uint64_t *args) {
+    int argv_at = k->nr == SYS_execveat ? 2 : 1;
+    char status[64], line[256];
+    pid_t ppid = 0;
+    snprintf(status, sizeof status, "/proc/%d/status", pid);
+    FILE *f = fopen(status, "r");
+    if (f) {
+        while (fgets(line, sizeof line, f))
+            if (sscanf(line, "PPid: %d", &ppid) == 1) break;
+        fclose(f);
+    }
+    char **strings[2] = {NULL, NULL};
+    size_t counts[2] = {0, 0};
+    int broken = 0;
+    for (int which = 0; which < 2 && !broken; which++) {
+        unsigned long array = args[argv_at + which];
+        size_t cap = 0;
+        for (size_t i = 0; array && i < 65536; i++) {
+            uint64_t ptr;
+            if (read_memory(pid, array + 8 * i, &ptr, sizeof ptr)) { broken = 1; break; }
+            if (!ptr) break;
+            char *s = read_limited(pid, ptr, 131072);  /* MAX_ARG_STRLEN */
+            if (!s) { broken = 1; break; }
+            if (counts[which] == cap) {
+                cap = cap ? 2 * cap : 64;
+                char **grown = realloc(strings[which], cap * sizeof *grown);
+                if (!grown) { free(s); broken = 1; break; }
+                strings[which] = grown;
+            }
+            strings[which][counts[which]++] = s;
+        }
+    }
+    fprintf(out, "%d\t+exec\t%d\t%s\t%zu", pid, (int)ppid, broken ? "?" : "", counts[0]);
+    for (int which = 0; which < 2; which++)
+        for (size_t i = 0; i < counts[which]; i++) {
+            putc('\t', out);
+            write_field(strings[which][i]);
+            free(strings[which][i]);
+        }
+    putc('\n', out);
+    free(strings[0]);
+    free(strings[1]);
+}
+
 #ifndef SECCOMP_FILTER_FLAG_SPEC_ALLOW /* Linux 4.17; the listener below needs 5.0 */
 #define SECCOMP_FILTER_FLAG_SPEC_ALLOW (1UL << 2)
 #endif
 
-/* The filter, installed by the command's process before it runs the command: every call of
-   CALLS (and every call of another ABI, whose numbers differ) goes to the supervisor. */
-static int install_filter(void) {
-    struct sock_filter prog[5 + NCALLS + 2];
-    size_t n = 0;
-    prog[n++] = (struct sock_filter)BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch));
-    prog[n++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, ARCH, 1, 0);
-    prog[n++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_USER_NOTIF);
-    prog[n++] = (struct sock_filter)BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr));
+#define ALLOW SECCOMP_RET_ALLOW
+#define NOTIFY SECCOMP_RET_USER_NOTIF
+#define MAXPROG 4000
+
+struct program { struct sock_filter ins[MAXPROG]; size_t n; };
+
+static void emit(struct program *p, struct sock_filter ins) { if (p->n < MAXPROG) p->ins[p->n++] = ins; }
+
+/* The decision for call numbers in runs [lo, hi] of the same action: a binary search on the
+   number (jge to the upper half), so a call meets about eight comparisons, not one per entry. */
+static void emit_tree(struct program *p, const int *starts, const unsigned *actions, int lo, int hi) {
+    if (lo == hi) {
+        emit(p, (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, actions[lo]));
+        return;
+    }
+    int mid = (lo + hi + 1) / 2;
+    emit(p, (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JGE | BPF_K, (__u32)starts[mid], 0, 1));
+    size_t jump = p->n;
+    emit(p, (struct sock_filter)BPF_STMT(BPF_JMP | BPF_JA, 0));  /* to the upper half: patched below */
+    emit_tree(p, starts, actions, lo, mid - 1);
+    p->ins[jump].k = (__u32)(p->n - jump - 1);
+    emit_tree(p, starts, actions, mid, hi);
+}
+
+/* The filter: harmless and unkeyed calls go on, a few ioctl and fcntl requests too, and every
+   other call, of any number or ABI, goes to the supervisor. */
+static int build_filter(struct program *p) {
+    p->n = 0;
+    emit(p, (struct sock_filter)BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)));
+    emit(p, (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, ARCH, 1, 0));
+    emit(p, (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, NOTIFY));
+    emit(p, (struct sock_filter)BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)));
     /* x32's calls come with this ABI's arch and their own numbers, from 0x40000000 */
-    prog[n++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JGE | BPF_K, 0x40000000u, (__u8)(NCALLS + 1), 0);
-    for (size_t i = 0; i < NCALLS; i++)
-        prog[n++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (__u32)CALLS[i].nr,
-                                                 (__u8)(NCALLS - i), 0);
-    prog[n++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW);
-    prog[n++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_USER_NOTIF);
-    struct sock_fprog fprog = {(unsigned short)n, prog};
+    emit(p, (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JGE | BPF_K, 0x40000000u, 0, 1));
+    emit(p, (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, NOTIFY));
+    /* ioctl: the descriptor's own requests go on */
+    size_t n_ioctl = sizeof OWN_IOCTLS / sizeof OWN_IOCTLS[0];
+    emit(p, (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_ioctl, 0, (__u8)(n_ioctl + 3)));
+    emit(p, (struct sock_filter)BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[1])));
+    for (size_t i = 0; i < n_ioctl; i++)
+        emit(p, (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, OWN_IOCTLS[i], (__u8)(n_ioctl - i), 0));
+    emit(p, (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, NOTIFY));
+    emit(p, (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, ALLOW));
+    /* fcntl: all but the questions about other processes' locks */
+    size_t n_fcntl = sizeof OTHERS_FCNTLS / sizeof OTHERS_FCNTLS[0];
+    emit(p, (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_fcntl, 0, (__u8)(n_fcntl + 3)));
+    emit(p, (struct sock_filter)BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[1])));
+    for (size_t i = 0; i < n_fcntl; i++)
+        emit(p, (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, OTHERS_FCNTLS[i], (__u8)(n_fcntl - i), 0));
+    emit(p, (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, ALLOW));
+    emit(p, (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, NOTIFY));
+    /* sendto without an address: on a socket whose connect was judged, or a pair of its own */
+    emit(p, (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_sendto, 0, 6));
+    emit(p, (struct sock_filter)BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[4])));
+    emit(p, (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 0, 0, 3));
+    emit(p, (struct sock_filter)BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[4]) + 4));
+    emit(p, (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 0, 0, 1));
+    emit(p, (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, ALLOW));
+    emit(p, (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, NOTIFY));
+    /* sendmsg on the channel: the listener on its way to this supervisor (others are judged by
+       the supervisor, which reads whether the message names an address) */
+    emit(p, (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_sendmsg, 0, 4));
+    emit(p, (struct sock_filter)BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[0])));
+    emit(p, (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (__u32)channel, 0, 1));
+    emit(p, (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, ALLOW));
+    emit(p, (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, NOTIFY));
+    /* the rest by number: runs of numbers with one action */
+    static int starts[MAXNR + 1];
+    static unsigned actions[MAXNR + 1];
+    int runs = 0;
+    for (int nr = 0; nr < MAXNR; nr++) {
+        const struct call *k = BY_NR[nr];
+        unsigned action = k && (k->kind == HARMLESS || k->kind == UNKEYED) ? ALLOW : NOTIFY;
+        if (!runs || actions[runs - 1] != action) { starts[runs] = nr; actions[runs++] = action; }
+    }
+    if (actions[runs - 1] != NOTIFY) { starts[runs] = MAXNR; actions[runs++] = NOTIFY; }
+    emit_tree(p, starts, actions, 0, runs - 1);
+    return p->n < MAXPROG ? 0 : -1;
+}
+
+static int install_filter(void) {
+    static struct program p;
+    if (build_filter(&p)) { errno = E2BIG; return -1; }
+    struct sock_fprog fprog = {(unsigned short)p.n, p.ins};
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)) return -1;
     /* SPEC_ALLOW: the filter observes, it does not sandbox. Without it a kernel booted with
        spec_store_bypass_disable=seccomp (the default before Linux 5.16) turns on Speculative Store
@@ -480,7 +952,126 @@ static int receive_fd(int sock) {
     return fd;
 }
 
+/* The CPU set every process of the command is told: CPU 0 alone, on every machine and under any
+   `configure --cpus`. A tool that sizes its work by it (nproc, LLVM's thread pools, -flto=auto)
+   does the same work everywhere, so nothing about this machine's CPUs reaches an object through
+   it; the kernel still schedules the process on the CPUs it really has. Returns the errno. */
+static int answer_cpu_set(pid_t pid, const uint64_t *args, long long *value) {
+    uint64_t len = args[1], mask[1] = {1};
+    if (len < sizeof mask || len % sizeof(long)) return EINVAL;
+    struct iovec local = {mask, sizeof mask}, remote = {(void *)args[2], sizeof mask};
+    if (process_vm_writev(pid, &local, 1, &remote, 1, 0) != (ssize_t)sizeof mask) return EFAULT;
+    *value = sizeof mask;
+    return 0;
+}
+
+static void print_table(void) {
+    for (size_t i = 0; i < NCALLS; i++)
+        printf("%d\t%s\t%s\n", CALLS[i].nr, CALLS[i].name, KIND_NAMES[CALLS[i].kind]);
+}
+
+/* What the supervisor does with one call: 0 to let it go on, 1 when it answered it (value/error). */
+static int handle(const struct seccomp_notif *req, int listener, long long *value, int *error) {
+    struct seen c = {.pid = (pid_t)req->pid};
+    const uint64_t *args = (const uint64_t *)req->data.args;
+    if (req->data.arch != ARCH) {
+        char detail[48];
+        snprintf(detail, sizeof detail, "call %d of another ABI", req->data.nr);
+        unstorable(c.pid, "foreign-abi", detail);
+        return 0;
+    }
+    read_call(&c, &req->data);
+    const struct call *k = c.call;
+    if (!k) {
+        char name[32];
+        snprintf(name, sizeof name, "syscall-%d", req->data.nr);
+        unstorable(c.pid, name, NULL);
+        return 0;
+    }
+    switch (k->kind) {
+    case ANSWERED:
+        *error = answer_cpu_set(c.pid, args, value);
+        return 1;
+    case IOCTL: {
+        char *target = folder_of(c.pid, (long)(int)args[0]);
+        char detail[PATH_MAX + 64];
+        /* The NVIDIA driver's devices, which nvcc's -arch=native asks: what it learns there is
+           keyed by nvcc's dry run (pp4/reuse/nativecpu.py). */
+        if (!target || strncmp(target, "/dev/nvidia", 11)) {
+            snprintf(detail, sizeof detail, "request 0x%x on %s", (unsigned)args[1], target ? target : "?");
+            unstorable(c.pid, "ioctl", detail);
+        }
+        free(target);
+        return 0;
+    }
+    case FCNTL: {
+        char detail[64];
+        snprintf(detail, sizeof detail, "command %u (another process's lock or lease)", (unsigned)args[1]);
+        unstorable(c.pid, "fcntl", detail);
+        return 0;
+    }
+    case SEND: {
+        /* sendto with an address (the filter let the others through), or sendmsg: one whose
+           message names an address gives the socket a peer of its own choosing */
+        struct msghdr msg;
+        if (k->nr == SYS_sendmsg && read_memory(c.pid, args[1], &msg, sizeof msg) == 0 && !msg.msg_name) return 0;
+        unstorable(c.pid, k->name, "a message sent to an address");
+        return 0;
+    }
+    case SOCKET: {
+        char detail[64];
+        char *path = socket_path(c.pid, args[1], (size_t)args[2], detail, sizeof detail);
+        struct stat st;
+        if (path && lstat(path, &st) && (errno == ENOENT || errno == ENOTDIR)) {
+            c.path = path;  /* nothing there: the connect fails, an absence like any other */
+            break;
+        }
+        if (path) snprintf(detail, sizeof detail, "a Unix socket that is there");
+        unstorable(c.pid, k->name, path ? path : detail);
+        free(path);
+        return 0;
+    }
+    case HARMLESS: case UNKEYED: case UNSTORABLE:
+        unstorable(c.pid, k->name, NULL);
+        return 0;
+    default:
+        break;
+    }
+    /* The GPU driver's files are logged for every process that asks (pp4 keys what nvcc learns
+       there, and nothing another program learns): not once per path. */
+    int per_process = c.path && (!strncmp(c.path, "/dev/nvidia", 11) || !strncmp(c.path, "/proc/driver/nvidia", 19));
+    char *key = per_process ? NULL : seen_key(k->name, c.flags, c.path, c.path2);
+    if (k->kind == SOCKET) {
+        write_call(&c, ENOENT);
+        free(key);
+        free(c.path);
+        return 0;
+    }
+    if (key && seen_before(key)) {
+        free(key);  /* logged once with something there: the log's reader keeps that answer */
+    } else if (c.path && !c.path[0] && strchr(c.flags, 'e')) {
+        free(key);  /* the stat of an open file: its open was logged */
+    } else {
+        int found = look(&c);
+        /* The thread may have died and its id gone to another since: then nothing read holds. */
+        if (ioctl(listener, SECCOMP_IOCTL_NOTIF_ID_VALID, &req->id) == 0) {
+            write_call(&c, found);
+            if (k->kind == EXEC && found == 0) write_exec(c.pid, k, args);
+            if (key && found == 0) remember_seen(key), key = NULL;
+        }
+        free(key);
+    }
+    free(c.path);
+    free(c.path2);
+    return 0;
+}
+
 int main(int argc, char **argv) {
+    for (size_t i = 0; i < NCALLS; i++) BY_NR[CALLS[i].nr] = &CALLS[i];
+    if (argc == 2 && !strcmp(argv[1], "--table")) {
+        print_table();
+        return 0;
+    }
     if (argc > 2 && !strcmp(argv[1], "--preload")) {
         preload = argv[2];
         argv += 2;
@@ -495,6 +1086,7 @@ int main(int argc, char **argv) {
     setvbuf(out, NULL, _IOFBF, 1 << 20);
     int pair[2];
     if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair)) { perror("pp4-observe: socketpair"); return 125; }
+    channel = pair[1];
     pid_t child = fork();
     if (child < 0) { perror("pp4-observe: fork"); return 125; }
     if (child == 0) {
@@ -556,31 +1148,17 @@ int main(int argc, char **argv) {
             perror("pp4-observe: receiving a call");
             break;
         }
-        struct seen c = {.pid = (pid_t)req->pid};
-        if (req->data.arch == ARCH) read_call(&c, &req->data);
-        if (!c.call) {  /* another ABI's call: nothing this reads, so nothing pp4 can trust */
-            fprintf(out, "%d\tforeign-abi-%d\t0\t?\t\n", c.pid, req->data.nr);
-        } else {
-            char *key = seen_key(&c);
-            if (key && seen_before(key)) {
-                free(key);  /* logged once with something there: the log's reader keeps that answer */
-            } else if (c.path && !c.path[0] && strchr(c.flags, 'e')) {
-                free(key);  /* the stat of an open file: its open was logged */
-            } else {
-                int error = look(&c);
-                /* The thread may have died and its id gone to another since: then nothing read holds. */
-                if (ioctl(listener, SECCOMP_IOCTL_NOTIF_ID_VALID, &req->id) == 0) {
-                    write_call(&c, error);
-                    if (key && error == 0) remember_seen(key), key = NULL;
-                }
-                free(key);
-            }
-            free(c.path);
-            free(c.path2);
-        }
+        long long value = 0;
+        int error = 0;
+        int answered = handle(req, listener, &value, &error);
         memset(resp, 0, sizes.seccomp_notif_resp);
         resp->id = req->id;
-        resp->flags = SECCOMP_USER_NOTIF_FLAG_CONTINUE;
+        if (answered) {
+            resp->val = error ? -1 : value;
+            resp->error = error ? -error : 0;
+        } else {
+            resp->flags = SECCOMP_USER_NOTIF_FLAG_CONTINUE;
+        }
         ioctl(listener, SECCOMP_IOCTL_NOTIF_SEND, resp);  /* ENOENT: the caller is gone */
     }
     waitpid(child, &status, 0);

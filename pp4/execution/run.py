@@ -71,6 +71,28 @@ def date_time_flags(argv: list[str]) -> list[str]:
     return ["-Wdate-time", "-Wno-error=date-time"]
 
 
+def debug_prefix_maps(argv: list[str], root: Root) -> list[str]:
+    """Flags that make the host compiler's debug information name each fixed path of the root as
+    this machine's folder relative to the working folder (ninja's: `/pp4/src` as `../myproject`,
+    `/pp4/work` as `.`), so that a debugger run from that folder finds the sources, as it does for a
+    compile outside the root, and two checkouts laid out alike still compile the same bytes. They
+    change no byte of an object without debug information (checked for C, C++ and CUDA units); an
+    object with debug information is keyed on those relative places (pp4/reuse/observed.py: pins).
+    Given first, so that a map of the user's own, later on the command line, wins as gcc's last
+    matching map does. A place holding a comma is left out for nvcc, which splits -Xcompiler at
+    commas."""
+    nvcc = Path(argv[0]).name == "nvcc"
+    maps = [f"-fdebug-prefix-map={fixed}={rel}" for fixed, rel in relative_places(root)
+            if not (nvcc and "," in rel)]
+    return [f"-Xcompiler={m}" for m in maps] if nvcc else maps
+
+
+def relative_places(root: Root) -> list[tuple[str, str]]:
+    """Each fixed path of the root and its folder relative to the working folder's."""
+    work = root.real(root.cwd) or os.getcwd()
+    return [(fixed, os.path.relpath(real, work)) for fixed, real in root.mounts]
+
+
 def run(argv: list[str], env: dict[str, str], limits: Limits, scratch_parent: str | Path, root: Root | None,
         observed: bool = True, compile: bool = True, stdout: Path | None = None) -> Ran:
     """Run argv (this machine's paths) in `root` (None: where it is), observed unless `observed`
@@ -90,7 +112,10 @@ def run(argv: list[str], env: dict[str, str], limits: Limits, scratch_parent: st
     os.mkdir(real_tmp)
     tmp = TMP if root is not None else real_tmp
     command = root.command(list(argv)) if root is not None else list(argv)
-    full = command_for(limits, command) + (date_time_flags(command) if compile else [])
+    full = command_for(limits, command)
+    if compile:
+        maps = debug_prefix_maps(command, root) if root is not None else []
+        full = full[:1] + maps + full[1:] + date_time_flags(command)
     log = os.path.join(tmp, TRACE_NAME)
     if trace_problem is None:
         full = observe.command(log) + full
@@ -105,9 +130,11 @@ def run(argv: list[str], env: dict[str, str], limits: Limits, scratch_parent: st
     t0 = time.monotonic()
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     try:
-        with open(errors, "wb") as err, open(stdout, "wb") if stdout else contextlib.nullcontext() as out:
+        with open(errors, "wb") as err, open(stdout, "wb") if stdout else contextlib.nullcontext(err) as out:
             # stderr to a file, not a pipe: in the root, the process that waits for the command
-            # keeps subprocess's error pipe open until the command ends.
+            # keeps subprocess's error pipe open until the command ends. stdout to a file too
+            # (with stderr, unless asked for apart): the command's standard streams are /dev/null
+            # and files of its own, never a terminal or a socket that could answer it.
             proc = subprocess.run(full, env=process_env(env, Path(tmp)), preexec_fn=prepare, stdin=subprocess.DEVNULL,
                                   stdout=out, stderr=err, cwd=None if root is not None else os.getcwd())
         returncode = proc.returncode

@@ -1,30 +1,31 @@
-"""`-march=native` and its kin: a compile that asks the host compiler for this machine's CPU is
-keyed on what the compiler makes of it here.
+"""A compile that asks this machine's CPU or GPU is keyed on what the compiler makes of it.
 
 gcc expands `-march=native`, `-mtune=native` and `-mcpu=native` with the `cpuid` instruction, not
 by reading a file, so the observer cannot see it; an object built so on one machine and restored on
-another (a shared store) could hold instructions that CPU lacks. Such a compile gets one more
-observation, on its host compiler's path:
+another (a shared store) could hold instructions that CPU lacks. Which compiles asked is read from
+what their programs were started with, not from the command's text (`drivers`): a driver started
+with a native option, or whose children's COLLECT_GCC_OPTIONS holds one (a response file, a specs
+file, a `CXX` wrapper, `-Xcompiler '-O2 -march=native'`). Each such driver gets one more
+observation, on its path:
 
     native:<flags>:<sha256>
 
-where <flags> are the native options of its command (space-separated) and <sha256> hashes what
-`COMPILER -### -E -x c /dev/null FLAGS` prints here: the options the driver hands cc1, with the CPU's
-name, feature switches and cache sizes spelled out. A lookup asks the compiler again, so a store
-shared by machines whose CPUs the compiler tells apart never hands one's object to the other.
+where <flags> are the native options it acted on and <sha256> hashes what `DRIVER -### -E -x c
+/dev/null FLAGS` prints here: the options the driver hands cc1, with the CPU's name, feature
+switches and cache sizes spelled out. A lookup asks the driver again, so a store shared by
+machines whose CPUs the compiler tells apart never hands one's object to the other.
 
-nvcc's `-arch=native` (`--gpu-architecture=native`, or the value as the next argument) is the same
-for the GPU: nvcc asks the driver which GPUs are there (and falls back to its default architecture
-where none is: a store shared by a machine without a GPU and one with would hand over the wrong
-architecture's code). Such a compile gets the observation
+nvcc's `-arch=native` is the same for the GPU: nvcc asks the driver which GPUs are there (and falls
+back to its default architecture where none is). An nvcc started with a native architecture
+option, or one that opened the GPU driver's files, gets the observation
 
     native-gpu:<flags>:<sha256>
 
-on nvcc's path, <sha256> hashing the architectures `nvcc FLAGS --dryrun -x cu -c /dev/null` hands
-its passes here (`-arch=sm_90`, `-arch compute_90`, ...), asked again at every lookup.
+on its path, <sha256> hashing the architectures `nvcc FLAGS --dryrun -x cu -c /dev/null` hands its
+passes here (`-arch=sm_90`, `-arch compute_90`, ...), asked again at every lookup. Any other program
+that opens the GPU driver's files makes its compile unstorable.
 
-Not seen: a native option inside a response file, a specs file or an nvcc options file (their bytes
-are keyed, but the CPU or GPU is not).
+Out of reach: a program other than a gcc driver that reads the CPU with `cpuid` itself.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import shlex
 
 PREFIX = "native:"
 GPU_PREFIX = "native-gpu:"
@@ -41,29 +43,82 @@ _GPU_ARCH_OPTIONS = ("-arch", "--gpu-architecture")
 _GPU_ARCH_SAID = re.compile(rb"(?:-arch[= ]|--gpu-name[= ]|arch=|code=)((?:compute|sm|lto)_\w+)")
 
 
-def flags_in(argv) -> list[str]:
-    """The native CPU options a command passes, to gcc directly or through nvcc's host-compiler
-    options (`-Xcompiler -march=native,-O3`, `--compiler-options=...`): every comma-separated part
-    of every argument is looked at."""
-    found = set()
-    for arg in argv[1:]:
-        for spelling in ("-Xcompiler=", "--compiler-options="):
-            if arg.startswith(spelling):
-                arg = arg[len(spelling):]
-        found.update(part for part in arg.split(",") if _NATIVE.match(part))
-    return sorted(found)
+def cpu_flags(words) -> list[str]:
+    """The native CPU options among a program's arguments, as the program was started with them."""
+    return sorted({w for w in words if _NATIVE.match(w)})
 
 
-def gpu_flags_in(argv) -> list[str]:
-    """nvcc's native GPU architecture options, as `-arch=native` whichever way they are spelled."""
-    if os.path.basename(argv[0]) != "nvcc":
-        return []
+def collect_options(value: str) -> list[str]:
+    """The options a gcc driver hands its children in COLLECT_GCC_OPTIONS ('-E' '-march=native' ...):
+    its own options after it read response files and specs, so an option found there is one the
+    driver acted on however it was given."""
+    try:
+        return shlex.split(value)
+    except ValueError:
+        return value.split()
+
+
+def gpu_flags(argv) -> list[str]:
+    """nvcc's native GPU architecture options among its arguments, as `OPTION=native`."""
     found = set()
     for i, arg in enumerate(argv[1:], 1):
         for option in _GPU_ARCH_OPTIONS:
             if arg == f"{option}=native" or (arg == option and i + 1 < len(argv) and argv[i + 1] == "native"):
                 found.add(f"{option}=native")
     return sorted(found)
+
+
+def drivers(trace) -> tuple[dict[str, list[str]], dict[str, list[str]], str | None]:
+    """What in a compile asked this machine's CPU or GPU, from what its programs were started with
+    (pp4.execution.observe.Trace): ({compiler driver: native CPU options it expanded}, {nvcc: native
+    GPU options}, why it cannot be keyed, if it cannot).
+
+    A gcc driver expands -march=native (and -mtune=, -mcpu=) with the cpuid instruction, which no
+    filter sees: the option is in the driver's own arguments, or, when it came from a response
+    file, a specs file or a wrapper, in the COLLECT_GCC_OPTIONS it hands its children (its options
+    as it read them), whoever started it and however it was spelled. nvcc asks the GPU driver
+    (/dev/nvidia*, /proc/driver/nvidia) for -arch=native; another program that asks it is asking
+    something pp4 cannot key."""
+    cpu: dict[str, set[str]] = {}
+    gpu: dict[str, set[str]] = {}
+    for e in trace.execs:
+        if flags := cpu_flags(e.argv[1:]):
+            cpu.setdefault(e.program, set()).update(flags)
+        options = e.getenv("COLLECT_GCC_OPTIONS")
+        if options and (flags := cpu_flags(collect_options(options))):
+            driver = _parent_program(trace, e)
+            if driver is None:
+                return {}, {}, (f"{e.program} was started with {' '.join(flags)} in COLLECT_GCC_OPTIONS by a process "
+                                "pp4 did not see start, so pp4 cannot ask that compiler what it makes of this CPU")
+            cpu.setdefault(driver, set()).update(flags)
+        if os.path.basename(e.program) == "nvcc" and (flags := gpu_flags(e.argv)):
+            gpu.setdefault(e.program, set()).update(flags)
+    for pid in trace.gpu:
+        program = trace.program_of(pid)
+        if program is None or os.path.basename(program) != "nvcc":
+            return {}, {}, (f"{program or 'a process it did not see start'} asked the GPU driver, which pp4 keys only "
+                            "for nvcc (by its dry run)")
+        gpu.setdefault(program, set()).update(gpu_flags(_argv_of(trace, pid)) or ["-arch=native"])
+    return ({k: sorted(v) for k, v in cpu.items()}, {k: sorted(v) for k, v in gpu.items()}, None)
+
+
+def _parent_program(trace, e) -> str | None:
+    """The program e's parent ran when it started e: the last one it started itself before e."""
+    found = None
+    for other in trace.execs:
+        if other is e:
+            break
+        if other.pid == e.ppid:
+            found = other.program
+    return found
+
+
+def _argv_of(trace, pid: int) -> tuple[str, ...]:
+    found: tuple[str, ...] = ()
+    for e in trace.execs:
+        if e.pid == pid:
+            found = e.argv
+    return found
 
 
 def gpu_state(nvcc: str, flags: list[str]) -> str:
@@ -78,19 +133,6 @@ def gpu_state(nvcc: str, flags: list[str]) -> str:
     except (OSError, subprocess.SubprocessError) as e:
         said = f"cannot run: {e}".encode()
     return f"{GPU_PREFIX}{' '.join(flags)}:{hashlib.sha256(said).hexdigest()}"
-
-
-def host_compiler(argv) -> str | None:
-    """The compiler that expands the native options: nvcc's -ccbin, else the command's own."""
-    if os.path.basename(argv[0]) != "nvcc":
-        return argv[0]
-    for i, arg in enumerate(argv):
-        if arg in ("-ccbin", "--compiler-bindir") and i + 1 < len(argv):
-            return argv[i + 1]
-        for spelling in ("-ccbin=", "--compiler-bindir="):
-            if arg.startswith(spelling):
-                return arg[len(spelling):]
-    return None
 
 
 def state(compiler: str, flags: list[str]) -> str:
