@@ -34,3 +34,14 @@ def toolchains_dir(root: Path | None = None) -> Path:
 def tmp_dir(root: Path | None = None) -> Path:
     """Scratch space inside the cache, so that pip and probes write nothing outside it."""
     return (root or cache_dir()) / "tmp"
+
+
+def config_dir() -> Path:
+    """$PP4_CONFIG_DIR, else $XDG_CONFIG_HOME/pp4, else ~/.config/pp4: what is the user's, not a
+    cache's (the signing key, the trust list: pp4/store/signing.py)."""
+    explicit = os.environ.get("PP4_CONFIG_DIR")
+    if explicit:
+        return Path(explicit).expanduser().absolute()
+    xdg = os.environ.get("XDG_CONFIG_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".config"
+    return (base / "pp4").absolute()

@@ -10,6 +10,8 @@ here and nowhere else; each writer gets its path from `part()`.
     compilers.json       the compilers' identities, by file stamp                pp4/toolchain/compilers.py
     remote/              the remote tier's password, refusals, back-off          pp4/store/remote/tier.py
     cluster/             the cluster's back-off                                  pp4/reuse/cluster/executor.py
+    links/               what each module's link observed                        pp4/reuse/link.py
+    recheck.stamp        the check before ninja decides, and the folders it watches pp4/reuse/recheck.py
     prepass.stamp        the prepass's stamp and dependency file, for ninja       pp4/plan/ninjafile.py
     estimates.json       each object's estimated CPU seconds, and the jobs        configure.py
     source-folders.json  the names in a setup.py's source folders (ninja's stamp)  pp4/sources/listing.py
@@ -34,6 +36,8 @@ COMPILERS = "compilers.json"
 REMOTE = "remote"
 CLUSTER = "cluster"
 PREPASS_STAMP = "prepass.stamp"
+RECHECK_STAMP = "recheck.stamp"
+LINKS = "links"
 ESTIMATES = "estimates.json"
 SOURCE_LISTING = "source-folders.json"
 PROGRESS_LOCK = "progress.lock"

@@ -168,7 +168,7 @@ def test_compdb_is_usable_by_clangd(fixture_build):
     for e in entries:
         first = e["command"].split()[0]
         assert Path(first).name in ("nvcc", "c++", "g++"), e["command"]
-        assert not {"pp4.reuse", "pp4.execution.launch", "--env"} & set(e["command"].split()), e["command"]
+        assert not {"pp4.reuse", "pp4.reuse.link", "--env"} & set(e["command"].split()), e["command"]
         assert Path(e["file"]).is_file()
 
 
@@ -196,7 +196,7 @@ def test_the_link_launcher_applies_limits(fixture_build, tmp_path):
     custom = dict(limits, cpus=[0], nice=7, address_space=8 << 30)
     lf = tmp_path / "pp4.json"
     lf.write_text(json.dumps({"limits": custom}))
-    out = run([sys.executable, "-m", "pp4.execution.launch", str(lf), "--env", "PATH=/usr/bin:/bin", "--", str(probe)],
+    out = run([sys.executable, "-m", "pp4.reuse.link", str(lf), "--env", "PATH=/usr/bin:/bin", "--", str(probe)],
               REPO).stdout
     assert re.search(r"Cpus_allowed_list:\s+0$", out, re.M)
     assert f"{8 << 20}" in out  # ulimit -v reports KiB

@@ -93,10 +93,17 @@ class Audit:
                 self.stale.append(str(module))
                 continue
             if m.get("link_inputs") is None:
-                self.fail(f"module {module}: the certificate records no input of its link (written by an older "
+                self.fail(f"module {module}: the certificate records no observation of its link (linked by an older "
                           "pp4): rebuild it")
+                self.stale.append(str(module))
                 continue
-            changed = observed.differences(m["link_inputs"], lambda path: path, self.states)
+            if m.get("link_not_observed"):
+                self.fail(f"module {module}: its link was not observed ({m['link_not_observed']}), so nothing "
+                          "says what it was linked from")
+                continue
+            mounts = m.get("link_mounts")
+            to_real = Root.from_mounts(mounts).real if mounts else (lambda path: path)
+            changed = observed.differences(m["link_inputs"], to_real, self.states)
             if changed:
                 self.fail(f"module {module}: changed since it was linked: " + "; ".join(changed[:5])
                           + (f"; and {len(changed) - 5} more" if len(changed) > 5 else ""))

@@ -8,8 +8,9 @@ machine each fixed path was), its action key, whether it was compiled or reused 
 action, compiled for which output), its sha256 and the compile duration. What each compile
 observed is listed once per distinct set, in "input_sets" (name -> [path, state] pairs; the name is
 the sha256 of the set's canonical text, pp4/reuse/inputsets.py), and each object names its set.
-Each module lists the files its link read (objects, libraries as the linker resolved them, linker
-scripts, the linker's programs) with their states.
+Each module lists what its link observed (the objects, libraries as the linker resolved them and
+where it looked for them and found nothing, linker scripts, the linker's programs) with their
+states, and the root's mounts to read them with.
 Its hash is the sha256 of the uncompressed JSON.
 Beside it, build-record.json names every built module's sha256, the compiler wheels' hashes, each
 source tree's hash and the certificate's hash.
@@ -30,10 +31,8 @@ from pp4 import interrupt
 from pp4 import statedir
 from pp4.certify import pin
 from pp4.files import canonical_json, sha256_and_size, write_whole
-from pp4.execution import depfile
 from pp4.execution.root import Root
-from pp4.reuse import events, inputsets, observed
-from pp4.reuse.actionkey import FileHasher
+from pp4.reuse import events, inputsets, link
 
 
 class CertificateError(Exception):
@@ -191,29 +190,22 @@ def write(config_path: Path, actions_path: Path, out: Path) -> str:
 
 
 def _modules(actions: list[dict], builddir: Path, state_dir: str) -> list[dict]:
-    hasher = FileHasher(statedir.part(state_dir, statedir.HASHES))
-    states = observed.States(hasher)
     out = []
     for target in sorted({a["target"] for a in actions}):
         plan = json.loads((builddir / target / "plan.json").read_text())
         module = Path(plan["output"])
         p = pin.check(module, with_tree=True)  # the module must match its pin, sources included
+        record = link.read(state_dir, str(module))
         out.append({"target": target, "module": plan["module"], "file": str(module), "sha256": p["sha256"],
                     "source_key": p["source_key"], "root": plan["root"], "provenance": plan.get("provenance", {}),
-                    "tree_sha256": p["tree_sha256"], "link_inputs": link_inputs(module, states)})
-    hasher.save()
+                    "tree_sha256": p["tree_sha256"],
+                    # What the link observed (the files it read and what it looked for and did not
+                    # find), as it saw them, and where its root's paths are here; None when no link
+                    # record is there (a module linked by an older pp4).
+                    "link_inputs": sorted(record.observations) if record is not None else None,
+                    "link_mounts": record.mounts if record is not None else None,
+                    "link_not_observed": record.not_observed if record is not None else None})
     return out
-
-
-def link_inputs(module: Path, states: observed.States) -> list[list[str]] | None:
-    """Every file the module's link read, with its state now: the link's dependency file
-    (pp4/execution/launch.py) lists them, and ninja links again when one changes, so after a build
-    they are what the link read. None when the link wrote no dependency file."""
-    try:
-        files = depfile.parse_depfile(Path(str(module) + ".d").read_text())
-    except OSError:
-        return None
-    return [[f, states.state(f)] for f in sorted(set(files))]
 
 
 def build_record(config: dict, modules: list[dict], certificate: Path, digest: str) -> dict:

@@ -29,6 +29,7 @@ import ctypes
 import errno
 import functools
 import os
+import re
 import signal
 
 import attrs
@@ -143,17 +144,40 @@ def _inside(path: str, folder: str) -> bool:
     return path == folder or path.startswith(folder + "/")
 
 
+# Options whose value is a macro definition: the word after them is the user's text.
+_DEFINE_OPTIONS = ("-D", "-U", "--define-macro", "--undefine-macro")
+# Options that hand the rest of their word (or the next word) to another program as options:
+# gcc's preprocessor (-Wp, a comma list; -Xpreprocessor), nvcc's host compiler (-Xcompiler and
+# --compiler-options, comma lists, which nvcc runs through a shell, so spaces split them too).
+_PASSING = ("-Xcompiler", "--compiler-options", "-Xpreprocessor")
+_PASSING_PREFIXES = ("-Xcompiler=", "--compiler-options=", "-Xpreprocessor=", "-Wp,")
+
+
+def _defines(text: str) -> bool:
+    """Whether options handed on in one word define or undefine a macro (-DX=..., -UX, however
+    nested: -Xcompiler=-Wp,-DX=...)."""
+    for prefix in _PASSING_PREFIXES:
+        if text.startswith(prefix):
+            text = text[len(prefix):]
+    parts = re.split(r"[,\s]+", text)
+    return any(part.startswith(("-D", "-U", "--define-macro", "--undefine-macro"))
+               or (part.startswith(_PASSING_PREFIXES) and _defines(part)) for part in parts)
+
+
 def _is_users(argv: list[str], i: int) -> bool:
+    """Whether a word is the user's text, kept as written: a macro's value however it is passed
+    (what a user writes into a macro is what the module holds at run time, outside the root), and
+    run-time library paths."""
     word = argv[i]
     if "-rpath" in word or (i >= 1 and argv[i - 1] == "-rpath") or (i >= 2 and argv[i - 2] == "-rpath"):
         return True
-    if word.startswith(("-D", "-U", "--define-macro", "--undefine-macro")):
+    if word.startswith(_DEFINE_OPTIONS):
         return True
     prev = argv[i - 1] if i else ""
-    if prev in ("-D", "-U", "--define-macro", "--undefine-macro"):
+    if prev in _DEFINE_OPTIONS:
         return True
-    if prev in ("-Xcompiler", "--compiler-options") or word.startswith(("-Xcompiler=", "--compiler-options=")):
-        return any(part.startswith(("-D", "-U")) for part in word.split("=", 1)[-1].split(","))
+    if prev in _PASSING or word.startswith(_PASSING_PREFIXES):
+        return _defines(word)
     return False
 
 

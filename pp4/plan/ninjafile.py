@@ -86,6 +86,10 @@ def prepass_stamp(builddir: str) -> str:
     return os.path.join(builddir, statedir.FOLDER, statedir.PREPASS_STAMP)
 
 
+def recheck_stamp(builddir: str) -> str:
+    return os.path.join(builddir, statedir.FOLDER, statedir.RECHECK_STAMP)
+
+
 def certificate_path(builddir: str) -> str:
     return os.path.join(builddir, "certificate.json.gz")
 
@@ -195,7 +199,14 @@ def render(settings: BuildSettings, rules: str, plans: list[ModulePlan],
     _build(w, "compile_commands.json", "compdb", implicit=["build.ninja"])
     _build(w, "compdb", "phony", "compile_commands.json")
     listing = [settings.source_listing] if settings.source_folders else []
-    _build(w, ["build.ninja", *settings.generator_outputs], "configure", implicit=[*settings.generator_inputs, *listing])
+    # The check before ninja decides: build.ninja's edge is the one ninja brings up to date first,
+    # and it waits for the check without depending on it (configure never runs for it).
+    # (configure writes actions.json, which the check reads: not a dependency, or the two would wait
+    # on each other.)
+    recheck = recheck_stamp(settings.builddir)
+    _build(w, recheck, "reuse_recheck")
+    _build(w, ["build.ninja", *settings.generator_outputs], "configure", implicit=[*settings.generator_inputs, *listing],
+           order_only=[recheck])
     # An input of configure that is gone (the sources configure unpacks into a deleted build folder,
     # a removed spec or source folder) makes ninja run configure again, which makes it anew or says
     # what is wrong, instead of stopping at "missing and no known rule to make it".

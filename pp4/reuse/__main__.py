@@ -3,6 +3,9 @@
     python -m pp4.reuse CONFIG [--env NAME=VALUE]... -- COMPILER ARGS...   one compile (pp4/reuse/edge.py)
     python -m pp4.reuse --prepass CONFIG ACTIONS STAMP                    all compiles of the build at once
                                                                           (pp4/reuse/prepass.py)
+    python -m pp4.reuse --recheck CONFIG ACTIONS STAMP                    before ninja decides: outputs whose
+                                                                          observations no longer hold
+                                                                          (pp4/reuse/recheck.py)
 """
 
 from __future__ import annotations
@@ -34,6 +37,15 @@ def main(argv: list[str] | None = None) -> int:
             if server:
                 client.ready(server)
             return code
+        if argv and argv[0] == "--recheck":
+            if len(argv) != 4:
+                print("usage: python -m pp4.reuse --recheck CONFIG ACTIONS STAMP", file=sys.stderr)
+                return 2
+            from pp4.reuse.recheck import recheck
+
+            if not (Path(argv[1]).is_file() and Path(argv[2]).is_file()):
+                return 0  # configure has not written them yet (a deleted build folder): it runs next
+            return recheck(ReuseConfig.load(argv[1]), Path(argv[2]), Path(argv[3]))
         env, rest = compilerenv.parse_env_args(argv[1:])
         if not argv or len(rest) < 2 or rest[0] != "--":
             print("usage: python -m pp4.reuse CONFIG [--env NAME=VALUE]... -- COMPILER ARGS...", file=sys.stderr)

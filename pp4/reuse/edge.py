@@ -29,9 +29,9 @@ def compile_one(cfg: ReuseConfig, env: dict[str, str], argv: list[str]) -> int:
     reuser = Reuser(cfg)
     t0 = time.monotonic()
     action = reuser.action(args, env)
-    hit = reuser.lookup(action)
-    if hit is not None and reuser.materialize(hit, action):
-        events.write(cfg.state_dir, reuser.hit_event(action, hit, time.monotonic() - t0, via="wrapper"))
+    found = reuser.find(action)
+    if found is not None and reuser.materialize(found[0], found[1]):
+        events.write(cfg.state_dir, reuser.hit_event(found[1], found[0], time.monotonic() - t0, via="wrapper"))
         reuser.hasher.save()
         return 0
     try:
@@ -75,17 +75,21 @@ def _compile(cfg: ReuseConfig, reuser: Reuser, action: Action) -> int:
     from pp4.execution.run import run  # here, not at the top: an edge that restores never runs a compiler
 
     ran = run(list(args.argv), action.env, cfg.limits, cfg.runs_dir(), action.root)
+    hidden = observed.hidden_by_root(ran, action.outputs())
+    if hidden:
+        (path, mounted), more = hidden[0], len(hidden) - 1
+        print(f"pp4: notice: {args.source} looked for {path}{f' (and {more} more)' if more else ''}, which pp4's fixed "
+              f"execution root hides: a link or `..` leads above {mounted}, which the root shows alone (docs/reuse.md). "
+              "Compiled outside the root instead, so its object is keyed on this checkout's folders; to share it "
+              "between checkouts, make the extension's root a folder above both (in a spec file: root = \"..\")",
+              file=sys.stderr)
+        action = reuser.action(args, action.env, in_root=False)
+        if out.exists():
+            out.unlink()
+        ran = run(list(args.argv), action.env, cfg.limits, cfg.runs_dir(), None)
     sys.stderr.buffer.write(ran.root.shown(ran.stderr) if ran.root is not None else ran.stderr)
     sys.stderr.flush()
     notify_once(cfg.state_dir, machine_notices(reuser.root_problem, ran))
-    above = observed.above_the_root(ran)
-    if above:
-        (path, mounted), more = above[0], len(above) - 1
-        print(f"pp4: {args.source} looked for {path}{f' (and {more} more)' if more else ''} through `..` above "
-              f"{mounted}, which pp4's fixed execution root shows alone (docs/reuse.md): the compiler found nothing "
-              "there, where a compile outside the root would have. Make the extension's root a folder above both "
-              "(in a spec file: root = \"..\"), or build without the root (PP4_NO_ROOT=1 for configure and ninja)",
-              file=sys.stderr)
     if ran.returncode != 0:
         return ran.returncode
     pairs, problem = reuser.observations(action, ran)

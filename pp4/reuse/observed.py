@@ -27,12 +27,12 @@ import errno
 import functools
 import hashlib
 import os
-import re
 import stat
+import struct
 
-from pp4.execution.observe import CHANNELS
+from pp4.execution import observe
 from pp4.execution.root import FIXED
-from pp4.reuse import loadercache, nativecpu
+from pp4.reuse import loadercache, nativecpu, twins
 from pp4.reuse.actionkey import FileHasher
 
 ABSENT, FOLDER, FILE, SPECIAL, NOFOLLOW, LINK, LISTING = "-", "d", "f", "s", "L", "@", "ls:"
@@ -40,13 +40,22 @@ ABSENT, FOLDER, FILE, SPECIAL, NOFOLLOW, LINK, LISTING = "-", "d", "f", "s", "L"
 # program of its search folders it may execute (access X_OK), so a file that stops being executable
 # changes what runs, with the same bytes.
 EXECUTABLE = "+x"
-# Files of the same bytes that one compile read: which of them have the same modification time (in
-# seconds). gcc's `#pragma once` takes two such files for one when their times agree as well, and
-# includes the second only when they differ. The state names the group's other members.
-TWINS = "twins:"
-_ONCE = re.compile(rb'^[ \t]*#[ \t]*(?:pragma[ \t]+once|import)\b|_Pragma[ \t]*\([ \t]*"once"', re.M)
-# Where the project's own files are in the fixed root: the working folder, the sources, the build.
-PROJECT_PLACES = tuple(f"{FIXED}/{place}/" for place in ("work", "src", "build"))
+TWINS = twins.PREFIX
+# A path's extended attribute, by name (`xattr:<name>=<sha256 of its value>`, `-` when the file has
+# none by that name), and the list of its attributes' names (`xattrs:<sha256>`); `L` before either
+# when the call did not follow a final link.
+XATTR, XATTRS = "xattr:", "xattrs:"
+# A folder of this machine that a fixed path of the root stood for, or the working folder ("@cwd"
+# where there is no root), when the object names it (debug information, a coverage file's path):
+# `at:<folder>`. Such an object is not the same object in another folder.
+AT, CWD = "at:", "@cwd"
+# A folder of this machine that a fixed path stood for, relative to the working folder's, in an
+# object with debug information (pp4/execution/run.py: debug_prefix_maps): `rel:<path>`.
+REL = "rel:"
+# States whose path's inode is not what they record (a folder's place, a compiler's answer, a
+# group of files each observed on its own): changed_during leaves them to their own observations.
+ASKED = (TWINS, AT, REL, nativecpu.PREFIX, nativecpu.GPU_PREFIX, loadercache.PREFIX)
+_ATTRIBUTES = (XATTR, XATTRS, NOFOLLOW + XATTR, NOFOLLOW + XATTRS)
 _ABSENT_ERRORS = (errno.ENOENT, errno.ENOTDIR)
 # Written within this long before a compile started, a file's ctime cannot tell a change during the
 # compile from one just before it (the kernel stamps times from a clock that ticks every few ms).
@@ -108,13 +117,42 @@ class States:
             found = self._memo[key] = (nativecpu.gpu_state if gpu else nativecpu.state)(compiler, flags)
         return found
 
+    def xattr(self, path: str, name: str | None, follow: bool) -> str:
+        """A path's extended attribute by name (None: the list of its names), as a state."""
+        key = (path, ("x:" if follow else "lx:") + (name if name is not None else "\0"))
+        found = self._memo.get(key)
+        if found is None:
+            prefix = "" if follow else NOFOLLOW
+            try:
+                if name is None:
+                    names = sorted(os.listxattr(path, follow_symlinks=follow))
+                    found = prefix + XATTRS + hashlib.sha256("\0".join(names).encode("utf-8", "surrogateescape")).hexdigest()
+                else:
+                    value = os.getxattr(path, name, follow_symlinks=follow)
+                    found = f"{prefix}{XATTR}{name}={hashlib.sha256(value).hexdigest()}"
+            except OSError as e:
+                said = ABSENT if e.errno in (errno.ENODATA, *_ABSENT_ERRORS) else "!" + errno.errorcode.get(e.errno, str(e.errno))
+                found = f"{prefix}{XATTRS}{said}" if name is None else f"{prefix}{XATTR}{name}={said}"
+            self._memo[key] = found
+        return found
+
     def now(self, path: str, recorded: str, to_real=None) -> str:
         """The state of a path now, of the kind a recorded state is (to_real: where the recorded
         paths a state names are on this machine)."""
         if recorded.startswith(TWINS):
-            others = recorded[len(TWINS):].split("|", 1)[0].split("\0")
+            others = twins.others(recorded)
             reals = [to_real(o) if to_real else o for o in others]
-            return twins_state(others, [path, *reals]) if None not in reals else recorded
+            return twins.state(others, [path, *reals]) if None not in reals else recorded
+        if recorded.startswith(AT):
+            return AT + (os.getcwd() if path == CWD else path)
+        if recorded.startswith(REL):
+            work = to_real(f"{FIXED}/work") if to_real else None
+            return REL + os.path.relpath(path, work) if work else recorded
+        bare = recorded[1:] if recorded.startswith(NOFOLLOW) else recorded
+        if bare.startswith(XATTRS):
+            return self.xattr(path, None, bare is recorded)
+        if bare.startswith(XATTR):
+            return self.xattr(path, bare[len(XATTR):].rpartition("=")[0], bare is recorded)
         if recorded.startswith(nativecpu.GPU_PREFIX):
             return self.native(path, nativecpu.flags_of(recorded), gpu=True)
         if recorded.startswith(nativecpu.PREFIX):
@@ -144,46 +182,6 @@ def _may_execute(st: os.stat_result) -> bool:
     if st.st_gid in gids:
         return bool(st.st_mode & stat.S_IXGRP)
     return bool(st.st_mode & stat.S_IXOTH)
-
-
-def twins_state(others: list[str], reals: list[str]) -> str:
-    """The twins state of a group: the other members as recorded, then for each member (this one
-    first) the class of its modification time, numbered by first appearance ('0,0,1')."""
-    classes: dict[object, int] = {}
-    labels = []
-    for real in reals:
-        try:
-            when: object = int(os.stat(real).st_mtime)
-        except OSError as e:
-            when = f"!{e.errno}"
-        labels.append(str(classes.setdefault(when, len(classes))))
-    return TWINS + "\0".join(others) + "|" + ",".join(labels)
-
-
-def _twins(ran, pairs: dict) -> None:
-    """One twins observation per group of the project's files with the same bytes, once-only
-    (`#pragma once`), that the compile read. Files of torch, the toolchain and the system are left
-    out: their times are when they were installed on each machine, which would split a shared store
-    for nothing they are edited for (torch's own headers hold such twins)."""
-    groups: dict[str, list[str]] = {}
-    for (path, kind), state in pairs.items():
-        if kind == "f" and is_file(state) and (ran.root is None or path.startswith(PROJECT_PLACES)):
-            groups.setdefault(state[:64], []).append(path)
-    for members in groups.values():
-        if len(members) < 2:
-            continue
-        members.sort()
-        reals = [ran.real(m) for m in members]
-        if None not in reals and _once_only(reals[0]):
-            pairs[(members[0], TWINS)] = twins_state(members[1:], reals)
-
-
-def _once_only(path: str) -> bool:
-    try:
-        with open(path, "rb") as f:
-            return _ONCE.search(f.read()) is not None
-    except OSError:
-        return True  # what cannot be read now is keyed: the lookup compares its time class too
 
 
 def is_file(state: str) -> bool:
@@ -216,8 +214,17 @@ def differences(pairs, to_real, states: States) -> list[str]:
 
 def describe(state: str) -> str:
     if state.startswith(TWINS):
-        others, _, classes = state[len(TWINS):].rpartition("|")
-        return f"{len(others.split(chr(0))) + 1} files of the same bytes with modification times {classes}"
+        return twins.describe(state)
+    if state.startswith(AT):
+        return f"named by the object as {state[len(AT):]}"
+    if state.startswith(REL):
+        return f"named by the object's debug information as {state[len(REL):]}"
+    bare = state[1:] if state.startswith(NOFOLLOW) else state
+    if bare.startswith(XATTRS):
+        return f"extended attributes {bare[len(XATTRS):][:12]}"
+    if bare.startswith(XATTR):
+        name, _, value = bare[len(XATTR):].rpartition("=")
+        return f"extended attribute {name} {'absent' if value == ABSENT else value[:12]}"
     if state.startswith(nativecpu.GPU_PREFIX):
         return f"this machine's GPUs as nvcc reads them for {' '.join(nativecpu.flags_of(state))} ({state[-64:][:12]})"
     if state.startswith(nativecpu.PREFIX):
@@ -244,34 +251,31 @@ def describe(state: str) -> str:
     return f"sha256 {s[:12]}"
 
 
-def from_run(ran, outputs: set[str], states: States) -> tuple[list[list[str]], str | None]:
+def from_run(ran, outputs: set[str], states: States, settled: set[str] = frozenset()) -> tuple[list[list[str]], str | None]:
     """The observation set of a finished compile (pp4.execution.run.Ran), and why it must not be
-    stored, if it must not: the observer could not run or could not read a call, the compile
-    talked to another process (a socket, shared memory, ...), asked which machine it runs on or
-    read a file under /proc, /sys or /dev that describes it or the run,
-    wrote somewhere other than its outputs and temporary folder, or something it read changed
-    while it ran.
-    outputs: the paths it was asked to write, as it saw them."""
+    stored, if it must not: the observer could not run or could not read a call, the compile made a
+    call pp4 cannot observe (a socket, another process's memory, the machine's name, a call the
+    observer's table does not know), read a file under /proc, /sys or /dev that describes the
+    machine or the run, asked the CPU or GPU in a way no compiler's dry run answers, wrote somewhere
+    other than its outputs and temporary folder, or something it read changed while it ran.
+    outputs: the paths it was asked to write, as it saw them; settled: paths whose change during it
+    is not asked about (a link's objects, written by this build just before)."""
     trace = ran.trace
     if trace is None:
         return [], f"it was not observed: {ran.trace_problem}"
     if trace.opaque:
         return [], f"the observer could not read {len(trace.opaque)} of its calls (first: {trace.opaque[0][:160]})"
-    if trace.sockets:
-        return [], (f"it reached another process through a socket ({trace.sockets[0][:160]}): what that "
-                    "process answered is an input no file shows")
-    if trace.channels:
-        call = trace.channels[0]
-        return [], f"it read {CHANNELS[call]} ({call}), an input that no file's content or presence shows"
+    if trace.unstorable:
+        return [], observe.why_unstorable(trace.unstorable[0]) + (
+            f" (and {len(trace.unstorable) - 1} more such calls)" if len(trace.unstorable) > 1 else "")
     if trace.machine:
-        asked = trace.machine[0]
-        if asked == "uname":
-            return [], ("it asked the kernel which machine it runs on (uname: the host name and kernel release), "
-                        "an input pp4 does not key")
-        return [], f"it read {asked[:160]}, which describes this machine or this run, an input pp4 does not key"
+        return [], f"it read {trace.machine[0][:160]}, which describes this machine or this run, an input pp4 does not key"
     if trace.through_proc:
         return [], (f"it read {trace.through_proc[0][:160]}, a file reached through /proc that pp4 cannot key "
                     "(name the file by its own path)")
+    cpu, gpu, problem = nativecpu.drivers(trace)
+    if problem:
+        return [], problem
     produced = set(trace.writes)
     for path in sorted(produced):
         if path in outputs or ran.real(path) is None:
@@ -279,11 +283,9 @@ def from_run(ran, outputs: set[str], states: States) -> tuple[list[list[str]], s
         return [], f"it wrote {ran.real(path)}, which is neither its output nor its temporary folder"
     pairs: dict[tuple[str, str], str] = {}
     reads = dict(trace.reads)
-    from pp4.execution.observe import interpreters
-
     for program in trace.executed:
         real = ran.real(program)
-        for interp in interpreters(real) if real else []:
+        for interp in observe.interpreters(real) if real else []:
             reads.setdefault((interp, True), "ok")
     # Folders that are there in every run: the root's mount points, whatever their real folders
     # are, and the folders of the outputs, which pp4 makes before a compile starts.
@@ -307,33 +309,95 @@ def from_run(ran, outputs: set[str], states: States) -> tuple[list[list[str]], s
             return [], (f"it reached {real}, a named pipe, socket or device, whose bytes another process or the "
                         "kernel gives: an input no file's content shows")
         pairs[(path, "f" if follow else "l")] = state
+    for (path, follow, name), _ in trace.xattrs.items():
+        real = ran.real(path)
+        if real is not None:
+            pairs[(path, ("x:" if follow else "lx:") + (name if name is not None else "\0"))] = \
+                states.xattr(real, name, follow)
     for folder in trace.listed:
         real = ran.real(folder)
         if real is not None and os.path.normpath(folder) not in produced:
             pairs[(folder, LISTING)] = states.listing(real)
     _loader_cache(ran, pairs)
-    _native_cpu(ran, pairs, states)
-    _twins(ran, pairs)
-    changed = changed_during(ran, [(p, s) for (p, _), s in pairs.items()])
+    for driver, flags in cpu.items():
+        real = ran.real(driver)
+        if real is not None:
+            pairs[(driver, nativecpu.PREFIX)] = states.native(real, flags)
+    for nvcc, flags in gpu.items():
+        real = ran.real(nvcc)
+        if real is not None:
+            pairs[(nvcc, nativecpu.GPU_PREFIX)] = states.native(real, flags, gpu=True)
+    twins.observe(ran, pairs)
+    changed = changed_during(ran, [(p, s) for (p, _), s in pairs.items() if p not in settled])
     if changed:
         return [], f"{changed} changed while it was compiled"
     return sorted([p, s] for (p, _), s in pairs.items()), None
 
 
-def above_the_root(ran) -> list[tuple[str, str]]:
-    """What a compile in the fixed root looked for through `..` above a folder the root mounts
-    alone, and did not find there, though this machine has it: (the path on this machine, the
-    mounted folder). Outside the root the compiler would have read it."""
+def pins(ran, obj: str) -> list[list[str]]:
+    """The places an object names. In the fixed root, an object with debug information names each
+    of the root's folders relative to the working folder (pp4/execution/run.py maps them so, for a
+    debugger run there): it is keyed on those relative places (`rel:<path>` on each fixed path),
+    so two checkouts laid out alike share it and others do not. Without the root, an object that
+    names the working folder (debug information, a coverage file's path) is keyed on it
+    (`at:<folder>` on "@cwd")."""
+    if ran.root is None:
+        try:
+            data = open(obj, "rb").read()
+        except OSError:
+            return []
+        here = os.getcwd()
+        return [[CWD, AT + here]] if os.fsencode(here) in data else []
+    if not has_debug_info(obj):
+        return []
+    from pp4.execution.run import relative_places
+
+    return sorted([fixed, REL + rel] for fixed, rel in relative_places(ran.root))
+
+
+def has_debug_info(path: str) -> bool:
+    """Whether an ELF object has DWARF sections (.debug_*, .zdebug_*): asked of the object itself,
+    whatever flag or response file asked for it."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(64)
+            if head[:4] != b"\x7fELF" or head[4] != 2:
+                return False
+            shoff, = struct.unpack_from("<Q", head, 0x28)
+            shentsize, shnum, shstrndx = struct.unpack_from("<HHH", head, 0x3A)
+            if not shoff or not shnum or shstrndx >= shnum:
+                return False
+            f.seek(shoff)
+            table = f.read(shentsize * shnum)
+            _, _, _, _, names_at, names_size = struct.unpack_from("<IIQQQQ", table, shstrndx * shentsize)
+            f.seek(names_at)
+            names = f.read(names_size)
+        for i in range(shnum):
+            start, = struct.unpack_from("<I", table, i * shentsize)
+            name = names[start:names.find(b"\0", start)]
+            if name.startswith((b".debug_", b".zdebug_")):
+                return True
+    except (OSError, struct.error, ValueError):
+        return False
+    return False
+
+
+def hidden_by_root(ran, outputs: set[str]) -> list[tuple[str, str]]:
+    """What a compile in the fixed root looked for and did not find there, though this machine has
+    it at the real path: a symbolic link or a `..` that leads above a folder the root mounts alone
+    (an include folder that links to ../vendor). Outside the root the compiler would have read it,
+    so the compile must run outside. [(the path on this machine, the mounted folder it left)]"""
     if ran.root is None or ran.trace is None:
         return []
     found = set()
+    produced = ran.trace.writes | {os.path.normpath(o) for o in outputs}
     for (path, _), result in ran.trace.reads.items():
-        if result != "ENOENT" or not path.startswith(FIXED + "/") or "/../" not in path + "/":
+        if result not in ("ENOENT", "ENOTDIR") or not path.startswith(FIXED + "/") or os.path.normpath(path) in produced:
             continue
         real = ran.real(path)
         if real is not None and os.path.exists(real):
             top = path[len(FIXED) + 1:].split("/", 1)[0]
-            found.add((os.path.normpath(real), ran.real(f"{FIXED}/{top}") or ""))
+            found.add((os.path.normpath(os.path.realpath(real)), ran.real(f"{FIXED}/{top}") or ""))
     return sorted(found)
 
 
@@ -352,21 +416,6 @@ def _loader_cache(ran, pairs: dict) -> None:
         pairs[key] = found
 
 
-def _native_cpu(ran, pairs: dict, states: States) -> None:
-    """A command that asks for this machine's CPU (`-march=native`): keyed on what its host compiler
-    makes of the CPU, which the compiler reads with an instruction, not a file."""
-    flags = nativecpu.flags_in(ran.command)
-    compiler = nativecpu.host_compiler(ran.command) if flags else None
-    real = ran.real(compiler) if compiler else None
-    if real is not None:
-        pairs[(compiler, nativecpu.PREFIX)] = states.native(real, flags)
-    # nvcc's -arch=native: the same for the GPU, which nvcc asks the driver about.
-    gpu = nativecpu.gpu_flags_in(ran.command)
-    nvcc = ran.real(ran.command[0]) if gpu else None
-    if nvcc is not None:
-        pairs[(ran.command[0], nativecpu.GPU_PREFIX)] = states.native(nvcc, gpu, gpu=True)
-
-
 def by_folder(pairs: list[list[str]]) -> list[list[list[str]]]:
     """An observation set cut into one part per folder: units that include the same headers observe
     the same things in most folders, so most parts are stored, read and checked once for a build."""
@@ -381,11 +430,13 @@ def changed_during(ran, pairs) -> str | None:
     since = ran.started - CTIME_MARGIN_S
     for path, state in pairs:
         real = ran.real(path)
-        if real is None or state in (ABSENT, NOFOLLOW + ABSENT):
+        if real is None or state in (ABSENT, NOFOLLOW + ABSENT) or state.startswith(ASKED):
             continue
         try:
             st = os.lstat(real) if state.startswith(NOFOLLOW) else os.stat(real)
         except OSError:
+            if state.startswith(_ATTRIBUTES):
+                continue  # an attribute of a file that is not there: its absence is observed as such
             return real
         if st.st_ctime >= since and not stat.S_ISDIR(st.st_mode):
             return real

@@ -36,9 +36,9 @@ def prepass(cfg: ReuseConfig, actions_file: Path, stamp: Path) -> int:
             continue  # ninja decides about existing objects; their edges run the full wrapper
         checked += 1
         t = time.monotonic()
-        action = reuser.action(args, doc["env"])
-        hit = reuser.lookup(action)
-        if hit is not None and reuser.materialize(hit, action):
+        found = reuser.find(reuser.action(args, doc["env"]))
+        if found is not None and reuser.materialize(*found):
+            hit, action = found
             marker.write_text(hit.entry.action_key + "\n")
             hits.append(reuser.hit_event(action, hit, time.monotonic() - t, via="prepass"))
             restored += 1

@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from pp4.execution.run import Ran
 
 MARKER_SUFFIX = ".pp4-reused"
-KEY_FORMAT = 4  # 4: keyed on the command as it runs in the fixed root and on observed inputs
+KEY_FORMAT = 5  # 5: observed in a closed world (every system call classed), drivers asked about the CPU
 
 
 @attrs.frozen
@@ -159,12 +159,27 @@ class Reuser:
             self._root_ok = self.root_problem is None
         return self._root_ok
 
-    def action(self, args: CompileArgs, env: dict[str, str]) -> Action:
+    def action(self, args: CompileArgs, env: dict[str, str], in_root: bool = True) -> Action:
+        """The compile as it runs: in the fixed root where namespaces can be made here (in_root
+        False: where it is, for a compile the root hides something from: observed.hidden_by_root)."""
         root = None
-        if self.root_works():
+        if in_root and self.root_works():
             root = Root.make(os.getcwd(), self.cfg.places, self.cfg.root_for(args.source), self.cfg.builddir())
         command = tuple(root.command(list(args.argv)) if root is not None else args.argv)
         return Action(args, env, root, command, manifest_key(command, env, root is not None))
+
+    def find(self, action: Action) -> tuple[Found, Action] | None:
+        """A stored object for this compile as it runs in the root, else as it runs where it is
+        (what a compile the root hid something from was stored as): the hit and the action it is
+        for."""
+        hit = self.lookup(action)
+        if hit is not None or action.root is None or self.front is None:
+            return (hit, action) if hit is not None else None
+        outside = self.action(action.args, action.env, in_root=False)
+        missed = self.missed
+        hit = self.lookup(outside, remote=False)
+        self.missed = missed
+        return (hit, outside) if hit is not None else None
 
     def name_free_key(self, action: Action) -> str | None:
         """The key the compile shares with other variants' compiles of the unit (pp4/reuse/variants.py):
@@ -173,8 +188,9 @@ class Reuser:
 
     # -- lookup -----------------------------------------------------------------------------
 
-    def lookup(self, action: Action) -> Found | None:
-        """A stored object for this compile, from whichever tier holds one (pp4/store/front.py)."""
+    def lookup(self, action: Action, remote: bool = True) -> Found | None:
+        """A stored object for this compile, from whichever tier holds one (pp4/store/front.py;
+        remote False: the local store alone)."""
         if self.front is None:
             return None
         self.missed = None
@@ -191,7 +207,7 @@ class Reuser:
             self.note_miss(entry, action)
             return False
 
-        return self.front.find(action.mkey, sound, holds)
+        return self.front.find(action.mkey, sound, holds, remote=remote)
 
     def observations_hold(self, entry: ManifestEntry, action: Action) -> bool:
         """Whether every observation of the entry's input sets holds now, at this compile's paths."""
@@ -289,7 +305,10 @@ class Reuser:
     def observations(self, action: Action, ran: "Ran") -> tuple[list[list[str]], str | None]:
         """What a local compile observed, and why it must not be stored, if it must not."""
         pairs, problem = observed.from_run(ran, action.outputs(), self.states)
-        return pairs, problem or time_problem(ran.time_macros, action.env)
+        problem = problem or time_problem(ran.time_macros, action.env)
+        if problem is None:
+            pairs = sorted(pairs + observed.pins(ran, action.args.output))
+        return pairs, problem
 
     def write_depfile(self, action: Action, pairs: list[list[str]], ran: "Ran | None" = None) -> None:
         """The dependency file ninja reads: every regular file the compile read, this machine's paths

@@ -76,8 +76,9 @@ class StoreFront:
 
     # -- finding ------------------------------------------------------------------------------
 
-    def find(self, mkey: str, sound: Check, holds: Check, fits: Fits | None = None) -> Found | None:
-        """fits(entry, record): a further condition on the action record an entry names."""
+    def find(self, mkey: str, sound: Check, holds: Check, fits: Fits | None = None, remote: bool = True) -> Found | None:
+        """fits(entry, record): a further condition on the action record an entry names; remote
+        False: the local store alone."""
         for entry in reversed(self.manifests.read(mkey)):
             if not sound(entry) or not holds(entry):
                 continue
@@ -88,7 +89,7 @@ class StoreFront:
                 return None
             if record is not None and (fits is None or fits(entry, record)):
                 return Found(entry, record)
-        if self.remote is not None:
+        if self.remote is not None and remote:
             from pp4.store.remote import RemoteUnavailable
 
             try:

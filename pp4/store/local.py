@@ -267,7 +267,24 @@ class Store:
 
     # ------------------------------------------------------------ put
 
-    def put(self, action_key: str, object_path: str | os.PathLike, payload: dict) -> ActionRecord:
+    def amend(self, record: ActionRecord) -> ActionRecord:
+        """Replace a record with one for the same action and object that carries other signatures or
+        disputes (the object is not touched); returns it. Written whole and renamed into place, so a
+        reader sees the old record or the new, each complete."""
+        _require_action_key(record.action_key)
+        data = encode_record(record)
+        staged = self._stage_bytes(data, ".json")
+        try:
+            with self.flock(self.lock_path, fcntl.LOCK_SH), self.store_writes("publishing an action record"):
+                destination = self.record_path(record.action_key)
+                destination.parent.mkdir(exist_ok=True)
+                os.replace(staged, destination)
+            staged = None
+        finally:
+            unlink_quietly(staged)
+        return record
+
+    def put(self, action_key: str, object_path: str | os.PathLike, payload: dict, signatures=()) -> ActionRecord:
         """Store the file at object_path as the output of action_key; returns the published record.
 
         Steps, each made visible by one atomic operation (see docs/store.md):
@@ -285,7 +302,7 @@ class Store:
                 added_bytes = self._place_object(staged_object, sha256, size)
                 staged_object = None  # _place_object linked-and-unlinked or renamed it
                 self._pause_for_test("object-placed")
-                record = ActionRecord(action_key, sha256, size, payload, time.time())
+                record = ActionRecord(action_key, sha256, size, payload, time.time(), tuple(signatures))
                 data = encode_record(record)
                 staged_record = self._stage_bytes(data, ".json")
                 self._pause_for_test("record-tmp-written")

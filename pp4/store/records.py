@@ -12,7 +12,7 @@ import attrs
 
 from pp4.files import canonical_json
 
-RECORD_FORMAT = 1
+RECORD_FORMAT = 2  # 2: signatures and disputes (pp4/store/signing.py); 1 reads as unsigned
 ACTION_KEY_RE = re.compile(r"[0-9a-f]{16,128}")
 SHA256_RE = re.compile(r"[0-9a-f]{64}")
 
@@ -55,6 +55,11 @@ class ActionRecord:
     # Opaque to the store: command, input hashes, toolchain id, depfile text, compile time...
     payload: dict = attrs.field(hash=False)
     created: float
+    # Builders' signatures of the entry's statement, and their disputes of it (each
+    # {"signer", "sig"[, "object_sha256"]}: pp4/store/signing.py); the checksum covers them, which
+    # proves nothing of who made them: the trust list does.
+    signatures: tuple = attrs.field(default=(), converter=tuple, hash=False)
+    disputes: tuple = attrs.field(default=(), converter=tuple, hash=False)
 
 
 def _canonical_json(value: Any) -> str:
@@ -89,10 +94,14 @@ def decode_record(data: bytes, expected_key: str | None = None) -> ActionRecord:
         raise InvalidRecord(f"cannot canonicalize ({exc})") from None
     if actual_checksum != stored_checksum:
         raise InvalidRecord(f"checksum mismatch: stored {stored_checksum[:16]}..., content hashes to {actual_checksum[:16]}...")
-    if body.get("format") != RECORD_FORMAT:
+    if body.get("format") not in (1, RECORD_FORMAT):
         raise InvalidRecord(f"unknown record format {body.get('format')!r}")
     key, sha, size = body.get("action_key"), body.get("object_sha256"), body.get("object_size")
     payload, created = body.get("payload"), body.get("created")
+    signatures, disputes = body.get("signatures", []), body.get("disputes", [])
+    if not (isinstance(signatures, list) and isinstance(disputes, list)
+            and all(isinstance(x, dict) for x in signatures + disputes)):
+        raise InvalidRecord("signatures or disputes are not lists of objects")
     if not (isinstance(key, str) and ACTION_KEY_RE.fullmatch(key)):
         raise InvalidRecord(f"bad action_key {key!r}")
     if expected_key is not None and key != expected_key:
@@ -105,4 +114,4 @@ def decode_record(data: bytes, expected_key: str | None = None) -> ActionRecord:
         raise InvalidRecord("payload is not a JSON object")
     if not (isinstance(created, (int, float)) and not isinstance(created, bool)):
         raise InvalidRecord(f"bad created {created!r}")
-    return ActionRecord(key, sha, size, payload, float(created))
+    return ActionRecord(key, sha, size, payload, float(created), tuple(signatures), tuple(disputes))

@@ -62,14 +62,17 @@ class Compilers:
 
 def resolve(program: str, what: str, path: str | None = None) -> str:
     """An absolute path for a program named on a command line or in a variable (a name is looked up
-    on PATH, a relative path taken from the current folder). Symlinks are kept: the path is what
-    runs, and the identity follows the link to the content."""
+    on PATH, a relative path taken from the current folder), in its folder's real path: /bin/c++
+    and /usr/bin/c++ are one command where /bin links to /usr/bin, so builds configured with
+    either PATH share their objects. The program's own name is kept (a driver acts on the name it
+    was started by: c++ compiles C++, gcc C), and its identity follows the link to the content."""
     candidate = shutil.which(program, path=path) if os.sep not in program else os.path.abspath(program)
     if not candidate or not os.path.isfile(candidate) or not os.access(candidate, os.X_OK):
         raise CompilerError(f"{what} {program!r} is not an executable file"
                             + ("" if os.sep in program else " on PATH")
                             + ": install it, or name another one (see docs/configure.md, compilers)")
-    return os.path.abspath(candidate)
+    candidate = os.path.abspath(candidate)
+    return os.path.join(os.path.realpath(os.path.dirname(candidate)), os.path.basename(candidate))
 
 
 def ccbin_from_flags(flags: list[str]) -> tuple[str | None, list[str]]:

@@ -1,0 +1,167 @@
+"""The check before ninja decides (`python -m pp4.reuse --recheck CONFIG ACTIONS STAMP`): every
+existing object's and module's observations against the machine now, and out-of-date ones removed
+so that this very ninja run builds them again.
+
+ninja decides what to run from mtimes and its dependency log, which name the files a compile read.
+It cannot see a header that appears earlier in the search path, a link pointed elsewhere, a folder
+whose listing changed, or a library that appears in an earlier -L folder: nothing it knows of
+changed. Each of those changes the folder it happened in, though (a new entry, or a link replaced
+by rename, changes the folder's mtime). So build.ninja's own edge, which ninja brings up to date
+before it decides anything else, waits (order-only) for this check, whose dependencies are those
+folders: the deepest existing folder of every path an object or module looked for and did not
+find, the folder of every link and folder it observed, every folder it listed, the folder of every
+file it read. The check runs only when one of them changed; it compares every observation of every
+existing output with the machine now (through the same `observed.States` the lookup uses, files
+hashed once and kept by stamp) and removes the outputs that no longer hold (and their restore
+markers), then ninja, which re-reads every file's state after build.ninja's edge, rebuilds exactly
+those and what uses them.
+
+The stamp is made once and never rewritten (restat): build.ninja does not depend on it, so the
+check never makes configure run. The build folder itself, where ninja keeps its lock, is not
+watched; nor is pp4's state folder. When ninja was started to audit or report (`ninja certify`,
+`ninja report`, ...), nothing is removed: the check says what is out of date and leaves the
+stamp's removal to make the next building run check again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from pp4 import statedir
+from pp4.execution import depfile
+from pp4.execution.root import Root
+from pp4.reuse import events, inputsets, link, observed
+from pp4.reuse.actionkey import FileHasher
+from pp4.reuse.wrapper import MARKER_SUFFIX, ReuseConfig
+
+# Targets that build nothing: a run that asked only for them leaves every output in place.
+READ_ONLY_TARGETS = {"certify", "report", "wheel-built", "compdb", "compile_commands.json"}
+
+
+def recheck(cfg: ReuseConfig, actions_file: Path, stamp: Path) -> int:
+    t0, cpu0 = time.monotonic(), time.process_time()
+    doc = json.loads(actions_file.read_text())
+    hasher = FileHasher(statedir.part(cfg.state_dir, statedir.HASHES))
+    states = observed.States(hasher)
+    checker = inputsets.SetChecker(states)
+    sets_dir = inputsets.directory(cfg.state_dir)
+    known = events.Events(cfg.state_dir)
+    stale: list[tuple[str, str]] = []  # (output, why)
+    watched: set[str] = set()
+    checked = 0
+    for action in doc["actions"]:
+        out = action["output"]
+        if not os.path.exists(out):
+            continue
+        ev = known.get(out)
+        if ev is None or not ev.input_sets:
+            continue  # not observed (or not yet recorded): the compile edge's own business
+        mapping = Root.from_mounts(ev.mounts) if ev.mounts else None
+        to_real = mapping.real if mapping is not None else (lambda p: p)
+        checked += 1
+        for sid in ev.input_sets:
+            pairs = checker.load(sets_dir, sid)
+            if pairs is None:
+                stale.append((out, f"its observation set {sid[:16]} is missing"))
+                break
+            _watch(pairs, to_real, watched)
+            if not checker.matches(sets_dir, sid, mapping):
+                changed = observed.differences(pairs, to_real, states)
+                stale.append((out, changed[0] if changed else "an observation no longer holds"))
+                break
+    for module in _modules(cfg, doc):
+        record = link.read(cfg.state_dir, module)
+        if record is None or not os.path.exists(module) or record.not_observed:
+            continue
+        checked += 1
+        to_real = record.to_real()
+        _watch(record.observations, to_real, watched)
+        if not observed.holds(record.observations, to_real, states):
+            changed = observed.differences(record.observations, to_real, states)
+            stale.append((module, changed[0] if changed else "an observation no longer holds"))
+    hasher.save()
+    builddir = os.path.realpath(cfg.builddir())
+    watched = {w for w in watched if w != builddir and not _inside(w, os.path.join(builddir, statedir.FOLDER))}
+    stamp.parent.mkdir(parents=True, exist_ok=True)
+    depfile.write(str(stamp) + ".d", str(stamp), sorted(watched))
+    if stale:
+        removing = not _read_only_run()
+        for out, _ in stale if removing else ():
+            for p in (Path(out), Path(out + MARKER_SUFFIX)):
+                p.unlink(missing_ok=True)
+        (out, why), more = stale[0], len(stale) - 1
+        verb = "removed, so this run builds them again" if removing else "left in place (this run builds nothing)"
+        print(f"pp4: {len(stale)} output(s) no longer match what made them, which ninja's file times cannot show "
+              f"(first, {out}: {why}): {verb}", flush=True)
+        if not removing:
+            stamp.unlink(missing_ok=True)  # the next building run checks again
+            return 0
+    if not stamp.exists():
+        stamp.write_text(json.dumps({"checked": checked, "seconds": round(time.monotonic() - t0, 3),
+                                     "cpu_seconds": round(time.process_time() - cpu0, 3)}) + "\n")
+    return 0
+
+
+def _watch(pairs, to_real, watched: set[str]) -> None:
+    """The folders whose change can make an observation false without any file ninja knows of
+    changing: where a missing path would appear, where a link or folder would be replaced, a listed
+    folder, a read file's folder (a file replaced by rename keeps whatever time it had)."""
+    for path, state in pairs:
+        real = to_real(path)
+        if real is None or not real.startswith("/") or state.startswith((observed.AT, observed.REL)):
+            continue
+        if state.startswith(observed.LISTING):
+            watched.add(real)
+            continue
+        folder = os.path.dirname(real)
+        while folder and not os.path.isdir(folder):
+            folder = os.path.dirname(folder)
+        if folder:
+            watched.add(folder)
+
+
+def _modules(cfg: ReuseConfig, doc: dict) -> list[str]:
+    builddir = Path(cfg.builddir())
+    found = []
+    for target in sorted({a["target"] for a in doc["actions"]}):
+        try:
+            found.append(json.loads((builddir / target / "plan.json").read_text())["output"])
+        except (OSError, ValueError, KeyError):
+            continue
+    return found
+
+
+def _inside(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder + "/")
+
+
+def _read_only_run() -> bool:
+    """Whether the ninja that runs this check was asked only for targets that build nothing."""
+    try:
+        with open(f"/proc/{os.getppid()}/cmdline", "rb") as f:
+            words = [w.decode(errors="replace") for w in f.read().split(b"\0") if w]
+    except OSError:
+        return False
+    if not words or os.path.basename(words[0]) != "ninja":
+        # run through the shell ninja started (sh -c): ninja is its parent
+        try:
+            with open(f"/proc/{os.getppid()}/stat") as f:
+                grandparent = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{grandparent}/cmdline", "rb") as f:
+                words = [w.decode(errors="replace") for w in f.read().split(b"\0") if w]
+        except (OSError, ValueError, IndexError):
+            return False
+    targets, skip = [], False
+    for w in words[1:]:
+        if skip:
+            skip = False
+            continue
+        if w in ("-C", "-f", "-j", "-k", "-l", "-d", "-t", "-w"):
+            skip = True
+            continue
+        if not w.startswith("-"):
+            targets.append(w)
+    return bool(targets) and all(t in READ_ONLY_TARGETS for t in targets)
