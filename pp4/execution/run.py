@@ -79,11 +79,12 @@ def debug_prefix_maps(argv: list[str], root: Root) -> list[str]:
     change no byte of an object without debug information (checked for C, C++ and CUDA units); an
     object with debug information is keyed on those relative places (pp4/reuse/observed.py: pins).
     Given first, so that a map of the user's own, later on the command line, wins as gcc's last
-    matching map does. A place holding a comma is left out for nvcc, which splits -Xcompiler at
-    commas."""
+    matching map does. A place holding a comma, a space or a shell's special character is left out
+    for nvcc, which splits -Xcompiler at commas and hands it to the host compiler through a shell
+    (its objects' debug information then names the root's path for that place)."""
     nvcc = Path(argv[0]).name == "nvcc"
     maps = [f"-fdebug-prefix-map={fixed}={rel}" for fixed, rel in relative_places(root)
-            if not (nvcc and "," in rel)]
+            if not (nvcc and re.search(r"[,\s'\"\\$`]", rel))]
     return [f"-Xcompiler={m}" for m in maps] if nvcc else maps
 
 

@@ -76,14 +76,19 @@ def _compile(cfg: ReuseConfig, reuser: Reuser, action: Action) -> int:
 
     ran = run(list(args.argv), action.env, cfg.limits, cfg.runs_dir(), action.root)
     hidden = observed.hidden_by_root(ran, action.outputs())
-    if hidden:
-        (path, mounted), more = hidden[0], len(hidden) - 1
-        print(f"pp4: notice: {args.source} looked for {path}{f' (and {more} more)' if more else ''}, which pp4's fixed "
-              f"execution root hides: a link or `..` leads above {mounted}, which the root shows alone (docs/reuse.md). "
-              "Compiled outside the root instead, so its object is keyed on this checkout's folders; to share it "
-              "between checkouts, make the extension's root a folder above both (in a spec file: root = \"..\")",
-              file=sys.stderr)
-        action = reuser.action(args, action.env, in_root=False)
+    beside = observed.writes_beside_itself(ran) if ran.returncode == 0 else None
+    if hidden or beside:
+        if hidden:
+            (path, mounted), more = hidden[0], len(hidden) - 1
+            why = (f"looked for {path}{f' (and {more} more)' if more else ''}, which pp4's fixed execution root hides: "
+                   f"a link or `..` leads above {mounted}, which the root shows alone (docs/reuse.md)")
+            share = ("; to share it between checkouts, make the extension's root a folder above both (in a spec file: "
+                     "root = \"..\")")
+        else:
+            why, share = f"names the folder it is compiled in: {beside}", ""
+        print(f"pp4: notice: {args.source} {why}. Compiled outside the root instead, so its object is keyed on this "
+              f"checkout's folders{share}", file=sys.stderr)
+        action = reuser.action(args, action.env, outside_root=why)
         if out.exists():
             out.unlink()
         ran = run(list(args.argv), action.env, cfg.limits, cfg.runs_dir(), None)

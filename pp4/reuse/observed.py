@@ -401,6 +401,39 @@ def hidden_by_root(ran, outputs: set[str]) -> list[tuple[str, str]]:
     return sorted(found)
 
 
+# What gcc's compilers proper are started with when the object will write files at run time under
+# the folder it was compiled in (coverage and profile counts: the .gcda path is the working folder
+# and the object's name, which no prefix map changes in gcc 12).
+_COMPILERS_PROPER = ("cc1", "cc1plus", "cc1obj", "cc1objplus", "lto1")
+_RUN_TIME_PATHS = ("-fprofile-arcs", "-ftest-coverage", "-fprofile-generate", "-fprofile-dir", "-fprofile-instr-generate")
+# What nvcc's cicc is started with when the device code carries line information (-lineinfo, -G):
+# the sources' paths, and their modification times and sizes (PTX's .file directives).
+_DEVICE_LINES = ("-generate-line-info", "-g", "--debug_mode")
+
+
+def writes_beside_itself(ran) -> str | None:
+    """Why an object compiled in the fixed root would not work outside it, as its compiler was
+    started (None: nothing): coverage or profile instrumentation, whose counts go to a path of the
+    compile's own folder, or device line information, which names the sources by their paths."""
+    for e in ran.trace.execs if ran.trace is not None else ():
+        base = os.path.basename(e.program)
+        if base in _COMPILERS_PROPER and any(a == f or a.startswith(f + "=") for a in e.argv for f in _RUN_TIME_PATHS):
+            return "it is instrumented for coverage or profiling, and writes its counts beside the object at run time"
+        if base == "cicc" and any(a in _DEVICE_LINES for a in e.argv):
+            return "its device code carries line information (nvcc -lineinfo or -G), which names its sources' paths"
+    return None
+
+
+def device_line_times(ran) -> str | None:
+    """Why a compile cannot be stored: its device line information holds its sources' modification
+    times (nvcc -lineinfo, -G: PTX's .file directives), which no key covers."""
+    for e in ran.trace.execs if ran.trace is not None else ():
+        if os.path.basename(e.program) == "cicc" and any(a in _DEVICE_LINES for a in e.argv):
+            return ("its device line information holds its sources' modification times (nvcc -lineinfo or -G), "
+                    "which no key covers: this unit is compiled every time")
+    return None
+
+
 def _loader_cache(ran, pairs: dict) -> None:
     """The loader's cache keyed by what it resolves for this compile (pp4/reuse/loadercache.py)."""
     key = (loadercache.CACHE, "f")

@@ -52,6 +52,14 @@ def recheck(cfg: ReuseConfig, actions_file: Path, stamp: Path) -> int:
     stale: list[tuple[str, str]] = []  # (output, why)
     watched: set[str] = set()
     checked = 0
+    outputs = [a["output"] for a in doc["actions"]] + _modules(cfg, doc)
+    for out in outputs:
+        # Their folders too: an output written there (a compile, a restore, a link) means there is
+        # something new to watch, so the next run checks once more. Made now, so that even the
+        # first build's outputs make the check run after it.
+        folder = os.path.dirname(os.path.abspath(out))
+        os.makedirs(folder, exist_ok=True)
+        watched.add(os.path.realpath(folder))
     for action in doc["actions"]:
         out = action["output"]
         if not os.path.exists(out):
@@ -72,7 +80,7 @@ def recheck(cfg: ReuseConfig, actions_file: Path, stamp: Path) -> int:
                 changed = observed.differences(pairs, to_real, states)
                 stale.append((out, changed[0] if changed else "an observation no longer holds"))
                 break
-    for module in _modules(cfg, doc):
+    for module in outputs[len(doc["actions"]):]:
         record = link.read(cfg.state_dir, module)
         if record is None or not os.path.exists(module) or record.not_observed:
             continue

@@ -100,6 +100,10 @@ class Action:
     root: Root | None  # the fixed root it runs in; None where namespaces cannot be made here
     command: tuple[str, ...]  # as it runs: the root's paths, `-D` values as written
     mkey: str
+    # Why it runs outside the root though the root works here (what the root hid from it, or an
+    # object that names the folder it is compiled in): stored so, its entry is what the same
+    # command's lookup in the root may restore (Reuser.find).
+    outside_root: str | None = None
 
     def outputs(self) -> set[str]:
         """The paths it writes, as it sees them."""
@@ -159,14 +163,15 @@ class Reuser:
             self._root_ok = self.root_problem is None
         return self._root_ok
 
-    def action(self, args: CompileArgs, env: dict[str, str], in_root: bool = True) -> Action:
-        """The compile as it runs: in the fixed root where namespaces can be made here (in_root
-        False: where it is, for a compile the root hides something from: observed.hidden_by_root)."""
+    def action(self, args: CompileArgs, env: dict[str, str], outside_root: str | None = None) -> Action:
+        """The compile as it runs: in the fixed root where namespaces can be made here, unless
+        outside_root says why it must run where it is (the root hides something from it, or its
+        object names the folder it is compiled in: pp4/reuse/edge.py)."""
         root = None
-        if in_root and self.root_works():
+        if outside_root is None and self.root_works():
             root = Root.make(os.getcwd(), self.cfg.places, self.cfg.root_for(args.source), self.cfg.builddir())
         command = tuple(root.command(list(args.argv)) if root is not None else args.argv)
-        return Action(args, env, root, command, manifest_key(command, env, root is not None))
+        return Action(args, env, root, command, manifest_key(command, env, root is not None), outside_root)
 
     def find(self, action: Action) -> tuple[Found, Action] | None:
         """A stored object for this compile as it runs in the root, else as it runs where it is
@@ -175,9 +180,11 @@ class Reuser:
         hit = self.lookup(action)
         if hit is not None or action.root is None or self.front is None:
             return (hit, action) if hit is not None else None
-        outside = self.action(action.args, action.env, in_root=False)
+        outside = self.action(action.args, action.env, outside_root="stored so")
         missed = self.missed
-        hit = self.lookup(outside, remote=False)
+        hit = self.front.find(outside.mkey, lambda e: sound_entry(outside.mkey, e),
+                              lambda e: self.observations_hold(e, outside),
+                              fits=lambda e, record: bool(record.payload.get("outside_root")), remote=False)
         self.missed = missed
         return (hit, outside) if hit is not None else None
 
@@ -305,7 +312,7 @@ class Reuser:
     def observations(self, action: Action, ran: "Ran") -> tuple[list[list[str]], str | None]:
         """What a local compile observed, and why it must not be stored, if it must not."""
         pairs, problem = observed.from_run(ran, action.outputs(), self.states)
-        problem = problem or time_problem(ran.time_macros, action.env)
+        problem = problem or time_problem(ran.time_macros, action.env) or observed.device_line_times(ran)
         if problem is None:
             pairs = sorted(pairs + observed.pins(ran, action.args.output))
         return pairs, problem
@@ -343,6 +350,8 @@ class Reuser:
                    "env": action.env, "in_root": action.root is not None,
                    "compiled_for": {"output": os.path.abspath(args.output), "cwd": os.getcwd()},
                    "duration_s": round(seconds, 3)}
+        if action.outside_root:
+            payload["outside_root"] = action.outside_root
         kept = self.front.keep(action.mkey, ManifestEntry(akey, sids), encoded, args.output, sha, payload,
                                sound=lambda e: sound_entry(action.mkey, e))
         if kept.record is None:

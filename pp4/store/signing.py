@@ -48,7 +48,7 @@ DISPUTE_FORMAT = "pp4-dispute-1"
 PUBLIC_TAG = "pp4-ed25519"
 SECRET_TAG = "pp4-ed25519-secret"
 # What of an action record's payload a signature covers, besides its key, object and sets.
-SIGNED_PAYLOAD = ("manifest_key", "command", "env", "in_root", "warnings")
+SIGNED_PAYLOAD = ("manifest_key", "command", "env", "in_root", "outside_root", "warnings")
 
 
 class SigningKeyError(Exception):
