@@ -107,6 +107,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                             "$PP4_REMOTE_PASSWORD (see docs/store.md)")
     reuse.add_argument("--remote-store-mode", choices=("read", "readwrite"), default="readwrite",
                        help="readwrite (default): fetch hits and send fresh compiles; read: fetch only")
+    reuse.add_argument("--trust", action="append", default=[], type=Path, metavar="FILE.pub",
+                       help="restore entries signed by this builder's key too (a public key file: `python -m pp4.store "
+                            "keys show` prints one); repeatable. Your own key and the keys of `python -m pp4.store keys "
+                            "trust` are always trusted (docs/store.md, signed entries)")
+    reuse.add_argument("--require-signers", type=int, default=1, metavar="N",
+                       help="restore only entries N trusted builders signed, each having compiled the same bytes "
+                            "(default: 1)")
+    reuse.add_argument("--signing-key", type=Path, metavar="FILE",
+                       help="the private key this build signs what it stores with (default: "
+                            "$PP4_CONFIG_DIR/keys/signing.key, made on first use)")
     reuse.add_argument("--remote-expire-days", type=float, metavar="DAYS",
                        help="a remote value nobody read for this long expires (Redis; default: the server's "
                             "maxmemory-policy decides)")
@@ -295,6 +305,33 @@ def remote_settings(args, builddir: Path) -> dict | None:
     return settings
 
 
+def trust_settings(args) -> dict:
+    """Whose entries the build restores and the key it signs with (pp4/store/signing.py), checked
+    now: a key file that cannot be read is an error here, not a build that stores nothing. A first
+    build of this user gets a key of its own."""
+    from pp4.store import signing
+
+    if args.require_signers < 1:
+        raise ConfigureError(f"--require-signers {args.require_signers}: at least 1")
+    try:
+        keys = [signing.read_public(path).line().strip() for path in args.trust]
+        if args.no_reuse:
+            return {"keys": keys, "require_signers": args.require_signers}
+        key = args.signing_key.absolute() if args.signing_key else signing.default_key_path()
+        if args.signing_key is None and not key.exists():
+            made = signing.new_key(key)
+            print(f"configure: made your signing key {key} (public: {signing.public_path(key)}): what you store is signed "
+                  f"with it; teammates restore it after `python -m pp4.store keys trust {signing.public_path(key)}`")
+        else:
+            made = signing.load_signer(key)
+        print(f"configure: entries are signed by {made.public.name or made.public.key[:12]}; restored when signed by "
+              f"{args.require_signers} trusted builder(s): you"
+              + (f" and {len(keys)} given with --trust" if keys else "") + " and those of `python -m pp4.store keys list`")
+    except signing.SigningKeyError as e:
+        raise ConfigureError(str(e)) from None
+    return {"keys": keys, "require_signers": args.require_signers, "signing_key": str(key)}
+
+
 def executor_settings(args, tc: toolchain.Toolchain) -> tuple[dict | None, int | None]:
     """What build/pp4.json records for --executor, and the cluster's CPUs (None: not reachable now)."""
     if not args.executor:
@@ -430,6 +467,7 @@ def main(argv: list[str]) -> int:
                   # what tells a unit which module it is for: variants share a unit only where its
                   # preprocessing is proven not to read them (pp4/reuse/variants.py)
                   "name_macros": [plan.MODULE_NAME_MACRO, exl3.PYBIND11_INTERNALS_MACRO],
+                  "trust": trust_settings(args),
                   "toolchain": toolchain.identity(tc), "state_dir": str(statedir.of_build(builddir))},
         "compile": compile_section,
     }

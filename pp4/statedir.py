@@ -11,6 +11,7 @@ here and nowhere else; each writer gets its path from `part()`.
     remote/              the remote tier's password, refusals, back-off          pp4/store/remote/tier.py
     cluster/             the cluster's back-off                                  pp4/reuse/cluster/executor.py
     links/               what each module's link observed                        pp4/reuse/link.py
+    untrusted.log        stored entries not restored for who stored them          pp4/reuse/wrapper.py
     recheck.stamp        the check before ninja decides, and the folders it watches pp4/reuse/recheck.py
     prepass.stamp        the prepass's stamp and dependency file, for ninja       pp4/plan/ninjafile.py
     estimates.json       each object's estimated CPU seconds, and the jobs        configure.py
@@ -37,6 +38,7 @@ REMOTE = "remote"
 CLUSTER = "cluster"
 PREPASS_STAMP = "prepass.stamp"
 RECHECK_STAMP = "recheck.stamp"
+UNTRUSTED = "untrusted.log"
 LINKS = "links"
 ESTIMATES = "estimates.json"
 SOURCE_LISTING = "source-folders.json"

@@ -19,6 +19,10 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+# Each test process signs with a key of its own, in a configuration folder of its own (every
+# configure, ninja and store command the tests start inherits it), never the user's ~/.config/pp4.
+os.environ["PP4_CONFIG_DIR"] = __import__("tempfile").mkdtemp(prefix="pp4-config-")
+__import__("pp4.store.signing", fromlist=["new_key"]).new_key(name="pp4-tests")
 
 from pp4 import paths  # noqa: E402
 from pp4.toolchain.locks import lock_for_cuda  # noqa: E402

@@ -26,6 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import attrs
+
 from pp4 import interrupt
 from pp4.certify import certificate, pin
 from pp4.execution.root import Root
@@ -60,6 +62,7 @@ class Audit:
         self.failures: list[str] = []
         self.per_object: list[tuple[str, str, str]] = []
         self.stale: list[str] = []  # outputs that compiling now would not give: --invalidate removes them
+        self.trust, self.trust_problem = _trust(config)
 
     def fail(self, what: str) -> None:
         self.failures.append(what)
@@ -139,6 +142,7 @@ class Audit:
                 self.stale.append(obj["output"])
             if self.store is None and self.store_problem and obj.get("action_key"):
                 problems.append(f"action {obj['action_key'][:16]} cannot be checked: {self.store_problem}")
+            problems += self.check_signatures(obj)
             if self.store is not None and obj.get("action_key"):
                 record = self.store.lookup(obj["action_key"])
                 if record is None:
@@ -155,6 +159,23 @@ class Audit:
             self.per_object.append((status, obj["output"], detail))
             for p in problems:
                 self.fail(f"{obj['output']}: {p}")
+
+    def check_signatures(self, obj: dict) -> list[str]:
+        """A restored object's entry was signed by builders this build trusts (their signatures of
+        its statement verify now, none of them revoked since); a compiled one that was stored names
+        this builder's signature. Nothing for an object compiled and not stored."""
+        if obj["status"] != "reused" and not obj.get("action_key"):
+            return []
+        signatures, payload = obj.get("signatures") or [], obj.get("signed_payload")
+        if not signatures or payload is None:
+            return [f"its entry carries no signature the certificate kept ({obj['status']})"]
+        if self.trust is None:
+            return [f"its signatures cannot be checked: {self.trust_problem}"]
+        # A restored entry needs the signers the build requires; one compiled here, its builder's own.
+        trust = self.trust if obj["status"] == "reused" else attrs.evolve(self.trust, require=1)
+        verdict = trust.verdict(obj["action_key"], obj["object_sha256"], obj["object_size"], obj["input_sets"],
+                                payload, signatures)
+        return [] if verdict.ok else [f"its entry's signatures do not hold now: {verdict.why}"]
 
     def invalidate(self) -> list[str]:
         """Remove the stale outputs (and any restore marker beside them): the next ninja rebuilds them."""
@@ -204,6 +225,23 @@ class Audit:
                 self.fail(f"{obj['output']}: recompiled object differs from the stored one at bytes {diff}")
             lines.append(f"  recompiled {obj['output']} in {time.monotonic() - t0:.1f} s: {verdict}")
         return lines
+
+
+def _trust(config: dict):
+    """The build's trust list (pp4/store/signing.py), as its restores used it: (trust, None) or
+    (None, why it cannot be read)."""
+    from pp4.store import signing
+
+    settings = config.get("reuse", {}).get("trust") or {}
+    key = Path(settings.get("signing_key") or signing.default_key_path())
+    try:
+        own = signing.read_public(signing.public_path(key))
+    except signing.SigningKeyError:
+        own = None
+    try:
+        return signing.load_trust(settings.get("keys"), settings.get("require_signers", 1), own), None
+    except signing.SigningKeyError as e:
+        return None, str(e)
 
 
 @interrupt.command("pp4.certify.audit")

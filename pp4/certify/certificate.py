@@ -42,7 +42,7 @@ class CertificateError(Exception):
 # What a certificate keeps of an object's event: how it was made and from what; not how the
 # wrapper found it (by the prepass or not, why the newest entry missed, how long a restore took).
 EVENT_FIELDS = ("status", "action_key", "not_stored", "reused_from", "root", "input_sets", "mounts", "command",
-                "compile_duration_s", "tier", "fetched_from", "executed_on")
+                "compile_duration_s", "tier", "fetched_from", "executed_on", "signatures", "signed_payload")
 
 
 @attrs.frozen

@@ -19,6 +19,9 @@ from pp4.sizes import human_duration
 
 # Targets that report on a build rather than build: a run of only these is not "the last build".
 REPORTING = {"report", "certify", "wheel-built"}
+# The check every ninja run makes before it decides (pp4/reuse/recheck.py): not a step of a build,
+# and a run that only checked (`ninja report` after a build) is not "the last build" either.
+CHECK = "/.pp4/recheck.stamp"
 COLOURS = {"compiled": "#d9534f", "restored, local": "#5cb85c", "restored, remote": "#5bc0de", "other": "#999999"}
 
 
@@ -53,7 +56,7 @@ def last_run(log_text: str) -> list[tuple[float, float, str, str]]:
         if len(fields) < 5 or not fields[0].isdigit() or not fields[1].isdigit():
             continue
         start, end, output = int(fields[0]) / 1000, int(fields[1]) / 1000, fields[3]
-        if output in REPORTING:
+        if output in REPORTING or output.endswith(CHECK):
             continue
         if last_end is not None and end < last_end:
             run = []

@@ -13,7 +13,7 @@ import attrs
 
 from pp4.reuse import actionkey, events, observed
 from pp4.reuse.notices import env_notices, machine_notices, notify_once
-from pp4.reuse.wrapper import MARKER_SUFFIX, Action, ReuseConfig, Reuser, time_problem
+from pp4.reuse.wrapper import MARKER_SUFFIX, Action, ReuseConfig, Reuser, signed_part, time_problem
 
 
 def compile_one(cfg: ReuseConfig, env: dict[str, str], argv: list[str]) -> int:
@@ -33,26 +33,37 @@ def compile_one(cfg: ReuseConfig, env: dict[str, str], argv: list[str]) -> int:
     if found is not None and reuser.materialize(found[0], found[1]):
         events.write(cfg.state_dir, reuser.hit_event(found[1], found[0], time.monotonic() - t0, via="wrapper"))
         reuser.hasher.save()
+        reuser.note_refusals()
         return 0
     try:
-        with reuser.compile_lock(action) as waited:
-            if waited:  # the same command was compiling elsewhere (another build folder, another variant)
-                hit = reuser.lookup(action)
-                if hit is not None and reuser.materialize(hit, action):
-                    events.write(cfg.state_dir,
-                                 reuser.hit_event(action, hit, time.monotonic() - t0, via="wrapper, after the same compile"))
-                    return 0
-            shared = reuser.lookup_variant(action)
-            if shared is not None and reuser.materialize(shared, action):
-                adopted = reuser.adopt(action, shared)
-                event = reuser.hit_event(action, shared, time.monotonic() - t0,
-                                         via="wrapper, from another variant's compile: its preprocessing reads none of "
-                                             + ", ".join(cfg.name_macros))
-                events.write(cfg.state_dir, attrs.evolve(event, action_key=adopted or shared.entry.action_key))
-                return 0
-            return _compile(cfg, reuser, action)
+        return _lookups_then_compile(cfg, reuser, action, t0)
     finally:
         reuser.hasher.save()
+        reuser.note_refusals()
+
+
+def _lookups_then_compile(cfg: ReuseConfig, reuser: Reuser, action: Action, t0: float) -> int:
+    """Under the command's compile lock: the lookup again when the same command was compiling
+    elsewhere, another variant's object where it is proven this one's, else the compile."""
+    with reuser.compile_lock(action) as waited:
+        if waited:  # the same command was compiling elsewhere (another build folder, another variant)
+            hit = reuser.lookup(action)
+            if hit is not None and reuser.materialize(hit, action):
+                events.write(cfg.state_dir,
+                             reuser.hit_event(action, hit, time.monotonic() - t0, via="wrapper, after the same compile"))
+                return 0
+        shared = reuser.lookup_variant(action)
+        if shared is not None and reuser.materialize(shared, action):
+            adopted = reuser.adopt(action, shared)
+            event = reuser.hit_event(action, shared, time.monotonic() - t0,
+                                     via="wrapper, from another variant's compile: its preprocessing reads none of "
+                                         + ", ".join(cfg.name_macros))
+            if adopted is not None:  # the event names the entry kept under this command, and its signatures
+                event = attrs.evolve(event, action_key=adopted.action_key, signatures=list(adopted.signatures),
+                                     signed_payload=signed_part(adopted.payload))
+            events.write(cfg.state_dir, event)
+            return 0
+        return _compile(cfg, reuser, action)
 
 
 def _compile(cfg: ReuseConfig, reuser: Reuser, action: Action) -> int:

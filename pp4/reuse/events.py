@@ -55,6 +55,11 @@ class CompileEvent:
     fetched_from: str | None = None  # reused from the remote tier: which
     reused_from: dict | None = attrs.field(default=None, hash=False)  # reused: where it was compiled
     restore_duration_s: float | None = None
+    # The builders' signatures of the entry (restored: the trusted ones that verified; compiled and
+    # stored: the entry's, this builder's among them) and the payload they cover, which the
+    # certificate keeps and `ninja certify` checks again (pp4/store/signing.py).
+    signatures: list = attrs.field(factory=list, hash=False)
+    signed_payload: dict | None = attrs.field(default=None, hash=False)
 
     def to_json(self) -> dict:
         return attrs.asdict(self, value_serializer=lambda _i, _a, v: list(v) if isinstance(v, tuple) else v)

@@ -17,16 +17,17 @@ if TYPE_CHECKING:
     from pp4.execution.run import Ran
 
 
-def notify_once(state_dir: str, lines: list[str]) -> None:
+def notify_once(state_dir: str, lines: list[str], tag: str | None = None) -> None:
     """Print notices once per ninja run: the first of its processes to claim the run prints them.
-    The toolchain variables set here that do not reach the compilers (pp4/toolchain/compilerenv.py), and what
-    this machine cannot do (the fixed root, the observer)."""
+    The toolchain variables set here that do not reach the compilers (pp4/toolchain/compilerenv.py), what
+    this machine cannot do (the fixed root, the observer), what the store refused. tag: notices of
+    one kind whose text differs between processes, said once a run whatever the text."""
     if not lines:
         return
     run_id = ninjarun.run_id()
     if run_id is not None:
         marks = statedir.part(state_dir, statedir.NOTICES)
-        tag = hashlib.sha256("\n".join(lines).encode()).hexdigest()[:12]
+        tag = tag or hashlib.sha256("\n".join(lines).encode()).hexdigest()[:12]
         try:
             marks.mkdir(parents=True, exist_ok=True)
             for old in marks.iterdir():  # runs that are over

@@ -43,6 +43,7 @@ def prepass(cfg: ReuseConfig, actions_file: Path, stamp: Path) -> int:
             hits.append(reuser.hit_event(action, hit, time.monotonic() - t, via="prepass"))
             restored += 1
     reuser.hasher.save()
+    reuser.note_refusals()
     # One batch file for all of them, after the markers: killed before it is in place, the markers
     # make the next prepass restore those objects again (pp4/reuse/events.py).
     batch = events.write_batch(cfg.state_dir, hits)

@@ -39,6 +39,7 @@ from pp4.execution import depfile
 from pp4.execution.root import Root
 from pp4.files import canonical_json, sha256_and_size
 from pp4.reuse import events, inputsets, observed, variants
+from pp4.reuse.notices import notify_once
 from pp4.reuse.actionkey import CompileArgs, FileHasher
 from pp4.store.front import Found, StoreFront
 from pp4.store.manifests import ManifestEntry
@@ -65,6 +66,9 @@ class ReuseConfig:
     places: dict = attrs.field(factory=dict)  # {"$TORCH": folder, ...}: mounted at fixed paths in the root
     executor: dict | None = None  # {"address", "timeout_s", "toolchain"}: misses compile on a Ray cluster
     name_macros: tuple[str, ...] = ()  # the macros that carry a module's name (pp4/reuse/variants.py)
+    # {"keys": [public key lines of configure --trust], "require_signers": N, "signing_key": path}:
+    # whose entries this build restores and the key it signs with (pp4/store/signing.py)
+    trust: dict = attrs.field(factory=dict)
 
     @classmethod
     def load(cls, path: str | Path) -> "ReuseConfig":
@@ -75,7 +79,7 @@ class ReuseConfig:
                    state_dir=r["state_dir"], limits=Limits.from_dict(doc["limits"]),
                    folded=doc["compile"].get("folded", {}), remote=r.get("remote"),
                    places=r.get("relocation") or {}, executor=r.get("executor"),
-                   name_macros=tuple(r.get("name_macros") or ()))
+                   name_macros=tuple(r.get("name_macros") or ()), trust=r.get("trust") or {})
 
     def tmpdir(self) -> Path:
         return Path(self.limits.tmpdir) if self.limits.tmpdir else Path(os.environ.get("TMPDIR", "/tmp"))
@@ -139,10 +143,12 @@ class Reuser:
         self.state_sets = inputsets.directory(cfg.state_dir)
         self._in_state: set[str] = set()  # sets this process made sure the build's state dir holds
         self.store_problem: str | None = None  # why a configured store cannot be used
+        self.key_problem: str | None = None  # why this builder cannot sign (then nothing is stored)
         self.front: StoreFront | None = None
         if cfg.store:
+            signer, trust = self._keys()
             try:
-                self.front = StoreFront(cfg.store, cfg.remote, cfg.state_dir, cfg.tmpdir())
+                self.front = StoreFront(cfg.store, cfg.remote, cfg.state_dir, cfg.tmpdir(), trust, signer)
             except StoreError as e:  # e.g. a read-only or unwritable place with no store yet
                 self.store_problem = str(e)
                 print(f"pp4.reuse: warning: {e} (building without reuse: every object is compiled, none stored)",
@@ -152,6 +158,51 @@ class Reuser:
         self.root_problem: str | None = None  # why compiles cannot run in the fixed root here
         self.missed: str | None = None  # why the last lookup's newest entry did not hold
         self.shared_refused: str | None = None  # why another variant's object was not proven this one's
+
+    def _keys(self) -> "tuple[signing.Signer | None, signing.Trust | None]":
+        """This builder's signing key and the build's trust list; a key that cannot be used is said
+        once a ninja run (nothing is stored), a trust list that cannot be read too (nothing is
+        restored)."""
+        from pp4.store import signing
+
+        signer = trust = None
+        own = None
+        try:
+            signer = signing.load_signer(self.cfg.trust.get("signing_key"))
+            own = signer.public
+        except signing.SigningKeyError as e:
+            self.key_problem = str(e)
+            notify_once(self.cfg.state_dir, [f"{e}: compiles run, and nothing is stored"], tag="signing-key")
+            path = signing.public_path(Path(self.cfg.trust.get("signing_key") or signing.default_key_path()))
+            try:
+                own = signing.read_public(path)
+            except signing.SigningKeyError:
+                own = None
+        try:
+            trust = signing.load_trust(self.cfg.trust.get("keys"), self.cfg.trust.get("require_signers", 1), own)
+        except signing.SigningKeyError as e:
+            notify_once(self.cfg.state_dir, [f"the trust list cannot be read ({e}): nothing is restored"],
+                        tag="trust-list")
+        return signer, trust
+
+    def note_refusals(self) -> None:
+        """Say once a ninja run that stored entries were not restored for who stored them: how many
+        this process met, and the first one's reason (each is also logged in build/.pp4/untrusted.log)."""
+        if self.front is None or not self.front.refused:
+            return
+        log = statedir.part(self.cfg.state_dir, statedir.UNTRUSTED)
+        try:
+            with open(log, "a") as f:
+                for key, why in self.front.refused:
+                    f.write(f"{key} {why}\n")
+        except OSError:
+            pass
+        (key, why), n = self.front.refused[0], len(self.front.refused)
+        notify_once(self.cfg.state_dir, [
+            f"{n} stored entr{'y was' if n == 1 else 'ies were'} not restored for who stored them (first, action "
+            f"{key[:16]}: {why}); those units compile here. The list: {log}; whose entries a build restores: "
+            "docs/store.md, signed entries"], tag="untrusted")
+        self.front.refused.clear()
 
     # -- the action -------------------------------------------------------------------------
 
@@ -257,9 +308,10 @@ class Reuser:
 
         return self.front.find(nkey, lambda entry: True, holds, fits=fits)
 
-    def adopt(self, action: Action, hit: Found) -> str | None:
+    def adopt(self, action: Action, hit: Found) -> ActionRecord | None:
         """Keep another variant's object as this command's own (its own manifest entry and action
-        record), so that later lookups and the prepass find it without a proof. Its action key."""
+        record, signed by this builder, which proved it), so that later lookups and the prepass find
+        it without a proof. Its record."""
         sids = list(hit.entry.input_sets)
         akey = action_key(action.mkey, sids)
         sets = {sid: data for sid in sids if (data := self.front.set_bytes(sid)) is not None}
@@ -269,7 +321,7 @@ class Reuser:
                                    "compiled_for": hit.record.payload.get("compiled_for")}}
         kept = self.front.keep(action.mkey, ManifestEntry(akey, sids), sets, action.args.output,
                                hit.record.object_sha256, payload, sound=lambda e: sound_entry(action.mkey, e))
-        return akey if kept.record is not None and kept.record.object_sha256 == hit.record.object_sha256 else None
+        return kept.record if kept.record is not None and kept.record.object_sha256 == hit.record.object_sha256 else None
 
     def note_miss(self, entry: ManifestEntry, action: Action) -> None:
         """Why the newest stored entry of this command did not hold, for the compile's event: the
@@ -356,9 +408,7 @@ class Reuser:
                                sound=lambda e: sound_entry(action.mkey, e))
         if kept.record is None:
             return dict(result, not_stored=kept.problem)
-        if kept.existed and kept.record.object_sha256 != sha:
-            return dict(result, not_stored=f"the store holds another object for this action "
-                                           f"({kept.record.object_sha256[:16]}): the compiler is not deterministic here")
+        result.update(signatures=list(kept.record.signatures), signed_payload=signed_part(kept.record.payload))
         nkey = self.name_free_key(action)
         if nkey is not None:  # where other variants of this unit look (pp4/reuse/variants.py)
             self.front.index(nkey, ManifestEntry(akey, sids), published=kept.remote is not None)
@@ -390,6 +440,8 @@ class Reuser:
         if hit.tier == "remote":
             via += ", from the remote store"
         return self.make_event(action, status="reused", via=via, tier=hit.tier,
+                               signatures=[sig for sig in hit.record.signatures if sig.get("signer") in hit.signers],
+                               signed_payload=signed_part(payload),
                                fetched_from=payload.get("fetched_from") if hit.tier == "remote" else None,
                                action_key=hit.entry.action_key, object_sha256=hit.record.object_sha256,
                                input_sets=hit.entry.input_sets, command=action.command,
@@ -406,3 +458,11 @@ def time_problem(time_macros, env: dict[str, str]) -> str | None:
         return (f"its preprocessing expands {', '.join(loose)} (gcc -Wdate-time says so), which no key "
                 "covers: this unit is compiled every time")
     return None
+
+
+def signed_part(payload: dict) -> dict:
+    """What of an action record's payload its signatures cover (pp4/store/signing.py), for the
+    event and the certificate, which check them again."""
+    from pp4.store.signing import SIGNED_PAYLOAD
+
+    return {k: payload.get(k) for k in SIGNED_PAYLOAD}

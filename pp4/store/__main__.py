@@ -1,5 +1,7 @@
-"""Command line for the object store: `python -m pp4.store {stats,gc,verify}`, and for a remote tier
-`python -m pp4.store remote URL {stats,verify,expire}`.
+"""Command line for the object store: `python -m pp4.store {stats,gc,verify}`, for a remote tier
+`python -m pp4.store remote URL {stats,verify,expire}`, and for the keys that sign what a builder
+stores and say whose entries it restores: `python -m pp4.store keys {new,show,trust,revoke,list}`
+(pp4/store/signing.py).
 
 Exit codes: 0 fine, 1 verify found damage (repaired or not), 2 usage or store error.
 """
@@ -43,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help=f"store directory (default: $PP4_STORE_DIR or the pp4 cache dir; now {default_store_dir()})",
     )
-    commands = parser.add_subparsers(dest="command", required=True, metavar="{stats,gc,verify,remote}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{stats,gc,verify,remote,keys}")
     commands.add_parser("stats", help="count entries and bytes")
     gc = commands.add_parser("gc", help="evict least-recently-used entries down to a size; drop leftovers of crashed builds")
     gc.add_argument(
@@ -61,7 +63,60 @@ def build_parser() -> argparse.ArgumentParser:
     remote.add_argument("--no-repair", dest="repair", action="store_false",
                         help="verify: only report damage, remove nothing")
     remote.add_argument("--days", type=float, help="expire: every value unread this long from now expires (Redis)")
+    keys = commands.add_parser("keys", help="your signing key and the builders whose entries you restore")
+    keys.add_argument("action", choices=("new", "show", "trust", "revoke", "list"),
+                      help="new: make your key pair; show: print your public key (give it to teammates); trust FILE: "
+                           "restore what that key signed; revoke FILE|KEY: never trust it again; list: the trust list")
+    keys.add_argument("key", nargs="?", help="trust, revoke: a public key file (or, for revoke, the key itself)")
+    keys.add_argument("--name", help="new: the name your public key carries (default: user@host)")
+    keys.add_argument("--force", action="store_true", help="new: replace an existing key")
+    keys.add_argument("--key-file", type=Path, help="new, show: this private key instead of the default")
     return parser
+
+
+def keys_main(args) -> int:
+    from pp4.store import signing
+
+    try:
+        if args.action == "new":
+            signer = signing.new_key(args.key_file, args.name, args.force)
+            print(f"made {signer.path} (owner-only) and {signing.public_path(signer.path)}:")
+            print(signer.public.line(), end="")
+            return EXIT_OK
+        if args.action == "show":
+            path = args.key_file or signing.default_key_path()
+            print(signing.load_signer(path).public.line(), end="")
+            return EXIT_OK
+        if args.action == "list":
+            trust = signing.load_trust(own=_own_public())
+            for key in trust.keys.values():
+                print(key.line(), end="")
+            for key in sorted(trust.revoked):
+                print(f"revoked {key}")
+            return EXIT_OK
+        if not args.key:
+            print(f"pp4.store: error: keys {args.action} needs a public key file", file=sys.stderr)
+            return EXIT_ERROR
+        if args.action == "trust":
+            key = signing.read_public(args.key)
+            print(f"trusted {key.name or key.key}: {signing.trust_key(key)}")
+            return EXIT_OK
+        key = signing.read_public(args.key) if Path(args.key).exists() else signing.parse_public(args.key, "the key")
+        signing.revoke_key(key)
+        print(f"revoked {key.name or key.key}: never trusted again by your builds ({signing.revoked_file()})")
+        return EXIT_OK
+    except signing.SigningKeyError as exc:
+        print(f"pp4.store: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+
+
+def _own_public():
+    from pp4.store import signing
+
+    try:
+        return signing.read_public(signing.public_path(signing.default_key_path()))
+    except signing.SigningKeyError:
+        return None
 
 
 def remote_main(args) -> int:
@@ -165,6 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "remote":
         return remote_main(args)
+    if args.command == "keys":
+        return keys_main(args)
     root = args.store if args.store is not None else default_store_dir()
     if not root.exists():
         # Reporting on a store must not create one.

@@ -17,8 +17,12 @@ What an entry must satisfy is the caller's (pp4.reuse): `sound(entry)`, its acti
 its inputs, `holds(entry)`, every observation of its input sets holds now, and for another variant's
 entry `fits(entry, record)`, the record's command is this one's but for the module's name and the
 compile is proven not to read it. The store never asks
-why. Every fault of a tier ends as a miss or as "not stored", said once on stderr, never as a wrong
-object.
+why. Who stored an entry is the store's own question (pp4/store/signing.py): an entry is found only
+when builders on the trust list signed it, in whichever tier it is, and no trusted builder disputes
+it; a refused entry is a miss, counted in `refused` with its reason. Every entry this builder keeps
+is signed with its key; when the tier holds the action already, the same object adds its signature
+there and another object disputes it. Every fault of a tier ends as a miss or as "not stored", said
+once on stderr, never as a wrong object.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from typing import Callable, Iterator
 
 import attrs
 
-from pp4.store import hashed
+from pp4.store import hashed, signing
 from pp4.store.layout import SETS_FOLDER
 from pp4.store.local import Store
 from pp4.store.manifests import MANIFEST_ENTRIES, ManifestEntry, Manifests
@@ -46,6 +50,7 @@ class Found:
     entry: ManifestEntry
     record: ActionRecord
     tier: str = "local"  # "remote": fetched from the remote tier (checked) into the local store first
+    signers: tuple = ()  # the trusted builders whose signatures of the entry verified
 
 
 @attrs.frozen
@@ -58,8 +63,14 @@ class Kept:
 
 
 class StoreFront:
-    def __init__(self, root: str | Path, remote: dict | None, state_dir: str | Path, tmpdir: Path):
-        """StoreError when the local store cannot be opened (an unwritable place with no store)."""
+    def __init__(self, root: str | Path, remote: dict | None, state_dir: str | Path, tmpdir: Path,
+                 trust: "signing.Trust | None" = None, signer: "signing.Signer | None" = None):
+        """StoreError when the local store cannot be opened (an unwritable place with no store).
+        trust: whose entries may be restored (None: none may); signer: this builder's key (None:
+        nothing is kept)."""
+        self.trust = trust
+        self.signer = signer
+        self.refused: list[tuple[str, str]] = []  # (action key, why) of entries not restored for who stored them
         self.root = Path(root)
         self.local = Store(root)
         self.manifests = Manifests(root)
@@ -88,7 +99,9 @@ class StoreFront:
                 print(f"pp4.reuse: warning: {e} (compiling instead)", file=sys.stderr)
                 return None
             if record is not None and (fits is None or fits(entry, record)):
-                return Found(entry, record)
+                verdict = self.verdict(entry, record)
+                if verdict.ok:
+                    return Found(entry, record, signers=verdict.signers)
         if self.remote is not None and remote:
             from pp4.store.remote import RemoteUnavailable
 
@@ -111,17 +124,39 @@ class StoreFront:
             except StoreError:
                 record = None
             if record is None:
-                fetched = remote.fetch(entry.action_key)
-                if fetched is None:
+                record = remote.record(entry.action_key)
+                if record is None:
                     continue
-                record = self._fill_local(*fetched)
+                # Who stored it is asked before its object is fetched or kept here.
+                verdict = self.verdict(entry, record)
+                if not verdict.ok:
+                    continue
+                blob = remote.object_of(record)
+                if blob is None:
+                    continue
+                record = self._fill_local(record, blob)
                 if record is None:
                     return None
-            if fits is not None and not fits(entry, record):
+            verdict = self.verdict(entry, record)
+            if not verdict.ok or (fits is not None and not fits(entry, record)):
                 continue
             self.add_entry(mkey, entry, sound)
-            return Found(entry, record, tier="remote")
+            return Found(entry, record, tier="remote", signers=verdict.signers)
         return None
+
+    def verdict(self, entry: ManifestEntry, record: ActionRecord) -> signing.Verdict:
+        """Whether builders on the trust list signed this entry (its record's statement, with the
+        entry's input sets); a refusal is noted in `refused`."""
+        if self.trust is None:
+            verdict = signing.Verdict(False, why="no trust list (configure could not read one)")
+        elif list(entry.input_sets) != list(record.payload.get("input_sets") or []):
+            verdict = signing.Verdict(False, why="its record names other observation sets than its entry")
+        else:
+            verdict = self.trust.verdict(record.action_key, record.object_sha256, record.object_size,
+                                         entry.input_sets, record.payload, record.signatures, record.disputes)
+        if not verdict.ok and not any(k == record.action_key for k, _ in self.refused):
+            self.refused.append((record.action_key, verdict.why or "not trusted"))
+        return verdict
 
     def _sets_from_remote(self, entry: ManifestEntry) -> bool:
         """Put the entry's input sets the local folder lacks there, as the remote holds them
@@ -169,11 +204,20 @@ class StoreFront:
 
     def keep(self, mkey: str, entry: ManifestEntry, sets: dict[str, bytes], object_path: str, sha256: str,
              payload: dict, sound: Check) -> Kept:
-        """sha256: the object's digest as its compile left it; a store that read other bytes adds no entry."""
+        """sha256: the object's digest as its compile left it; a store that read other bytes adds no
+        entry. The entry is signed with this builder's key. When a tier holds the action already,
+        the same object gains this builder's signature there, and another object is disputed
+        (signed: this builder's compile gave other bytes) and never restored again."""
+        if self.signer is None:
+            return Kept(None, "this builder has no signing key, so nothing it compiles is stored "
+                              "(python -m pp4.store keys new)")
         existing = self.local.lookup(entry.action_key)
         if existing is not None:
             # The same action, stored by an earlier compile (whose entry the manifest may lack:
-            # a put killed before the manifest was written).
+            # a put killed before the manifest was written), or by another builder.
+            if existing.object_sha256 != sha256:
+                return self._dispute(existing, sha256)
+            existing = self._countersign(existing, entry)
             self.add_entry(mkey, entry, sound)
             return Kept(existing, existed=True, remote=self._publish(mkey, entry, sets, existing, object_path, sound))
         try:
@@ -184,14 +228,50 @@ class StoreFront:
             print(f"pp4.reuse: warning: {problem} (the object was built; it is just not stored)", file=sys.stderr)
             return Kept(None, problem)
         try:
-            record = self.local.put(entry.action_key, object_path, payload)
-        except StoreError as e:
+            size = os.stat(object_path).st_size
+            signature = self._signature(entry.action_key, sha256, size, entry, payload)
+            record = self.local.put(entry.action_key, object_path, payload, signatures=[signature])
+        except (OSError, StoreError) as e:
             print(f"pp4.reuse: warning: {e} (the object was built; it is just not stored)", file=sys.stderr)
             return Kept(None, str(e))
         if record.object_sha256 != sha256:
             return Kept(None, "the object changed while it was being stored")
         self.add_entry(mkey, entry, sound)
         return Kept(record, remote=self._publish(mkey, entry, sets, record, object_path, sound))
+
+    def _signature(self, action_key: str, sha256: str, size: int, entry: ManifestEntry, payload: dict) -> dict:
+        message = signing.statement(action_key, sha256, size, entry.input_sets, payload)
+        return {"signer": self.signer.public.key, "sig": self.signer.sign(message)}
+
+    def _countersign(self, record: ActionRecord, entry: ManifestEntry) -> ActionRecord:
+        """The record with this builder's signature added (kept in the local store), if it lacks one."""
+        if any(s.get("signer") == self.signer.public.key for s in record.signatures):
+            return record
+        signature = self._signature(record.action_key, record.object_sha256, record.object_size, entry, record.payload)
+        try:
+            return self.local.amend(attrs.evolve(record, signatures=(*record.signatures, signature)))
+        except (OSError, StoreError):
+            return record
+
+    def _dispute(self, record: ActionRecord, sha256: str) -> Kept:
+        """This builder compiled the action and got other bytes than the stored entry: it signs a
+        dispute into the local and the remote record, remembers the action as disputed, and says so
+        loudly. Its own object is used by this build, and stored nowhere."""
+        dispute = {"signer": self.signer.public.key, "object_sha256": sha256,
+                   "sig": self.signer.sign(signing.dispute_statement(record.action_key, sha256))}
+        signing.remember_dispute(record.action_key)
+        try:
+            self.local.amend(attrs.evolve(record, disputes=(*record.disputes, dispute)))
+        except (OSError, StoreError):
+            pass
+        if self.remote is not None and self.remote.writes:
+            self.remote.add_dispute(record.action_key, dispute)
+        signers = ", ".join(s.get("signer", "?")[:12] for s in record.signatures) or "nobody"
+        problem = (f"DISAGREES with the store: this compile of action {record.action_key[:16]} gave {sha256[:16]}, the "
+                   f"entry signed by {signers} holds {record.object_sha256[:16]}: either the entry was forged (poisoning) "
+                   "or the compiler is not deterministic here. The entry is disputed and never restored again")
+        print(f"pp4.reuse: WARNING: {problem}", file=sys.stderr)
+        return Kept(None, problem)
 
     def add_entry(self, mkey: str, entry: ManifestEntry, sound: Check) -> None:
         try:
@@ -210,11 +290,23 @@ class StoreFront:
 
     def _publish(self, mkey: str, entry: ManifestEntry, sets: dict[str, bytes], record: ActionRecord,
                  object_path: str, sound: Check) -> str | None:
-        """Send a kept compile to the remote tier (readwrite mode); where it went."""
+        """Send a kept compile to the remote tier (readwrite mode); where it went. The remote's
+        signatures of the same object are merged into the local record (and this one's into the
+        remote's); a remote record of other bytes is disputed, not replaced."""
         if self.remote is None or not self.remote.writes:
             return None
-        ok = self.remote.publish(mkey, entry, sets, record, object_path, keep=sound)
-        return self.remote.describe() if ok else None
+        published = self.remote.publish(mkey, entry, sets, record, object_path, keep=sound)
+        if published is None:
+            return None
+        if published.object_sha256 != record.object_sha256:
+            self._dispute(published, record.object_sha256)
+            return None
+        if set(map(_signer, published.signatures)) - set(map(_signer, record.signatures)):
+            try:
+                self.local.amend(attrs.evolve(record, signatures=published.signatures))
+            except (OSError, StoreError):
+                pass
+        return self.remote.describe()
 
     @contextmanager
     def compile_lock(self, mkey: str) -> Iterator[bool]:
@@ -224,3 +316,7 @@ class StoreFront:
         correctness one: the lookup after it decides. Yields True when it waited."""
         with self.manifests.lock(mkey, lambda: True) as waited:
             yield waited
+
+
+def _signer(signature: dict) -> str:
+    return str(signature.get("signer"))

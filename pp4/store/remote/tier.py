@@ -29,6 +29,8 @@ import time
 from pathlib import Path
 from urllib.parse import quote, unquote, urlsplit
 
+import attrs
+
 from pp4 import backoff
 from pp4 import statedir
 from pp4.files import canonical_json
@@ -94,48 +96,77 @@ class RemoteTier:
             return None
         return data
 
-    def fetch(self, action_key: str) -> tuple[ActionRecord, bytes] | None:
-        """The record and object bytes of one action, both checked, or None."""
+    def record(self, action_key: str) -> ActionRecord | None:
+        """The action record under a key, checked (its checksum, its key), or None."""
         data = self._get(f"act/{action_key}")
         if data is None:
             return None
         try:
-            record = decode_record(data, expected_key=action_key)
+            return decode_record(data, expected_key=action_key)
         except InvalidRecord as e:
             self.refuse(f"act/{action_key}", str(e))
             return None
+
+    def object_of(self, record: ActionRecord) -> bytes | None:
+        """The object a record names, checked against its sha256 and size, or None."""
         blob = self._get(f"obj/{record.object_sha256}")
         if blob is None:
             return None  # evicted: a miss
         if len(blob) != record.object_size or hashlib.sha256(blob).hexdigest() != record.object_sha256:
             self.refuse(f"obj/{record.object_sha256}", f"{len(blob)} bytes that do not hash to the sha256 "
-                        f"the record of action {action_key[:16]} names")
+                        f"the record of action {record.action_key[:16]} names")
             return None
-        return record, blob
+        return blob
+
+    def fetch(self, action_key: str) -> tuple[ActionRecord, bytes] | None:
+        """The record and object bytes of one action, both checked, or None."""
+        record = self.record(action_key)
+        blob = self.object_of(record) if record is not None else None
+        return (record, blob) if blob is not None else None
 
     # -- writing ---------------------------------------------------------------------------
 
     def publish(self, mkey: str, entry: ManifestEntry, sets: dict[str, bytes], record: ActionRecord,
-                object_path: str, keep) -> bool:
+                object_path: str, keep) -> ActionRecord | None:
         """Put one compile's results, the manifest entry last. keep(entry) says which of the remote
-        manifest's present entries to keep beside the new one. True when all of it is there."""
+        manifest's present entries to keep beside the new one. Returns the record the remote holds
+        for the action now (its signatures and this one's, when its object is this one), or None
+        when not all of it got there. A record of another object is left as it is (returned: the
+        caller disputes it)."""
         if not self.writes:
-            return False
+            return None
         try:
-            # Written over whatever is there: a value under a digest's name has one right content
-            # (a record: one of its twins'), so a damaged or poisoned one is healed, never kept.
+            there = self.record(record.action_key)
+            if there is not None and there.object_sha256 != record.object_sha256:
+                return there
+            # Written over whatever is there: a value under a digest's name has one right content,
+            # so a damaged one is healed; a record keeps every signature either side holds.
             for sid, data in sets.items():
                 self.storage.put(f"set/{sid}", data)
             self.storage.put(f"obj/{record.object_sha256}", Path(object_path).read_bytes())
-            self.storage.put(f"act/{record.action_key}", encode_record(record))
+            merged = record
+            if there is not None:
+                merged = attrs.evolve(record, signatures=_union(there.signatures, record.signatures),
+                                      disputes=_union(there.disputes, record.disputes))
+            self.storage.put(f"act/{record.action_key}", encode_record(merged))
         except RemoteUnavailable as e:
             self.down(str(e))
-            return False
+            return None
         except OSError as e:  # the object to send vanished: nothing half-published names it
             print(f"pp4.reuse: warning: cannot send {object_path} to the remote store ({e.strerror})", file=sys.stderr)
-            return False
+            return None
         # Read, merge, write: two writers at once may lose one entry (a later miss, never a wrong hit).
-        return self.publish_entry(mkey, entry, keep)
+        return merged if self.publish_entry(mkey, entry, keep) else None
+
+    def add_dispute(self, action_key: str, dispute: dict) -> None:
+        """Add a builder's dispute to the remote record of an action (read, merge, write)."""
+        try:
+            there = self.record(action_key)
+            if there is not None:
+                self.storage.put(f"act/{action_key}",
+                                 encode_record(attrs.evolve(there, disputes=_union(there.disputes, (dispute,)))))
+        except RemoteUnavailable as e:
+            self.down(str(e))
 
     def publish_entry(self, key: str, entry: ManifestEntry, keep) -> bool:
         """Add an entry to the remote manifest under key, the entry's sets, object and record being
@@ -276,3 +307,14 @@ def _mark_down(folder: Path, reason: str) -> None:
     if backoff.mark_down(folder, reason, RETRY_S):
         print(f"pp4.reuse: warning: {reason}; going on with the local store alone (the remote store is tried "
               f"again after {RETRY_S:.0f} s; {STOP_TRYING})", file=sys.stderr)
+
+
+def _union(first, second) -> tuple:
+    """Signatures (or disputes) of both, each signer's once (the first's when both have one)."""
+    seen, out = set(), []
+    for item in (*first, *second):
+        key = (item.get("signer"), item.get("object_sha256"))
+        if key not in seen:
+            seen.add(key)
+            out.append(item)
+    return tuple(out)
