@@ -182,7 +182,9 @@ class StoreFront:
         staged = self.tmpdir / f"remote-{record.object_sha256[:16]}-{os.getpid()}.o"
         try:
             staged.write_bytes(blob)
-            return self.local.put(record.action_key, staged, dict(record.payload, fetched_from=self.remote.describe()))
+            kept = self.local.put(record.action_key, staged, dict(record.payload, fetched_from=self.remote.describe()),
+                                  signatures=record.signatures)
+            return self.local.amend(attrs.evolve(kept, disputes=record.disputes)) if record.disputes else kept
         except (OSError, StoreError) as e:
             print(f"pp4.reuse: warning: cannot keep the remote store's object in the local store ({e}); "
                   "compiling instead", file=sys.stderr)

@@ -1,0 +1,295 @@
+"""A shared store nobody can poison: what a store writer can and cannot do (docs/store.md's threat
+model), each line tried on a real Redis server and on a shared folder.
+
+Builders are configuration folders of their own ($PP4_CONFIG_DIR: a key pair and a trust list) that
+configure and build the same tiny project, each in a fresh folder with an empty local store and the
+one remote tier. A writer of the store forges entries the way another machine writes them: with
+pp4's own encoders, under the real keys, with signatures made by pp4's own code where the case needs
+one. The oracle owes nothing to signatures: the object a build ends with is compared byte for byte
+with a real compile (--no-reuse) of the same sources.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import attrs
+import pytest
+from conftest import REPO, RedisServer
+from test_build import ninja_bin
+
+from pp4.store import signing
+from pp4.store.records import decode_record, encode_record
+from pp4.store.remote import open_remote
+
+pytestmark = pytest.mark.slow
+
+FIXTURE = REPO / "tests" / "fixtures" / "debuginfo"
+
+
+class Builder:
+    """A machine of the team: a key pair of its own, and whose entries it restores."""
+
+    def __init__(self, base: Path, name: str):
+        self.name = name
+        self.config = base / f"config-{name}"
+        self.config.mkdir()
+        self.n = 0
+        self.base = base
+        self.keys("new", "--name", name)
+
+    def env(self) -> dict:
+        return dict(os.environ, PP4_CONFIG_DIR=str(self.config))
+
+    @property
+    def public(self) -> Path:
+        return self.config / "keys" / "signing.pub"
+
+    def signer(self) -> signing.Signer:
+        return signing.load_signer(self.config / "keys" / "signing.key")
+
+    def keys(self, *args: str) -> str:
+        proc = subprocess.run([sys.executable, "-m", "pp4.store", "keys", *args], env=self.env(), capture_output=True,
+                              text=True, cwd=REPO)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return proc.stdout
+
+    def trusts(self, *others: "Builder") -> "Builder":
+        for other in others:
+            self.keys("trust", str(other.public))
+        return self
+
+    def build(self, remote: str | None, *options: str, src: Path | None = None) -> tuple[dict, bytes, str]:
+        """configure and ninja in a fresh folder with an empty local store: (certificate object,
+        object bytes, output)."""
+        self.n += 1
+        work = self.base / f"work-{self.name}-{self.n}"
+        work.mkdir()
+        shutil.copytree(src or FIXTURE, work / "src")
+        out = ""
+        remote_opts = ["--remote-store", remote] if remote else []
+        for cmd in ([sys.executable, str(REPO / "configure.py"), "--arch", "9.0", "--ext-spec", "src/plain.toml",
+                     "--store", str(work / "store"), *remote_opts, *options], [ninja_bin()]):
+            proc = subprocess.run(cmd, cwd=work, env=self.env(), capture_output=True, text=True, timeout=300)
+            out += proc.stdout + proc.stderr
+            assert proc.returncode == 0, f"{cmd} failed:\n{out}"
+        (obj,) = json.loads(gzip.decompress((work / "build" / "certificate.json.gz").read_bytes()))["objects"]
+        return obj, (work / obj["output"]).read_bytes(), out
+
+
+@pytest.fixture(params=["redis", "folder"])
+def remote(request, tmp_path):
+    if request.param == "redis":
+        if shutil.which("redis-server") is None:
+            pytest.skip("redis-server is not installed (.ci/run installs Debian's package)")
+        server = RedisServer(tmp_path / "redis")
+        yield server.url()
+        server.stop()
+    else:
+        shared = tmp_path / "shared"
+        shared.mkdir()
+        yield f"file://{shared}"
+
+
+def real_compile(base: Path, src: Path | None = None) -> bytes:
+    """The object a compile of the sources gives, by a builder of its own that reuses nothing."""
+    _, data, _ = Builder(base, f"real{len(list(base.glob('config-real*')))}").build(None, "--no-reuse", src=src)
+    return data
+
+
+def forge(remote: str, action_key: str, *, object_bytes: bytes, signatures, disputes=()) -> None:
+    """Write an entry's record and object the way another machine's pp4 does, under the real key."""
+    storage = open_remote(remote)
+    record = decode_record(storage.get(f"act/{action_key}"), expected_key=action_key)
+    sha = hashlib.sha256(object_bytes).hexdigest()
+    storage.put(f"obj/{sha}", object_bytes)
+    forged = attrs.evolve(record, object_sha256=sha, object_size=len(object_bytes), signatures=tuple(signatures),
+                          disputes=tuple(disputes))
+    storage.put(f"act/{action_key}", encode_record(forged))
+
+
+def signed_by(builder: Builder, action_key: str, object_bytes: bytes, record_payload: dict, input_sets) -> dict:
+    message = signing.statement(action_key, hashlib.sha256(object_bytes).hexdigest(), len(object_bytes), input_sets,
+                                record_payload)
+    signer = builder.signer()
+    return {"signer": signer.public.key, "sig": signer.sign(message)}
+
+
+def published(remote: str, action_key: str):
+    return decode_record(open_remote(remote).get(f"act/{action_key}"), expected_key=action_key)
+
+
+def evil_of(data: bytes) -> bytes:
+    return data[:-16] + b"POISONED-OBJECT!"
+
+
+def test_a_trusted_builders_entry_is_restored_and_certified(tmp_path, remote):
+    ci = Builder(tmp_path, "ci")
+    obj, first, out = ci.build(remote)
+    assert obj["status"] == "compiled" and [s["signer"] for s in obj["signatures"]] == [signing.read_public(ci.public).key]
+    laptop = Builder(tmp_path, "laptop").trusts(ci)
+    obj, data, out = laptop.build(remote)
+    assert obj["status"] == "reused" and obj["tier"] == "remote", out
+    assert data == first == real_compile(tmp_path)
+    assert [s["signer"] for s in obj["signatures"]] == [signing.read_public(ci.public).key]
+
+
+@pytest.mark.parametrize("how", ["unsigned", "signed-by-a-stranger", "a-valid-signature-on-other-bytes",
+                                 "signed-by-the-writer-not-on-the-list"])
+def test_a_forged_entry_is_never_restored(tmp_path, remote, how):
+    """The store's writer replaces a published entry's object with its own bytes, under the real
+    action key, with a checksum anyone can recompute: unsigned, signed by a key nobody trusts, or
+    carrying the trusted builder's signature copied from the real entry (it covers other bytes).
+    The reader compiles instead, says why once, and ends with a real compile's object."""
+    ci = Builder(tmp_path, "ci")
+    obj, first, _ = ci.build(remote)
+    record = published(remote, obj["action_key"])
+    evil = evil_of(first)
+    stranger = Builder(tmp_path, "stranger")
+    signatures = {"unsigned": [],
+                  "signed-by-a-stranger": [signed_by(stranger, obj["action_key"], evil, record.payload, obj["input_sets"])],
+                  "a-valid-signature-on-other-bytes": list(record.signatures),
+                  "signed-by-the-writer-not-on-the-list": [signed_by(stranger, obj["action_key"], evil, record.payload,
+                                                                     obj["input_sets"])]}[how]
+    forge(remote, obj["action_key"], object_bytes=evil, signatures=signatures)
+    laptop = Builder(tmp_path, "laptop").trusts(ci)
+    got, data, out = laptop.build(remote)
+    assert got["status"] == "compiled" and data != evil and data == real_compile(tmp_path)
+    assert "not restored for who stored them" in out, out
+    reason = {"unsigned": "unsigned", "signed-by-a-stranger": "not on the trust list",
+              "a-valid-signature-on-other-bytes": "does not match the entry's bytes",
+              "signed-by-the-writer-not-on-the-list": "not on the trust list"}[how]
+    assert reason in out, out
+
+
+def test_a_forged_object_under_its_own_name_is_refused(tmp_path, remote):
+    """The writer overwrites the object's bytes under its sha256's name: they do not hash to it."""
+    ci = Builder(tmp_path, "ci")
+    obj, first, _ = ci.build(remote)
+    open_remote(remote).put(f"obj/{obj['object_sha256']}", evil_of(first))
+    got, data, out = Builder(tmp_path, "laptop").trusts(ci).build(remote)
+    assert got["status"] == "compiled" and data == first
+
+
+def test_a_revoked_key_is_never_trusted_again(tmp_path, remote):
+    ci = Builder(tmp_path, "ci")
+    obj, first, _ = ci.build(remote)
+    laptop = Builder(tmp_path, "laptop").trusts(ci)
+    assert laptop.build(remote)[0]["status"] == "reused"
+    laptop.keys("revoke", str(ci.public))
+    got, data, out = laptop.build(remote)
+    assert got["status"] == "compiled" and data == first and "signed by a revoked key" in out, out
+    assert signing.read_public(ci.public).key not in laptop.keys("list").split("\n")[0]
+
+
+def test_a_key_missing_from_the_trust_list(tmp_path, remote):
+    ci = Builder(tmp_path, "ci")
+    ci.build(remote)
+    got, _, out = Builder(tmp_path, "stranger").build(remote)
+    assert got["status"] == "compiled" and "not on the trust list" in out
+
+
+def test_configure_trust_names_a_key_for_one_build(tmp_path, remote):
+    """configure --trust FILE trusts a key for that build alone, not on the user's list."""
+    ci = Builder(tmp_path, "ci")
+    ci.build(remote)
+    laptop = Builder(tmp_path, "laptop")
+    assert laptop.build(remote, "--trust", str(ci.public))[0]["status"] == "reused"
+    assert laptop.build(remote)[0]["status"] == "compiled"
+
+
+def test_two_builders_that_agree_countersign_and_require_signers_counts_them(tmp_path, remote):
+    """--require-signers 2: one signature is not enough; a second trusted builder that compiles the
+    same bytes adds its signature, and then the entry is restored where two are required."""
+    ci = Builder(tmp_path, "ci")
+    obj, first, _ = ci.build(remote)
+    second = Builder(tmp_path, "second").trusts(ci)
+    got, data, out = second.build(remote, "--require-signers", "2")
+    assert got["status"] == "compiled" and "2 required" in out, out
+    record = published(remote, obj["action_key"])
+    assert {s["signer"] for s in record.signatures} == {signing.read_public(b.public).key for b in (ci, second)}
+    reader = Builder(tmp_path, "reader").trusts(ci, second)
+    got, data, out = reader.build(remote, "--require-signers", "2")
+    assert got["status"] == "reused" and data == first == real_compile(tmp_path), out
+    assert len(got["signatures"]) == 2
+
+
+def test_two_builders_that_disagree_dispute_the_entry_for_good(tmp_path, remote):
+    """A trusted builder's key signs other bytes (it was stolen, or its compiler is not
+    deterministic): a second builder, which requires two signers and so compiles, finds the remote
+    entry holds other bytes than its compile, says so loudly and signs a dispute; from then on every
+    builder that trusts it refuses the entry, even one that would trust the first alone."""
+    ci = Builder(tmp_path, "ci")
+    obj, first, _ = ci.build(remote)
+    record = published(remote, obj["action_key"])
+    evil = evil_of(first)
+    forge(remote, obj["action_key"], object_bytes=evil,
+          signatures=[signed_by(ci, obj["action_key"], evil, record.payload, obj["input_sets"])])
+    checker = Builder(tmp_path, "checker").trusts(ci)
+    got, data, out = checker.build(remote, "--require-signers", "2")
+    assert got["status"] == "compiled" and data == first
+    assert "DISAGREES with the store" in out, out
+    disputed = published(remote, obj["action_key"])
+    assert [d["signer"] for d in disputed.disputes] == [signing.read_public(checker.public).key]
+    reader = Builder(tmp_path, "reader").trusts(ci, checker)
+    got, data, out = reader.build(remote)
+    assert got["status"] == "compiled" and data == first and f"disputed by checker" in out, out
+    # and the checker itself never restores it again, whatever the store says later
+    forge(remote, obj["action_key"], object_bytes=evil,
+          signatures=[signed_by(ci, obj["action_key"], evil, record.payload, obj["input_sets"])])
+    got, data, out = checker.build(remote)
+    assert got["status"] == "compiled" and data == first
+
+
+def test_an_old_signed_entry_replayed_is_restored_only_where_it_holds(tmp_path, remote):
+    """The writer puts back an older signed entry of the same command (from before a source edit)
+    as the newest: its observations do not hold for the edited source, so it is not restored; the
+    object is the edited source's real compile."""
+    ci = Builder(tmp_path, "ci")
+    old_obj, old, _ = ci.build(remote)
+    edited = tmp_path / "edited"
+    shutil.copytree(FIXTURE, edited)
+    (edited / "unit.cpp").write_text((FIXTURE / "unit.cpp").read_text().replace("3 * x + 1", "3 * x + 2"))
+    new_obj, new, _ = ci.build(remote, src=edited)
+    storage = open_remote(remote)
+    for key in list(storage.keys("man")):  # the command's manifest, and the name-free index beside it
+        doc = json.loads(storage.get(key))
+        old_entries = [e for e in doc["entries"] if e["action_key"] == old_obj["action_key"]]
+        doc["entries"] = [e for e in doc["entries"] if e["action_key"] != old_obj["action_key"]] + old_entries
+        storage.put(key, json.dumps(doc).encode())
+    got, data, _ = Builder(tmp_path, "laptop").trusts(ci).build(remote, src=edited)
+    assert data == new == real_compile(tmp_path, edited) and data != old
+
+
+def test_a_writer_can_deny_service_and_nothing_more(tmp_path, remote):
+    """Deleting everything the store holds: builds compile, and succeed."""
+    ci = Builder(tmp_path, "ci")
+    obj, first, _ = ci.build(remote)
+    storage = open_remote(remote)
+    for kind in ("obj", "act", "man", "set"):
+        for key in list(storage.keys(kind)):
+            storage.remove(key)
+    got, data, _ = Builder(tmp_path, "laptop").trusts(ci).build(remote)
+    assert got["status"] == "compiled" and data == first
+
+
+def test_a_key_readable_by_others_is_refused_with_what_to_do(tmp_path):
+    builder = Builder(tmp_path, "careless")
+    key = builder.config / "keys" / "signing.key"
+    key.chmod(0o644)
+    proc = subprocess.run([sys.executable, str(REPO / "configure.py"), "--arch", "9.0", "--ext-spec",
+                           str(FIXTURE / "plain.toml"), "--store", str(tmp_path / "store")],
+                          cwd=tmp_path, env=builder.env(), capture_output=True, text=True)
+    assert proc.returncode != 0 and f"chmod 600 {key}" in proc.stdout + proc.stderr
+    key.unlink()
+    proc = subprocess.run([sys.executable, str(REPO / "configure.py"), "--arch", "9.0", "--ext-spec",
+                           str(FIXTURE / "plain.toml"), "--store", str(tmp_path / "store"), "--signing-key", str(key)],
+                          cwd=tmp_path, env=builder.env(), capture_output=True, text=True)
+    assert proc.returncode != 0 and "no signing key at" in proc.stdout + proc.stderr and "keys new" in proc.stdout + proc.stderr
