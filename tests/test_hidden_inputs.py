@@ -893,3 +893,14 @@ def test_a_cuda_file_name_under_a_folder_with_a_space(base):
     two = Case(base, files, text, checkout="other place")
     got = two.check("/pp4/src/u.cu")
     assert got["u.cu.o"][0] == "reused", "an anonymous namespace no longer binds a CUDA object to its folder"
+
+
+def test_a_restore_says_what_the_compiler_said(base):
+    """A unit whose compile warns: a fresh folder that restores its object prints the same warning,
+    naming the file in that build's own folders, as a compile there would."""
+    case = Case(base, {"u.cpp": '#warning "pp4 replays this"\nint u() { return 1; }\n'}, spec())
+    got, out = case.build()
+    assert got["u.cpp.o"][0] == "compiled" and "pp4 replays this" in out
+    again, out = case.build()
+    assert again["u.cpp.o"][0] == "reused"
+    assert f"{case.src / 'u.cpp'}:1:2: warning: #warning \"pp4 replays this\"" in out, out

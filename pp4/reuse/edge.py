@@ -110,7 +110,7 @@ def _compile(cfg: ReuseConfig, reuser: Reuser, action: Action) -> int:
         return ran.returncode
     pairs, problem = reuser.observations(action, ran)
     reuser.write_depfile(action, pairs, ran)
-    stored = reuser.store_compile(action, pairs, problem, ran.seconds)
+    stored = reuser.store_compile(action, pairs, problem, ran.seconds, warnings=ran.stderr)
     reuser.event(action, status="compiled", compile_duration_s=round(ran.seconds, 3), compile_cpu_s=ran.cpu_seconds,
                  missed=reuser.missed, not_shared=reuser.shared_refused, **stored)
     return 0

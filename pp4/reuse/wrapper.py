@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     from pp4.execution.run import Ran
 
 MARKER_SUFFIX = ".pp4-reused"
+WARNINGS_KEPT = 1 << 20  # of a compile's messages, kept with its entry and replayed on every restore
 KEY_FORMAT = 5  # 5: observed in a closed world (every system call classed), drivers asked about the CPU
 
 
@@ -357,6 +358,13 @@ class Reuser:
                 self.sets.copy(self.store_sets, sid, self.state_sets)
                 self._in_state.add(sid)
         depfile.write(args.depfile, args.output, bodies=bodies)
+        warnings = hit.record.payload.get("warnings")
+        if isinstance(warnings, str) and warnings:
+            # What the compiler said when it made this object, as it said it (ccache replays it too),
+            # its fixed paths shown as this machine's folders.
+            text = warnings.encode("utf-8", "replace")
+            sys.stderr.buffer.write(action.root.shown(text) if action.root is not None else text)
+            sys.stderr.flush()
         return True
 
     # -- store ------------------------------------------------------------------------------
@@ -381,7 +389,8 @@ class Reuser:
             files = {r for d in written if (r := ran.real(d)) is not None}
         depfile.write(args.depfile, args.output, sorted(files))
 
-    def store_compile(self, action: Action, pairs: list[list[str]], problem: str | None, seconds: float) -> dict:
+    def store_compile(self, action: Action, pairs: list[list[str]], problem: str | None, seconds: float,
+                      warnings: bytes = b"") -> dict:
         """Store a fresh object under what its compile observed. Returns the event fields: the
         action key (None when not stored, with the reason), the observation set, the object's sha256."""
         args = action.args
@@ -404,6 +413,11 @@ class Reuser:
                    "duration_s": round(seconds, 3)}
         if action.outside_root:
             payload["outside_root"] = action.outside_root
+        if warnings:  # what the compiler said, replayed by every restore (and signed with the rest)
+            kept_bytes = warnings[:WARNINGS_KEPT]
+            payload["warnings"] = kept_bytes.decode("utf-8", "replace") + (
+                f"[pp4: {len(warnings) - WARNINGS_KEPT} more bytes of the compiler's messages were not kept]\n"
+                if len(warnings) > WARNINGS_KEPT else "")
         kept = self.front.keep(action.mkey, ManifestEntry(akey, sids), encoded, args.output, sha, payload,
                                sound=lambda e: sound_entry(action.mkey, e))
         if kept.record is None:
