@@ -51,3 +51,18 @@ def test_a_failed_probe_an_older_pp4_cached_is_asked_again(tmp_path):
     ident.probes[key] = {"programs": {"cc1plus": None, "as": None}, "include_dirs": [], "ok": False}
     assert ident._host(driver, env())["include_dirs"]  # probed again, not the empty list
     assert ident.probes[key]["ok"]
+
+
+def test_a_compiler_is_named_in_its_folders_real_path(tmp_path):
+    """PATH with a folder that links to another (/bin to /usr/bin on a merged /usr) names the same
+    compiler as the folder itself: one command, so builds configured either way share objects. The
+    program's own name is kept (a driver acts on the name it was started by)."""
+    from pp4.toolchain.compilers import resolve
+
+    real = tmp_path / "usr" / "bin"
+    real.mkdir(parents=True)
+    (real / "c++").write_text("#!/bin/sh\n")
+    (real / "c++").chmod(0o755)
+    (tmp_path / "bin").symlink_to(real)
+    assert resolve("c++", "the C++ compiler", str(tmp_path / "bin")) == str(real / "c++")
+    assert resolve(str(tmp_path / "bin" / "c++"), "the C++ compiler") == str(real / "c++")

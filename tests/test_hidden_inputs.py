@@ -218,17 +218,29 @@ def test_a_header_in_dev_shm(base):
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def test_two_once_only_headers_of_the_same_bytes(base):
+@pytest.mark.parametrize("how", ["plain", "byte_order_mark", "outside_the_project"])
+def test_two_once_only_headers_of_the_same_bytes(base, how):
     """gcc's `#pragma once` takes a header for one it already included when their bytes and their
-    modification times (in seconds) agree: the second copy's time decides whether it is included."""
-    header = "#pragma once\n1,\n"
-    source = 'extern "C" const int seen[] = {\n#include "a/x.h"\n#include "b/x.h"\n};\n' + tagged('"one"', head="")
-    case = Case(base, {"u.cpp": source, "a/x.h": header, "b/x.h": header}, spec())
+    modification times (in seconds) agree: the second copy's time decides whether it is included.
+    Keyed wherever the twins are (here: beside the source, or in an include folder outside the
+    project), however the directive is written (a byte-order mark before it)."""
+    header = ("\ufeff" if how == "byte_order_mark" else "") + "#pragma once\n1,\n"
+    source = 'extern "C" const int seen[] = {\n#include "a/x.h"\n#include <x.h>\n};\n' + tagged('"one"', head="")
+    outside = base / "vendor"
+    second = outside / "x.h" if how == "outside_the_project" else None
+    files = {"u.cpp": source, "a/x.h": header}
+    if second is None:
+        files["b/x.h"] = header
+    case = Case(base, files, spec(include_dirs=[str(outside) if second else "b"]))
+    if second is not None:
+        outside.mkdir()
+        second.write_text(header)
+    second = second or case.src / "b" / "x.h"
     same = time.time() - 1000
-    for rel in ("a/x.h", "b/x.h"):
-        os.utime(case.src / rel, (same, same))
+    for path in (case.src / "a" / "x.h", second):
+        os.utime(path, (same, same))
     first_build(case, "one")
-    os.utime(case.src / "b/x.h", (same + 100, same + 100))  # the same bytes, another second
+    os.utime(second, (same + 100, same + 100))  # the same bytes, another second
     assert case.check("one")["u.cpp.o"][0] == "compiled"
 
 
@@ -429,6 +441,18 @@ def test_without_the_root_compiles_are_observed_and_keyed_on_this_folder(base):
     assert {s for s, _, _ in again.values()} == {"reused"}
     with_root, _ = case.build()
     assert {s for s, _, _ in with_root.values()} == {"compiled"}, "keys in the root are other keys"
+
+
+def test_without_the_root_a_debug_object_is_keyed_on_its_folder(base):
+    """Without the root a -g object names the folder it was compiled in (DW_AT_comp_dir): a second
+    build folder compiles its own, which names that folder, as a real compile there does."""
+    case = Case(base, {"u.cpp": tagged()}, spec(["-g"]))
+    off = dict(os.environ, PP4_NO_ROOT="1")
+    first, _ = case.build(env=off)
+    second, _ = case.build(env=off)
+    assert first["u.cpp.o"][0] == second["u.cpp.o"][0] == "compiled"
+    assert str(base / f"work-src-{case.n}").encode() in second["u.cpp.o"][2]
+    assert ["@cwd", f"at:{base / f'work-src-{case.n}'}"] in [list(p) for p in observations_of(base / f"work-src-{case.n}", "at:")]
 
 
 def test_a_header_above_the_projects_root_is_compiled_outside_the_root(base):
