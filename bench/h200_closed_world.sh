@@ -4,7 +4,8 @@
 # why not the others; then a second build folder restoring them (wall and CPU of the whole build);
 # then the prepass and the check before ninja decides on the 264-unit bench (bench/prepass_observed.py)
 # beside the same bench of the tree this session started from (2930cb6, carried in .carry/today).
-# Usage (device tool, carry .whl and .carry): bash bench/h200_closed_world.sh   (writes into $OUT)
+# Usage (device tool, carry .whl and .carry): bash bench/h200_closed_world.sh [exl3|prepass|both]
+# (writes into $OUT; one part fits a call of 10 minutes)
 set -uo pipefail
 source "$(dirname "$0")/device_setup.sh"
 device_wheels ninja || exit 1
@@ -27,9 +28,13 @@ why = collections.Counter((e.get("not_stored") or "stored").split(":")[0][:100] 
 print(f"  events {len(evs)}: {dict(status)}; compiled, by whether stored: {dict(why)}")
 PY
 }
-build /tmp/cw1
-tar -C /tmp/cw1/build/.pp4 -czf "$OUT/cw1-events.tar.gz" events
-build /tmp/cw2
+PART=${1:-both}
+if [ "$PART" != prepass ]; then
+  build /tmp/cw1
+  tar -C /tmp/cw1/build/.pp4 -czf "$OUT/cw1-events.tar.gz" events
+  build /tmp/cw2
+fi
+[ "$PART" = exl3 ] && exit 0
 for tree in now today; do
   src=$REPO; [ $tree = today ] && src=$REPO/.carry/today
   mkdir -p /tmp/pp-$tree && cd /tmp/pp-$tree

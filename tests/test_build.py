@@ -196,8 +196,8 @@ def test_the_link_launcher_applies_limits(fixture_build, tmp_path):
     custom = dict(limits, cpus=[0], nice=7, address_space=8 << 30)
     lf = tmp_path / "pp4.json"
     lf.write_text(json.dumps({"limits": custom}))
-    out = run([sys.executable, "-m", "pp4.reuse.link", str(lf), "--env", "PATH=/usr/bin:/bin", "--", str(probe)],
-              REPO).stdout
+    ran = run([sys.executable, "-m", "pp4.reuse.link", str(lf), "--env", "PATH=/usr/bin:/bin", "--", str(probe)], REPO)
+    out = ran.stdout + ran.stderr  # a command's stdout goes where its stderr does (pp4/execution/run.py)
     assert re.search(r"Cpus_allowed_list:\s+0$", out, re.M)
     assert f"{8 << 20}" in out  # ulimit -v reports KiB
     assert re.search(r"^\d+$", out, re.M) and int(re.findall(r"^(\d+)$", out, re.M)[-1]) >= 7

@@ -928,3 +928,19 @@ def test_a_restore_says_what_the_compiler_said(base):
     again, out = case.build()
     assert again["u.cpp.o"][0] == "reused"
     assert f"{case.src / 'u.cpp'}:1:2: warning: #warning \"pp4 replays this\"" in out, out
+
+
+def test_device_line_information_names_the_real_source_and_is_never_stored(base):
+    """nvcc -lineinfo: cicc writes each source's path, modification time and size into the device
+    code's line table (PTX's .file directives). Seen in what cicc was started with: the unit is
+    compiled outside the root (its object names this machine's source, as cuda-gdb and Nsight look
+    for it) and never stored (no key covers a source's time)."""
+    text = spec(["-lineinfo"], sources=["u.cu"]).replace('kind = "cpp"\n', "").replace("cxx_flags", "cuda_flags")
+    case = Case(base, {"u.cu": "__global__ void k(int *p) { *p = 1; }\n"}, text)
+    got, out = case.build()
+    assert "device code carries line information" in out, out
+    assert str(case.src / "u.cu").encode() in got["u.cu.o"][2] and b"/pp4/src" not in got["u.cu.o"][2]
+    event = next((base / "work-src-1" / "build" / ".pp4" / "events").glob("*.json")).read_text()
+    assert "modification times" in event
+    again, _ = case.build()
+    assert again["u.cu.o"][0] == "compiled"
