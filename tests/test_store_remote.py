@@ -166,3 +166,14 @@ def test_rediss_talks_tls_to_a_server_whose_certificate_is_trusted_and_refuses_o
     finally:
         server.kill()
         server.wait()
+
+
+def test_many_values_come_back_in_their_order_in_one_call(remote):
+    keys = [f"set/{i:064x}" for i in range(5)]
+    for i, key in enumerate(keys):
+        if i != 2:
+            remote.put(key, bytes([i]) * (i + 1))
+    assert remote.get_many(keys) == [b"\x00", b"\x01\x01", None, b"\x03" * 4, b"\x04" * 5]
+    assert remote.get_many([]) == []
+    with pytest.raises(ValueError, match="remote key"):
+        remote.get_many(["set/../x"])

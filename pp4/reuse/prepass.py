@@ -24,8 +24,9 @@ def prepass(cfg: ReuseConfig, actions_file: Path, stamp: Path) -> int:
     actions = json.loads(actions_file.read_text())["actions"]
     notify_once(cfg.state_dir, env_notices(cfg.folded))
     reuser = Reuser(cfg)
-    restored = checked = 0
+    restored = 0
     hits: list[events.CompileEvent] = []
+    missing = []
     for doc in actions:
         args = actionkey.parse_compile(doc["argv"])
         marker = Path(args.output + MARKER_SUFFIX)
@@ -34,14 +35,27 @@ def prepass(cfg: ReuseConfig, actions_file: Path, stamp: Path) -> int:
                 p.unlink(missing_ok=True)
         if Path(args.output).exists():
             continue  # ninja decides about existing objects; their edges run the full wrapper
-        checked += 1
-        t = time.monotonic()
-        found = reuser.find(reuser.action(args, doc["env"]))
-        if found is not None and reuser.materialize(*found):
-            hit, action = found
-            marker.write_text(hit.entry.action_key + "\n")
-            hits.append(reuser.hit_event(action, hit, time.monotonic() - t, via="prepass"))
-            restored += 1
+        missing.append(reuser.action(args, doc["env"]))
+    checked = len(missing)
+    # The local store first, each compile on its own; then what the remote tier holds for the rest,
+    # all of them at once in a few round trips (pp4/store/front.py: prefetch), and the local store
+    # again, which now holds it.
+    rest = []
+    for attempt in (1, 2):
+        for action in missing:
+            t = time.monotonic()
+            found = reuser.find(action, remote=False)
+            if found is not None and reuser.materialize(*found):
+                hit, used = found
+                Path(used.args.output + MARKER_SUFFIX).write_text(hit.entry.action_key + "\n")
+                hits.append(reuser.hit_event(used, hit, time.monotonic() - t, via="prepass"))
+                restored += 1
+            else:
+                rest.append(action)
+        if attempt == 1 and rest and reuser.prefetch(rest):
+            missing, rest = rest, []
+        else:
+            break
     reuser.hasher.save()
     reuser.note_refusals()
     # One batch file for all of them, after the markers: killed before it is in place, the markers

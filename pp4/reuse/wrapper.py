@@ -225,11 +225,19 @@ class Reuser:
         command = tuple(root.command(list(args.argv)) if root is not None else args.argv)
         return Action(args, env, root, command, manifest_key(command, env, root is not None), outside_root)
 
-    def find(self, action: Action) -> tuple[Found, Action] | None:
+    def prefetch(self, actions: list[Action]) -> int:
+        """What the remote tier holds for these compiles, brought into the local store in a few
+        round trips (pp4/store/front.py), so that find() restores them from there."""
+        if self.front is None or self.front.remote is None or not actions:
+            return 0
+        return self.front.prefetch([(a.mkey, (lambda e, a=a: sound_entry(a.mkey, e)),
+                                     (lambda e, a=a: self.observations_hold(e, a))) for a in actions])
+
+    def find(self, action: Action, remote: bool = True) -> tuple[Found, Action] | None:
         """A stored object for this compile as it runs in the root, else as it runs where it is
         (what a compile the root hid something from was stored as): the hit and the action it is
-        for."""
-        hit = self.lookup(action)
+        for. remote False: the local store alone."""
+        hit = self.lookup(action, remote=remote)
         if hit is not None or action.root is None or self.front is None:
             return (hit, action) if hit is not None else None
         outside = self.action(action.args, action.env, outside_root="stored so")

@@ -76,6 +76,7 @@ class StoreFront:
         self.manifests = Manifests(root)
         self.sets = self.root / SETS_FOLDER
         self._sets_here: set[str] = set()  # sets this process found intact in (or fetched into) self.sets
+        self.prefetched: set[str] = set()  # action keys prefetch() brought from the remote tier
         self.tmpdir = tmpdir
         # Remote hits are restored through the local store, so the tier comes only with one. Its
         # modules (a URL parser, a client) are loaded only by builds that have one.
@@ -101,7 +102,8 @@ class StoreFront:
             if record is not None and (fits is None or fits(entry, record)):
                 verdict = self.verdict(entry, record)
                 if verdict.ok:
-                    return Found(entry, record, signers=verdict.signers)
+                    tier = "remote" if entry.action_key in self.prefetched else "local"
+                    return Found(entry, record, tier=tier, signers=verdict.signers)
         if self.remote is not None and remote:
             from pp4.store.remote import RemoteUnavailable
 
@@ -143,6 +145,64 @@ class StoreFront:
             self.add_entry(mkey, entry, sound)
             return Found(entry, record, tier="remote", signers=verdict.signers)
         return None
+
+    def prefetch(self, wanted: list[tuple[str, Check, Check]]) -> int:
+        """Bring what the remote tier holds for several commands into the local store in a few round
+        trips, whatever their number (a prepass asks for every missing object of a build at once):
+        their manifests (one trip), the input sets their sound entries name that the local folder
+        lacks (one per thousand), the records of the entries whose every observation holds (one),
+        the objects of those that builders on the trust list signed (one per 64 MB). Each value is
+        checked as find() checks it one at a time; what passes is kept locally, with a local
+        manifest entry, so that find() then restores it from the local store. wanted: (manifest
+        key, sound, holds) of each command. Returns how many entries it kept."""
+        if self.remote is None:
+            return 0
+        from pp4.store.remote import RemoteUnavailable
+
+        try:
+            return self._prefetch(wanted)
+        except RemoteUnavailable:
+            self.remote = None  # said once (pp4/store/remote/tier.py); this process goes on locally
+            return 0
+
+    def _prefetch(self, wanted: list[tuple[str, Check, Check]]) -> int:
+        remote = self.remote
+        manifests = remote.entries_of([mkey for mkey, _, _ in wanted])
+        candidates: list[tuple[str, ManifestEntry, Check, Check]] = []
+        for mkey, sound, holds in wanted:
+            for entry in reversed(manifests.get(mkey, [])):
+                if sound(entry):
+                    candidates.append((mkey, entry, sound, holds))
+                else:
+                    remote.refuse(f"man/{mkey}", "an entry whose action key does not follow from its observations")
+        missing = [sid for _, e, _, _ in candidates for sid in e.input_sets
+                   if sid not in self._sets_here and hashed.read(self.sets, sid) is None]
+        for sid, data in remote.input_sets(missing).items():
+            hashed.write(self.sets, sid, data)
+        holding, taken = [], set()
+        for mkey, entry, sound, holds in candidates:
+            if mkey in taken or not all(self._set_here(sid) for sid in entry.input_sets) or not holds(entry):
+                continue
+            holding.append((mkey, entry, sound))
+            taken.add(mkey)  # the newest entry that holds, as find() takes
+        records = remote.records([e.action_key for _, e, _ in holding])
+        trusted = [(mkey, entry, sound, records[entry.action_key]) for mkey, entry, sound in holding
+                   if entry.action_key in records and self.verdict(entry, records[entry.action_key]).ok]
+        blobs = remote.objects_of([r for _, _, _, r in trusted])
+        kept = 0
+        for mkey, entry, sound, record in trusted:
+            blob = blobs.get(record.object_sha256)
+            if blob is None or self._fill_local(record, blob) is None:
+                continue
+            self.add_entry(mkey, entry, sound)
+            self.prefetched.add(entry.action_key)
+            kept += 1
+        return kept
+
+    def _set_here(self, sid: str) -> bool:
+        if sid not in self._sets_here and hashed.read(self.sets, sid) is not None:
+            self._sets_here.add(sid)
+        return sid in self._sets_here
 
     def verdict(self, entry: ManifestEntry, record: ActionRecord) -> signing.Verdict:
         """Whether builders on the trust list signed this entry (its record's statement, with the

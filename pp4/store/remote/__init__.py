@@ -38,6 +38,10 @@ class RemoteStorage(Protocol):
     def get(self, key: str) -> bytes | None:
         """The value stored under key, whole, or None when there is none."""
 
+    def get_many(self, keys: list[str]) -> list[bytes | None]:
+        """The values of several keys, in their order, in as few round trips as the backend can (one
+        for Redis): a restore asks for hundreds of sets and objects at once."""
+
     def put(self, key: str, value: bytes, *, only_if_missing: bool = False) -> bool:
         """Store value under key so that a reader sees either nothing or all of it. With
         only_if_missing, an existing value is kept. True when this call stored the value."""

@@ -39,6 +39,10 @@ class FolderStorage:
         except OSError as exc:
             raise RemoteUnavailable(f"{self.describe()}: cannot read {key}: {exc.strerror}") from None
 
+    def get_many(self, keys: list[str]) -> list[bytes | None]:
+        """A shared file system has no round trip to save: one read each."""
+        return [self.get(k) for k in keys]
+
     def put(self, key: str, value: bytes, *, only_if_missing: bool = False) -> bool:
         path = self._path(key)
         staged = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"

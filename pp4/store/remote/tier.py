@@ -40,6 +40,9 @@ from pp4.store.remote import REDACTED, RemoteStorage, RemoteUnavailable, open_re
 
 MODES = ("read", "readwrite")
 RETRY_S = backoff.RETRY_S
+# How much one batched read asks for: sets are small (a few KB), objects up to tens of MB.
+SETS_PER_TRIP = 1000
+OBJECT_BYTES_PER_TRIP = 64 << 20
 
 
 class RemoteTier:
@@ -84,6 +87,67 @@ class RemoteTier:
             self.refuse(f"man/{mkey}", NOT_A_MANIFEST)
             return []
         return parse_entries(entries)
+
+    def entries_of(self, mkeys: list[str]) -> dict[str, list[ManifestEntry]]:
+        """The remote manifests of several commands, in one round trip."""
+        found = {}
+        for mkey, data in zip(mkeys, self._get_many([f"man/{m}" for m in mkeys])):
+            if data is None:
+                continue
+            entries = manifest_entries(data)
+            if entries is None:
+                self.refuse(f"man/{mkey}", NOT_A_MANIFEST)
+                continue
+            found[mkey] = parse_entries(entries)
+        return found
+
+    def input_sets(self, sids: list[str]) -> dict[str, bytes]:
+        """Several input sets, each checked against its name, in a round trip per SETS_PER_TRIP."""
+        sids = [sid for sid in dict.fromkeys(sids) if isinstance(sid, str) and SHA256_RE.fullmatch(sid)]
+        found = {}
+        for start in range(0, len(sids), SETS_PER_TRIP):
+            chunk = sids[start:start + SETS_PER_TRIP]
+            for sid, data in zip(chunk, self._get_many([f"set/{sid}" for sid in chunk])):
+                why = None if data is None else damage(f"set/{sid}", data)
+                if why:
+                    self.refuse(f"set/{sid}", why)
+                elif data is not None:
+                    found[sid] = data
+        return found
+
+    def records(self, action_keys: list[str]) -> dict[str, ActionRecord]:
+        """The action records of several actions, each checked, in one round trip."""
+        found = {}
+        for key, data in zip(action_keys, self._get_many([f"act/{k}" for k in action_keys])):
+            if data is None:
+                continue
+            try:
+                found[key] = decode_record(data, expected_key=key)
+            except InvalidRecord as e:
+                self.refuse(f"act/{key}", str(e))
+        return found
+
+    def objects_of(self, records: list[ActionRecord]) -> dict[str, bytes]:
+        """The objects several records name, each checked, in a round trip per OBJECT_BYTES_PER_TRIP."""
+        found: dict[str, bytes] = {}
+        wanted = list({r.object_sha256: r for r in records}.values())
+        start = 0
+        while start < len(wanted):
+            end, size = start, 0
+            while end < len(wanted) and (end == start or size + wanted[end].object_size <= OBJECT_BYTES_PER_TRIP):
+                size += wanted[end].object_size
+                end += 1
+            chunk = wanted[start:end]
+            for record, blob in zip(chunk, self._get_many([f"obj/{r.object_sha256}" for r in chunk])):
+                if blob is None:
+                    continue
+                if len(blob) != record.object_size or hashlib.sha256(blob).hexdigest() != record.object_sha256:
+                    self.refuse(f"obj/{record.object_sha256}", f"{len(blob)} bytes that do not hash to the sha256 "
+                                f"the record of action {record.action_key[:16]} names")
+                    continue
+                found[record.object_sha256] = blob
+            start = end
+        return found
 
     def input_set(self, sid: str) -> bytes | None:
         if not (isinstance(sid, str) and SHA256_RE.fullmatch(sid)):
@@ -188,6 +252,15 @@ class RemoteTier:
     def _get(self, key: str) -> bytes | None:
         try:
             return self.storage.get(key)
+        except RemoteUnavailable as e:
+            self.down(str(e))
+            raise
+
+    def _get_many(self, keys: list[str]) -> list[bytes | None]:
+        if not keys:
+            return []
+        try:
+            return self.storage.get_many(keys)
         except RemoteUnavailable as e:
             self.down(str(e))
             raise
