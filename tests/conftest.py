@@ -148,3 +148,39 @@ def store_as_compiled(reuser, argv: list[str], env: dict, files: list[str], data
     stored = reuser.store_compile(action, pairs, None, 1.0)
     reuser.event(action, status="compiled", compile_duration_s=1.0, **stored)
     return stored
+
+
+# The remote tier's values as a store writer sees them (pp4/store/remote/tier.py documents the
+# layout): zstd frames of an object's bytes, or of a group's JSON. Read and written here with the
+# zstandard and json modules alone, as anyone with write access to the store could.
+def zstd_frame(data: bytes) -> bytes:
+    import zstandard
+
+    return zstandard.ZstdCompressor().compress(data)
+
+
+def unzstd(frame: bytes) -> bytes:
+    import zstandard
+
+    return zstandard.ZstdDecompressor().decompress(frame)
+
+
+def group_doc(frame: bytes) -> dict:
+    import json
+
+    return json.loads(unzstd(frame))
+
+
+def group_frame(doc: dict) -> bytes:
+    import json
+
+    return zstd_frame(json.dumps(doc).encode())
+
+
+def group_of(storage, action_key: str) -> tuple[str, dict]:
+    """(key, JSON) of the remote group that holds an action's record."""
+    for key in storage.keys("ent"):
+        doc = group_doc(storage.get(key))
+        if action_key in doc["records"]:
+            return key, doc
+    raise KeyError(action_key)

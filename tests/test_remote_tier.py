@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 from conftest import RedisServer as Server
+from conftest import group_doc, group_frame, unzstd, zstd_frame
 from test_build import ninja_bin
 
 pytest.importorskip("redis", reason="the Redis client (pip install 'pp4[redis]'; .ci/run installs it)")
@@ -63,9 +64,11 @@ def object_bytes(work: Path, obj: dict) -> bytes:
 def test_another_clone_restores_from_redis_the_bytes_a_real_compile_gives(tmp_path, server, toolchain):
     first, _ = build(tmp_path / "a", "--remote-store", server.url())
     assert first["status"] == "compiled"
-    assert sorted({k.split("/")[0] for k in server.keys()}) == ["pp4:act", "pp4:man", "pp4:obj", "pp4:set"]
+    # Two keys for the object: its bytes, and its group (entries, record, observations, compressed).
+    assert sorted(k.split("/")[0] for k in server.keys()) == ["pp4:ent", "pp4:obj"]
     (obj_key,) = server.keys("obj")
     assert obj_key == f"pp4:obj/{first['object_sha256']}"
+    assert hashlib.sha256(unzstd(server.client.get(obj_key))).hexdigest() == first["object_sha256"]
 
     # Another folder, an empty local store, read only: restored from the remote, filling the local store.
     second, out = build(tmp_path / "b", "--remote-store", server.url(), "--remote-store-mode", "read")
@@ -95,11 +98,16 @@ def test_poisoned_truncated_or_mismatched_remote_values_are_refused_and_never_us
     good, _ = build(tmp_path / "a", "--remote-store", server.url())
     good_bytes = object_bytes(tmp_path / "a", good)
     (obj_key,) = server.keys("obj")
-    (act_key,) = server.keys("act")
-    # Two manifests: the command's own, and the name-free index of variants (docs/reuse.md).
-    record = json.loads(server.client.get(act_key))
-    man_key = f"pp4:man/{record['payload']['manifest_key']}"
-    assert man_key in server.keys("man") and len(server.keys("man")) == 2
+    (ent_key,) = server.keys("ent")
+    group = group_doc(server.client.get(ent_key))
+    ((akey, record_text),) = group["records"].items()
+    mkey = json.loads(record_text)["payload"]["manifest_key"]
+    assert list(group["manifests"]) == [mkey]
+
+    def rewrite(change) -> None:
+        doc = group_doc(server.client.get(ent_key))
+        change(doc)
+        server.client.set(ent_key, group_frame(doc))
 
     def poisoned_build(name: str, why: str) -> None:
         obj, out = build(tmp_path / name, "--remote-store", server.url())
@@ -110,39 +118,48 @@ def test_poisoned_truncated_or_mismatched_remote_values_are_refused_and_never_us
         assert len(log) == 1 and why in log[0]
 
     # Other bytes under the object's digest: the record's sha256 is not theirs.
-    server.client.set(obj_key, good_bytes[:-8] + b"POISONED")
+    server.client.set(obj_key, zstd_frame(good_bytes[:-8] + b"POISONED"))
     poisoned_build("b", "do not hash to the sha256")
-    assert server.client.get(obj_key) == good_bytes, "the compile that refused it heals the value"
+    assert unzstd(server.client.get(obj_key)) == good_bytes, "the compile that refused it heals the value"
+
+    # Not a zstd frame at all, or one that claims to expand past the object's size.
+    server.client.set(obj_key, good_bytes)
+    poisoned_build("b2", "not a zstd frame")
+    server.client.set(obj_key, zstd_frame(good_bytes + b"\0" * 4096))
+    poisoned_build("b3", "more than the")
 
     # A truncated record: its checksum fails.
-    server.client.set(act_key, server.client.get(act_key)[:-40])
+    rewrite(lambda doc: doc["records"].update({akey: doc["records"][akey][:-40]}))
     poisoned_build("c", "not valid JSON")
 
     # A manifest entry naming another action (a hand-edited action key): its key does not follow
     # from its inputs.
-    doc = json.loads(server.client.get(man_key))
-    doc["entries"] = [dict(e, action_key=hashlib.sha256(b"another action").hexdigest()) for e in doc["entries"]]
-    server.client.set(man_key, json.dumps(doc))
+    rewrite(lambda doc: doc["manifests"].update(
+        {mkey: [dict(e, action_key=hashlib.sha256(b"another action").hexdigest()) for e in doc["manifests"][mkey]]}))
     poisoned_build("d", "an entry whose action key does not follow from its observations")
 
     # A consistent entry (its action key computed from its own fields, as anyone can) that names an
     # input set outside the key space: refused, never a path or a crash.
     from pp4.reuse import inputsets
     from pp4.reuse.wrapper import action_key
-    doc = json.loads(server.client.get(man_key))
-    entry = dict(doc["entries"][0], input_sets=["../../../etc/passwd"])
-    entry["action_key"] = action_key(man_key.split("/")[1], entry["input_sets"])
-    server.client.set(man_key, json.dumps({"entries": [entry]}))
+    doc = group_doc(server.client.get(ent_key))
+    entry = dict(doc["manifests"][mkey][0], input_sets=["../../../etc/passwd"])
+    entry["action_key"] = action_key(mkey, entry["input_sets"])
+    rewrite(lambda doc: doc["manifests"].update({mkey: [entry]}))
     poisoned_build("e", "not a sha256")
+
+    # A set whose bytes are not what its name hashes.
+    some_sid = doc["manifests"][mkey][0]["input_sets"][0]
+    rewrite(lambda d: (d["manifests"].update(doc["manifests"]), d["sets"].update({some_sid: d["sets"][some_sid] + " "})))
+    poisoned_build("e2", "do not hash to its name")
 
     # One whose observations name /dev/zero as a file read: its state is "not a regular file",
     # found without reading it, so a miss, not a hung build.
     sid, data = inputsets.encode([["/dev/zero", "0" * 64]])
-    server.client.set(man_key.replace("man/", "set/").rsplit("/", 1)[0] + f"/{sid}", data)
-    entry = dict(doc["entries"][0])
+    entry = dict(doc["manifests"][mkey][0])
     entry["input_sets"] = sorted(entry["input_sets"] + [sid])
-    entry["action_key"] = action_key(man_key.split("/")[1], entry["input_sets"])
-    server.client.set(man_key, json.dumps({"entries": [entry]}))
+    entry["action_key"] = action_key(mkey, entry["input_sets"])
+    rewrite(lambda d: (d["manifests"].update({mkey: [entry]}), d["sets"].update({sid: data.decode()})))
     obj, out = build(tmp_path / "f", "--remote-store", server.url(), timeout=120)
     assert obj["status"] == "compiled" and object_bytes(tmp_path / "f", obj) == good_bytes
 
@@ -289,20 +306,20 @@ def test_cache_cli_reports_verifies_and_expires_the_remote(server):
     good = b"object bytes"
     good_key = "pp4:obj/" + hashlib.sha256(good).hexdigest()
     bad_key = "pp4:obj/" + hashlib.sha256(b"what it should be").hexdigest()
-    server.client.set(good_key, good)
-    server.client.set(bad_key, b"something else")
-    server.client.set("pp4:man/" + "ab" * 32, b"not json")
+    server.client.set(good_key, zstd_frame(good))
+    server.client.set(bad_key, zstd_frame(b"something else"))
+    server.client.set("pp4:ent/" + "ab" * 32, zstd_frame(b"not json"))
 
     def cli(*args):
         return subprocess.run([sys.executable, "-m", "pp4.store", "remote", server.url(), *args],
                               capture_output=True, text=True)
 
     stats = cli("stats")
-    assert stats.returncode == 0 and "objects:        2 (26 B)" in stats.stdout and "manifests:      1" in stats.stdout
+    assert stats.returncode == 0 and "objects:        2" in stats.stdout and "entry groups:   1" in stats.stdout
     check = cli("verify", "--no-repair")
     assert check.returncode == 1, check.stdout
     assert f"DAMAGE {bad_key[4:]}: its bytes do not hash to its name [left in place]" in check.stdout
-    assert "not a manifest" in check.stdout and server.client.exists(bad_key)
+    assert "not a group" in check.stdout and server.client.exists(bad_key)
     assert cli("verify").returncode == 1 and not server.client.exists(bad_key) and server.client.exists(good_key)
     assert cli("verify").returncode == 0
     expire = cli("expire", "--days", "2")

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import attrs
 import pytest
-from conftest import REPO, RedisServer
+from conftest import REPO, RedisServer, group_doc, group_frame, group_of, zstd_frame
 from test_build import ninja_bin
 
 from pp4.store import signing
@@ -123,12 +123,14 @@ def real_compile(base: Path, src: Path | None = None) -> bytes:
 def forge(remote: str, action_key: str, *, object_bytes: bytes, signatures, disputes=()) -> None:
     """Write an entry's record and object the way another machine's pp4 does, under the real key."""
     storage = open_remote(remote)
-    record = decode_record(storage.get(f"act/{action_key}"), expected_key=action_key)
+    key, doc = group_of(storage, action_key)
+    record = decode_record(doc["records"][action_key].encode(), expected_key=action_key)
     sha = hashlib.sha256(object_bytes).hexdigest()
-    storage.put(f"obj/{sha}", object_bytes)
+    storage.put(f"obj/{sha}", zstd_frame(object_bytes))
     forged = attrs.evolve(record, object_sha256=sha, object_size=len(object_bytes), signatures=tuple(signatures),
                           disputes=tuple(disputes))
-    storage.put(f"act/{action_key}", encode_record(forged))
+    doc["records"][action_key] = encode_record(forged).decode()
+    storage.put(key, group_frame(doc))
 
 
 def signed_by(builder: Builder, action_key: str, object_bytes: bytes, record_payload: dict, input_sets) -> dict:
@@ -139,7 +141,8 @@ def signed_by(builder: Builder, action_key: str, object_bytes: bytes, record_pay
 
 
 def published(remote: str, action_key: str):
-    return decode_record(open_remote(remote).get(f"act/{action_key}"), expected_key=action_key)
+    _, doc = group_of(open_remote(remote), action_key)
+    return decode_record(doc["records"][action_key].encode(), expected_key=action_key)
 
 
 def evil_of(data: bytes) -> bytes:
@@ -192,7 +195,7 @@ def test_a_forged_object_under_its_own_name_is_refused(tmp_path, shared):
     """The writer overwrites the object's bytes under its sha256's name: they do not hash to it."""
     ci = Builder(tmp_path, "ci")
     obj, first, _ = ci.build(shared)
-    open_remote(shared).put(f"obj/{obj['object_sha256']}", evil_of(first))
+    open_remote(shared).put(f"obj/{obj['object_sha256']}", zstd_frame(evil_of(first)))
     got, data, out = Builder(tmp_path, "laptop").trusts(ci).build(shared)
     assert got["status"] == "compiled" and data == first
 
@@ -278,11 +281,12 @@ def test_an_old_signed_entry_replayed_is_restored_only_where_it_holds(tmp_path, 
     (edited / "unit.cpp").write_text((FIXTURE / "unit.cpp").read_text().replace("3 * x + 1", "3 * x + 2"))
     new_obj, new, _ = ci.build(shared, src=edited)
     storage = open_remote(shared)
-    for key in list(storage.keys("man")):  # the command's manifest, and the name-free index beside it
-        doc = json.loads(storage.get(key))
-        old_entries = [e for e in doc["entries"] if e["action_key"] == old_obj["action_key"]]
-        doc["entries"] = [e for e in doc["entries"] if e["action_key"] != old_obj["action_key"]] + old_entries
-        storage.put(key, json.dumps(doc).encode())
+    for key in list(storage.keys("ent")):
+        doc = group_doc(storage.get(key))
+        for mkey, entries in doc["manifests"].items():
+            old_entries = [e for e in entries if e["action_key"] == old_obj["action_key"]]
+            doc["manifests"][mkey] = [e for e in entries if e["action_key"] != old_obj["action_key"]] + old_entries
+        storage.put(key, group_frame(doc))
     got, data, _ = Builder(tmp_path, "laptop").trusts(ci).build(shared, src=edited)
     assert data == new and data != old  # new: the edited source's cold compile
 
@@ -292,7 +296,7 @@ def test_a_writer_can_deny_service_and_nothing_more(tmp_path, shared):
     ci = Builder(tmp_path, "ci")
     obj, first, _ = ci.build(shared)
     storage = open_remote(shared)
-    for kind in ("obj", "act", "man", "set"):
+    for kind in ("obj", "ent"):
         for key in list(storage.keys(kind)):
             storage.remove(key)
     got, data, _ = Builder(tmp_path, "laptop").trusts(ci).build(shared)

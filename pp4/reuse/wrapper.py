@@ -230,7 +230,7 @@ class Reuser:
         round trips (pp4/store/front.py), so that find() restores them from there."""
         if self.front is None or self.front.remote is None or not actions:
             return 0
-        return self.front.prefetch([(a.mkey, (lambda e, a=a: sound_entry(a.mkey, e)),
+        return self.front.prefetch([(a.mkey, self.group(a), (lambda e, a=a: sound_entry(a.mkey, e)),
                                      (lambda e, a=a: self.observations_hold(e, a))) for a in actions])
 
     def find(self, action: Action, remote: bool = True) -> tuple[Found, Action] | None:
@@ -249,9 +249,13 @@ class Reuser:
         return (hit, outside) if hit is not None else None
 
     def name_free_key(self, action: Action) -> str | None:
-        """The key the compile shares with other variants' compiles of the unit (pp4/reuse/variants.py):
-        asked by a compile edge only, never by the prepass, which looks up actions' own keys."""
+        """The key the compile shares with other variants' compiles of the unit (pp4/reuse/variants.py)."""
         return variants.name_free_key(action.command, action.env, action.root is not None, self.cfg.name_macros)
+
+    def group(self, action: Action) -> str:
+        """The remote group of a compile's entries (pp4/store/remote/tier.py): the key its variants
+        share, else its own manifest key, so one read brings both."""
+        return self.name_free_key(action) or action.mkey
 
     # -- lookup -----------------------------------------------------------------------------
 
@@ -274,7 +278,7 @@ class Reuser:
             self.note_miss(entry, action)
             return False
 
-        return self.front.find(action.mkey, sound, holds, remote=remote)
+        return self.front.find(action.mkey, sound, holds, remote=remote, group=self.group(action))
 
     def observations_hold(self, entry: ManifestEntry, action: Action) -> bool:
         """Whether every observation of the entry's input sets holds now, at this compile's paths."""
@@ -315,7 +319,7 @@ class Reuser:
                 self.shared_refused = proof["why"]
             return proof["why"] is None
 
-        return self.front.find(nkey, lambda entry: True, holds, fits=fits)
+        return self.front.find(nkey, lambda entry: True, holds, fits=fits, group=nkey)
 
     def adopt(self, action: Action, hit: Found) -> ActionRecord | None:
         """Keep another variant's object as this command's own (its own manifest entry and action
@@ -329,7 +333,8 @@ class Reuser:
                    "shared_from": {"manifest_key": hit.record.payload.get("manifest_key"),
                                    "compiled_for": hit.record.payload.get("compiled_for")}}
         kept = self.front.keep(action.mkey, ManifestEntry(akey, sids), sets, action.args.output,
-                               hit.record.object_sha256, payload, sound=lambda e: sound_entry(action.mkey, e))
+                               hit.record.object_sha256, payload, sound=lambda e: sound_entry(action.mkey, e),
+                               group=self.group(action))
         return kept.record if kept.record is not None and kept.record.object_sha256 == hit.record.object_sha256 else None
 
     def note_miss(self, entry: ManifestEntry, action: Action) -> None:
@@ -427,13 +432,13 @@ class Reuser:
                 f"[pp4: {len(warnings) - WARNINGS_KEPT} more bytes of the compiler's messages were not kept]\n"
                 if len(warnings) > WARNINGS_KEPT else "")
         kept = self.front.keep(action.mkey, ManifestEntry(akey, sids), encoded, args.output, sha, payload,
-                               sound=lambda e: sound_entry(action.mkey, e))
+                               sound=lambda e: sound_entry(action.mkey, e), group=self.group(action))
         if kept.record is None:
             return dict(result, not_stored=kept.problem)
         result.update(signatures=list(kept.record.signatures), signed_payload=signed_part(kept.record.payload))
         nkey = self.name_free_key(action)
         if nkey is not None:  # where other variants of this unit look (pp4/reuse/variants.py)
-            self.front.index(nkey, ManifestEntry(akey, sids), published=kept.remote is not None)
+            self.front.index(nkey, ManifestEntry(akey, sids))
         return dict(result, action_key=akey, remote=kept.remote)
 
     @contextmanager

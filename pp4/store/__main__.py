@@ -120,10 +120,11 @@ def _own_public():
 
 
 def remote_main(args) -> int:
-    """Counts and bytes per kind; verify rehashes every set and object and checks every record and
-    manifest entry (a damaged value is removed: the entries that need it become misses); expire
+    """Counts and bytes per kind; verify rehashes every object and checks every group (its records,
+    sets and entries) (a damaged value is removed: the entries that need it become misses); expire
     gives every value a time to live."""
     from pp4.store.remote import RemoteUnavailable, open_remote, redact
+    from pp4.store.remote.tier import KINDS
     from pp4.store.remote.tier import damage as damage_of
 
     try:
@@ -131,7 +132,7 @@ def remote_main(args) -> int:
         if args.action == "stats":
             total = 0
             print(f"remote:   {redact(args.url)}")
-            for kind, what in (("obj", "objects"), ("act", "action records"), ("man", "manifests"), ("set", "input sets")):
+            for kind, what in (("obj", "objects"), ("ent", "entry groups")):
                 keys = list(remote.keys(kind))
                 size = sum(remote.size_of(k) for k in keys)
                 total += size
@@ -148,12 +149,11 @@ def remote_main(args) -> int:
             if not args.days or args.days <= 0 or not remote.supports_expiry:
                 print("pp4.store: error: expire needs --days N (more than 0) and a Redis remote", file=sys.stderr)
                 return EXIT_ERROR
-            n = sum(remote.expire(k, int(args.days * 86400)) for kind in ("obj", "act", "man", "set")
-                    for k in list(remote.keys(kind)))
+            n = sum(remote.expire(k, int(args.days * 86400)) for kind in KINDS for k in list(remote.keys(kind)))
             print(f"{n} values of {redact(args.url)} expire unless read within {args.days:g} days")
             return EXIT_OK
         damage = []
-        for key in [k for kind in ("set", "obj", "act", "man") for k in remote.keys(kind)]:
+        for key in [k for kind in KINDS for k in remote.keys(kind)]:
             data = remote.get(key)
             why = None if data is None else damage_of(key, data)
             if why:

@@ -1,17 +1,19 @@
 """The store as one compile sees it: one call down to find an object, one to keep one; the tier order
 lives here and nowhere else.
 
-    find(mkey, sound, holds[, fits])
+    find(mkey, sound, holds[, fits, group])
                                the local store's entries for a command, newest first; then the
-                               remote tier's, whose input sets are fetched (checked) into the local
-                               set folder first, and whose object, once an entry holds, is checked
-                               and put into the local store, which then serves it; `fits`, when
-                               given, must accept the action record too
-    keep(mkey, entry, sets, object, payload)
+                               remote tier's (its group: pp4/store/remote/tier.py), whose input
+                               sets are put (checked) into the local set folder first, and whose
+                               object, once an entry holds, is checked and put into the local
+                               store, which then serves it; `fits`, when given, must accept the
+                               action record too, and the remote group's entries of every command
+                               are candidates
+    keep(mkey, entry, sets, object, payload[, group])
                                the input sets, the object, the manifest entry, in that order (an
                                entry never names what is not there); then the remote tier
-    index(key, entry, published)
-                               a kept entry named under a second key as well, in both tiers
+    index(key, entry)          a kept entry named under a second key as well (the remote tier
+                               names it through its group)
 
 What an entry must satisfy is the caller's (pp4.reuse): `sound(entry)`, its action key follows from
 its inputs, `holds(entry)`, every observation of its input sets holds now, and for another variant's
@@ -88,9 +90,11 @@ class StoreFront:
 
     # -- finding ------------------------------------------------------------------------------
 
-    def find(self, mkey: str, sound: Check, holds: Check, fits: Fits | None = None, remote: bool = True) -> Found | None:
+    def find(self, mkey: str, sound: Check, holds: Check, fits: Fits | None = None, remote: bool = True,
+             group: str | None = None) -> Found | None:
         """fits(entry, record): a further condition on the action record an entry names; remote
-        False: the local store alone."""
+        False: the local store alone; group: the remote group the command's entries are in (its
+        manifest key when None)."""
         for entry in reversed(self.manifests.read(mkey)):
             if not sound(entry) or not holds(entry):
                 continue
@@ -108,25 +112,26 @@ class StoreFront:
             from pp4.store.remote import RemoteUnavailable
 
             try:
-                return self._find_remote(mkey, sound, holds, fits)
+                return self._find_remote(mkey, group or mkey, sound, holds, fits)
             except RemoteUnavailable:
                 self.remote = None  # said once (pp4/store/remote/tier.py); this process goes on locally
         return None
 
-    def _find_remote(self, mkey: str, sound: Check, holds: Check, fits: Fits | None) -> Found | None:
+    def _find_remote(self, mkey: str, name: str, sound: Check, holds: Check, fits: Fits | None) -> Found | None:
         remote = self.remote
-        for entry in reversed(remote.entries(mkey)):
+        group = remote.group(name)
+        for _, entry in reversed(group.entries(None if fits is not None else mkey)):
             if not sound(entry):
-                remote.refuse(f"man/{mkey}", "an entry whose action key does not follow from its observations")
+                remote.refuse(f"ent/{name}", "an entry whose action key does not follow from its observations")
                 continue
-            if not self._sets_from_remote(entry) or not holds(entry):
+            if not self._sets_from_remote(group, entry) or not holds(entry):
                 continue
             try:
                 record = self.local.lookup(entry.action_key)
             except StoreError:
                 record = None
             if record is None:
-                record = remote.record(entry.action_key)
+                record = remote.record_in(group, entry.action_key)
                 if record is None:
                     continue
                 # Who stored it is asked before its object is fetched or kept here.
@@ -146,15 +151,14 @@ class StoreFront:
             return Found(entry, record, tier="remote", signers=verdict.signers)
         return None
 
-    def prefetch(self, wanted: list[tuple[str, Check, Check]]) -> int:
-        """Bring what the remote tier holds for several commands into the local store in a few round
+    def prefetch(self, wanted: list[tuple[str, str, Check, Check]]) -> int:
+        """Bring what the remote tier holds for several commands into the local store in two round
         trips, whatever their number (a prepass asks for every missing object of a build at once):
-        their manifests (one trip), the input sets their sound entries name that the local folder
-        lacks (one per thousand), the records of the entries whose every observation holds (one),
-        the objects of those that builders on the trust list signed (one per 64 MB). Each value is
-        checked as find() checks it one at a time; what passes is kept locally, with a local
-        manifest entry, so that find() then restores it from the local store. wanted: (manifest
-        key, sound, holds) of each command. Returns how many entries it kept."""
+        their groups (one trip: entries, records and input sets), then the objects of the entries
+        whose every observation holds and that builders on the trust list signed (one per 64 MB).
+        Each value is checked as find() checks it one at a time; what passes is kept locally, with
+        a local manifest entry, so that find() then restores it from the local store. wanted:
+        (manifest key, group, sound, holds) of each command. Returns how many entries it kept."""
         if self.remote is None:
             return 0
         from pp4.store.remote import RemoteUnavailable
@@ -165,29 +169,22 @@ class StoreFront:
             self.remote = None  # said once (pp4/store/remote/tier.py); this process goes on locally
             return 0
 
-    def _prefetch(self, wanted: list[tuple[str, Check, Check]]) -> int:
+    def _prefetch(self, wanted: list[tuple[str, str, Check, Check]]) -> int:
         remote = self.remote
-        manifests = remote.entries_of([mkey for mkey, _, _ in wanted])
-        candidates: list[tuple[str, ManifestEntry, Check, Check]] = []
-        for mkey, sound, holds in wanted:
-            for entry in reversed(manifests.get(mkey, [])):
-                if sound(entry):
-                    candidates.append((mkey, entry, sound, holds))
-                else:
-                    remote.refuse(f"man/{mkey}", "an entry whose action key does not follow from its observations")
-        missing = [sid for _, e, _, _ in candidates for sid in e.input_sets
-                   if sid not in self._sets_here and hashed.read(self.sets, sid) is None]
-        for sid, data in remote.input_sets(missing).items():
-            hashed.write(self.sets, sid, data)
-        holding, taken = [], set()
-        for mkey, entry, sound, holds in candidates:
-            if mkey in taken or not all(self._set_here(sid) for sid in entry.input_sets) or not holds(entry):
-                continue
-            holding.append((mkey, entry, sound))
-            taken.add(mkey)  # the newest entry that holds, as find() takes
-        records = remote.records([e.action_key for _, e, _ in holding])
-        trusted = [(mkey, entry, sound, records[entry.action_key]) for mkey, entry, sound in holding
-                   if entry.action_key in records and self.verdict(entry, records[entry.action_key]).ok]
+        groups = remote.groups([name for _, name, _, _ in wanted])
+        trusted = []
+        for mkey, name, sound, holds in wanted:
+            group = groups[name]
+            for _, entry in reversed(group.entries(mkey)):
+                if not sound(entry):
+                    remote.refuse(f"ent/{name}", "an entry whose action key does not follow from its observations")
+                    continue
+                if not self._sets_from_remote(group, entry) or not holds(entry):
+                    continue
+                record = remote.record_in(group, entry.action_key)
+                if record is not None and self.verdict(entry, record).ok:
+                    trusted.append((mkey, entry, sound, record))
+                break  # the newest entry that holds, as find() takes
         blobs = remote.objects_of([r for _, _, _, r in trusted])
         kept = 0
         for mkey, entry, sound, record in trusted:
@@ -198,11 +195,6 @@ class StoreFront:
             self.prefetched.add(entry.action_key)
             kept += 1
         return kept
-
-    def _set_here(self, sid: str) -> bool:
-        if sid not in self._sets_here and hashed.read(self.sets, sid) is not None:
-            self._sets_here.add(sid)
-        return sid in self._sets_here
 
     def verdict(self, entry: ManifestEntry, record: ActionRecord) -> signing.Verdict:
         """Whether builders on the trust list signed this entry (its record's statement, with the
@@ -218,15 +210,15 @@ class StoreFront:
             self.refused.append((record.action_key, verdict.why or "not trusted"))
         return verdict
 
-    def _sets_from_remote(self, entry: ManifestEntry) -> bool:
-        """Put the entry's input sets the local folder lacks there, as the remote holds them
+    def _sets_from_remote(self, group, entry: ManifestEntry) -> bool:
+        """Put the entry's input sets the local folder lacks there, as the remote group holds them
         (checked against their names); False when one is missing there too. Each set is checked
         once per process: a prepass meets the same few dozen sets in hundreds of entries."""
         for sid in entry.input_sets:
             if sid in self._sets_here:
                 continue
             if hashed.read(self.sets, sid) is None:
-                data = self.remote.input_set(sid)
+                data = self.remote.set_in(group, sid)
                 if data is None:
                     return False
                 hashed.write(self.sets, sid, data)
@@ -265,11 +257,13 @@ class StoreFront:
     # -- keeping ------------------------------------------------------------------------------
 
     def keep(self, mkey: str, entry: ManifestEntry, sets: dict[str, bytes], object_path: str, sha256: str,
-             payload: dict, sound: Check) -> Kept:
+             payload: dict, sound: Check, group: str | None = None) -> Kept:
         """sha256: the object's digest as its compile left it; a store that read other bytes adds no
         entry. The entry is signed with this builder's key. When a tier holds the action already,
         the same object gains this builder's signature there, and another object is disputed
-        (signed: this builder's compile gave other bytes) and never restored again."""
+        (signed: this builder's compile gave other bytes) and never restored again. group: the
+        remote group (the manifest key when None)."""
+        group = group or mkey
         if self.signer is None:
             return Kept(None, "this builder has no signing key, so nothing it compiles is stored "
                               "(python -m pp4.store keys new)")
@@ -278,10 +272,11 @@ class StoreFront:
             # The same action, stored by an earlier compile (whose entry the manifest may lack:
             # a put killed before the manifest was written), or by another builder.
             if existing.object_sha256 != sha256:
-                return self._dispute(existing, sha256)
+                return self._dispute(existing, sha256, group)
             existing = self._countersign(existing, entry)
             self.add_entry(mkey, entry, sound)
-            return Kept(existing, existed=True, remote=self._publish(mkey, entry, sets, existing, object_path, sound))
+            return Kept(existing, existed=True,
+                        remote=self._publish(group, mkey, entry, sets, existing, object_path, sound))
         try:
             for sid, data in sets.items():  # the sets first: an entry or record never names a set the store lacks
                 hashed.write(self.sets, sid, data)
@@ -299,7 +294,7 @@ class StoreFront:
         if record.object_sha256 != sha256:
             return Kept(None, "the object changed while it was being stored")
         self.add_entry(mkey, entry, sound)
-        return Kept(record, remote=self._publish(mkey, entry, sets, record, object_path, sound))
+        return Kept(record, remote=self._publish(group, mkey, entry, sets, record, object_path, sound))
 
     def _signature(self, action_key: str, sha256: str, size: int, entry: ManifestEntry, payload: dict) -> dict:
         message = signing.statement(action_key, sha256, size, entry.input_sets, payload)
@@ -315,7 +310,7 @@ class StoreFront:
         except (OSError, StoreError):
             return record
 
-    def _dispute(self, record: ActionRecord, sha256: str) -> Kept:
+    def _dispute(self, record: ActionRecord, sha256: str, group: str) -> Kept:
         """This builder compiled the action and got other bytes than the stored entry: it signs a
         dispute into the local and the remote record, remembers the action as disputed, and says so
         loudly. Its own object is used by this build, and stored nowhere."""
@@ -327,7 +322,7 @@ class StoreFront:
         except (OSError, StoreError):
             pass
         if self.remote is not None and self.remote.writes:
-            self.remote.add_dispute(record.action_key, dispute)
+            self.remote.add_dispute(group, record.action_key, dispute)
         signers = ", ".join(s.get("signer", "?")[:12] for s in record.signatures) or "nobody"
         problem = (f"DISAGREES with the store: this compile of action {record.action_key[:16]} gave {sha256[:16]}, the "
                    f"entry signed by {signers} holds {record.object_sha256[:16]}: either the entry was forged (poisoning) "
@@ -343,25 +338,23 @@ class StoreFront:
                   f"({e.strerror}); this object will not be reused until it is compiled again with room "
                   "in the store", file=sys.stderr)
 
-    def index(self, key: str, entry: ManifestEntry, published: bool) -> None:
-        """Name a kept entry under a second key too (a name-free key: pp4/reuse/variants.py), locally
-        and, where the compile was published, in the remote tier, which holds its object already."""
+    def index(self, key: str, entry: ManifestEntry) -> None:
+        """Name a kept entry under a second key too (a name-free key: pp4/reuse/variants.py) in the
+        local store; the remote tier keeps the entry in that key's group already."""
         self.add_entry(key, entry, sound=lambda e: True)
-        if published and self.remote is not None:
-            self.remote.publish_entry(key, entry, keep=lambda e: True)
 
-    def _publish(self, mkey: str, entry: ManifestEntry, sets: dict[str, bytes], record: ActionRecord,
+    def _publish(self, group: str, mkey: str, entry: ManifestEntry, sets: dict[str, bytes], record: ActionRecord,
                  object_path: str, sound: Check) -> str | None:
         """Send a kept compile to the remote tier (readwrite mode); where it went. The remote's
         signatures of the same object are merged into the local record (and this one's into the
         remote's); a remote record of other bytes is disputed, not replaced."""
         if self.remote is None or not self.remote.writes:
             return None
-        published = self.remote.publish(mkey, entry, sets, record, object_path, keep=sound)
+        published = self.remote.publish(group, mkey, entry, sets, record, object_path, keep=sound)
         if published is None:
             return None
         if published.object_sha256 != record.object_sha256:
-            self._dispute(published, record.object_sha256)
+            self._dispute(published, record.object_sha256, group)
             return None
         if set(map(_signer, published.signatures)) - set(map(_signer, record.signatures)):
             try:

@@ -1,18 +1,26 @@
 """The remote tier: what a build keeps on a remote storage, and the checks that make it harmless.
 
-Four kinds of value, each under a key that is a digest (pp4/store/remote/__init__.py):
+Two kinds of value, each a zstd frame (pp4/store/compressed.py) under a key that is a digest
+(pp4/store/remote/__init__.py), so a stored object costs two keys and a restore two round trips:
 
-    set/<sha256>   an input set's canonical bytes (pp4/reuse/inputsets.py); its name is their hash
+    ent/<group>    a unit's entries, as JSON: for each manifest key of the group, its most recent
+                   entries; the action record (checksummed JSON, pp4/store/records.py) of every entry;
+                   the input sets (pp4/reuse/inputsets.py) the entries name, by their sha256
     obj/<sha256>   an object's bytes; its name is their hash
-    act/<key>      the action record (checksummed JSON, pp4/store/records.py) of one action key
-    man/<key>      the manifest of one manifest key: the most recent entries, as JSON
 
-A compile's results are published in that order, the manifest last, so a reader that finds an entry
-finds what it names (or, after an eviction, a miss). Nothing read is trusted: a set must hash to its
-name, a record must be for the action key it is filed under and pass its checksum, an object must
-hash to the record's sha256 and have its size; the reuse rule then checks every entry as it checks a
-local one (its action key must follow from its inputs, which must hash to their local bytes). A
-value that fails is refused: one warning line, a line in build/.pp4/remote/refused.log, never used.
+A group is the name-free key the variants of a unit share (pp4/reuse/variants.py), else the unit's
+manifest key: one read brings a command's entries, their records and observations, and those of
+the other variants. A compile's results are published object first, its group last, so a reader
+that finds an entry finds what it names (or, after an eviction, a miss); a group is written whole,
+so it never names a record or set it lacks. Nothing read is trusted: a frame must expand within its
+bound, a set must hash to its name, a record must be for the action key it is filed under and pass
+its checksum, an object must hash to the record's sha256 and have its size; the reuse rule then
+checks every entry as it checks a local one (its action key must follow from its inputs, which must
+hash to their local bytes) and the trust list who signed it. A value that fails is refused: one
+warning line, a line in build/.pp4/remote/refused.log, never used.
+
+A group is read, merged and written: two builders publishing the same unit at the same moment may
+lose one's entry (a later miss, never a wrong hit).
 
 A remote that cannot answer (RemoteUnavailable) is left alone by every process of the build for
 RETRY_S seconds: one warning, then local work only, so a dead server costs one timeout, not one per
@@ -34,15 +42,63 @@ import attrs
 from pp4 import backoff
 from pp4 import statedir
 from pp4.files import canonical_json
+from pp4.store import compressed
 from pp4.store.manifests import MANIFEST_ENTRIES, ManifestEntry, parse_entries
 from pp4.store.records import SHA256_RE, ActionRecord, InvalidRecord, decode_record, encode_record
 from pp4.store.remote import REDACTED, RemoteStorage, RemoteUnavailable, open_remote, redact
 
 MODES = ("read", "readwrite")
 RETRY_S = backoff.RETRY_S
-# How much one batched read asks for: sets are small (a few KB), objects up to tens of MB.
-SETS_PER_TRIP = 1000
+GROUP_FORMAT = 2  # 1: separate man/, act/ and set/ values, uncompressed (never read: another key kind)
+# The most a group may expand to (16 entries of a few variants, each with its observations) and how
+# many objects' bytes one batched read asks for.
+GROUP_LIMIT = 256 << 20
 OBJECT_BYTES_PER_TRIP = 64 << 20
+KINDS = ("obj", "ent")
+
+
+@attrs.define
+class Group:
+    """One ent/<group> value as read: entries by manifest key, records and sets by name (bytes,
+    each checked when used)."""
+    name: str
+    manifests: dict[str, list[ManifestEntry]] = attrs.Factory(dict)
+    records: dict[str, bytes] = attrs.Factory(dict)
+    sets: dict[str, bytes] = attrs.Factory(dict)
+
+    def entries(self, mkey: str | None = None) -> list[tuple[str, ManifestEntry]]:
+        """(manifest key, entry) of one manifest key, or of all, oldest first per key."""
+        keys = [mkey] if mkey is not None else sorted(self.manifests)
+        return [(k, e) for k in keys for e in self.manifests.get(k, [])]
+
+    def encode(self) -> bytes:
+        doc = {"format": GROUP_FORMAT, "group": self.name,
+               "manifests": {k: [e.to_json() for e in es] for k, es in self.manifests.items() if es},
+               "records": {k: v.decode() for k, v in self.records.items()},
+               "sets": {k: v.decode() for k, v in self.sets.items()}}
+        return compressed.compress(canonical_json(doc))
+
+
+def decode_group(name: str, frame: bytes) -> Group:
+    """A group's value, its shape checked (NotAGroup otherwise); records and sets are checked one by
+    one where they are used."""
+    try:
+        doc = json.loads(compressed.decompress(frame, GROUP_LIMIT))
+    except (compressed.NotAFrame, ValueError, RecursionError) as e:
+        raise NotAGroup(str(e)) from None
+    if not isinstance(doc, dict) or doc.get("format") != GROUP_FORMAT or doc.get("group") != name:
+        raise NotAGroup(f"not a group of format {GROUP_FORMAT} named {name[:16]}")
+    manifests, records, sets = doc.get("manifests"), doc.get("records"), doc.get("sets")
+    if not (isinstance(manifests, dict) and all(isinstance(v, list) for v in manifests.values())
+            and isinstance(records, dict) and isinstance(sets, dict)
+            and all(isinstance(v, str) for v in (*records.values(), *sets.values()))):
+        raise NotAGroup("its manifests, records or sets are not what a group holds")
+    return Group(name, {k: parse_entries(v) for k, v in manifests.items()},
+                 {k: v.encode() for k, v in records.items()}, {k: v.encode() for k, v in sets.items()})
+
+
+class NotAGroup(ValueError):
+    pass
 
 
 class RemoteTier:
@@ -53,6 +109,7 @@ class RemoteTier:
         self.mode = mode
         self.folder = statedir.part(state_dir, statedir.REMOTE)
         self.refused = 0
+        self._groups: dict[str, Group] = {}  # read once per process
 
     @classmethod
     def from_config(cls, config: dict | None, state_dir: str | Path) -> "RemoteTier | None":
@@ -78,54 +135,49 @@ class RemoteTier:
 
     # -- reading ---------------------------------------------------------------------------
 
-    def entries(self, mkey: str) -> list[ManifestEntry]:
-        data = self._get(f"man/{mkey}")
+    def groups(self, names: list[str]) -> dict[str, Group]:
+        """Several groups, in one round trip for those this process has not read; a missing or
+        damaged one reads as empty."""
+        wanted = [n for n in dict.fromkeys(names) if n not in self._groups]
+        for name, frame in zip(wanted, self._get_many([f"ent/{n}" for n in wanted])):
+            self._groups[name] = self._decode(name, frame)
+        return {n: self._groups[n] for n in names}
+
+    def group(self, name: str) -> Group:
+        return self.groups([name])[name]
+
+    def _decode(self, name: str, frame: bytes | None) -> Group:
+        if frame is None:
+            return Group(name)
+        try:
+            return decode_group(name, frame)
+        except NotAGroup as e:
+            self.refuse(f"ent/{name}", f"not a group ({e})")
+            return Group(name)
+
+    def record_in(self, group: Group, action_key: str) -> ActionRecord | None:
+        """The action record a group holds for a key, checked (its checksum, its key), or None."""
+        data = group.records.get(action_key)
         if data is None:
-            return []
-        entries = manifest_entries(data)
-        if entries is None:
-            self.refuse(f"man/{mkey}", NOT_A_MANIFEST)
-            return []
-        return parse_entries(entries)
+            return None
+        try:
+            return decode_record(data, expected_key=action_key)
+        except InvalidRecord as e:
+            self.refuse(f"ent/{group.name}", f"the record of {action_key[:16]}: {e}")
+            return None
 
-    def entries_of(self, mkeys: list[str]) -> dict[str, list[ManifestEntry]]:
-        """The remote manifests of several commands, in one round trip."""
-        found = {}
-        for mkey, data in zip(mkeys, self._get_many([f"man/{m}" for m in mkeys])):
-            if data is None:
-                continue
-            entries = manifest_entries(data)
-            if entries is None:
-                self.refuse(f"man/{mkey}", NOT_A_MANIFEST)
-                continue
-            found[mkey] = parse_entries(entries)
-        return found
-
-    def input_sets(self, sids: list[str]) -> dict[str, bytes]:
-        """Several input sets, each checked against its name, in a round trip per SETS_PER_TRIP."""
-        sids = [sid for sid in dict.fromkeys(sids) if isinstance(sid, str) and SHA256_RE.fullmatch(sid)]
-        found = {}
-        for start in range(0, len(sids), SETS_PER_TRIP):
-            chunk = sids[start:start + SETS_PER_TRIP]
-            for sid, data in zip(chunk, self._get_many([f"set/{sid}" for sid in chunk])):
-                why = None if data is None else damage(f"set/{sid}", data)
-                if why:
-                    self.refuse(f"set/{sid}", why)
-                elif data is not None:
-                    found[sid] = data
-        return found
-
-    def records(self, action_keys: list[str]) -> dict[str, ActionRecord]:
-        """The action records of several actions, each checked, in one round trip."""
-        found = {}
-        for key, data in zip(action_keys, self._get_many([f"act/{k}" for k in action_keys])):
-            if data is None:
-                continue
-            try:
-                found[key] = decode_record(data, expected_key=key)
-            except InvalidRecord as e:
-                self.refuse(f"act/{key}", str(e))
-        return found
+    def set_in(self, group: Group, sid: str) -> bytes | None:
+        """An input set a group holds, checked against its name, or None."""
+        if not (isinstance(sid, str) and SHA256_RE.fullmatch(sid)):
+            self.refuse(f"ent/{group.name}", f"an entry names an input set {str(sid)[:40]!r}, not a sha256")
+            return None
+        data = group.sets.get(sid)
+        if data is None:
+            return None
+        if hashlib.sha256(data).hexdigest() != sid:
+            self.refuse(f"ent/{group.name}", f"the input set {sid[:16]}: its bytes do not hash to its name")
+            return None
+        return data
 
     def objects_of(self, records: list[ActionRecord]) -> dict[str, bytes]:
         """The objects several records name, each checked, in a round trip per OBJECT_BYTES_PER_TRIP."""
@@ -138,123 +190,96 @@ class RemoteTier:
                 size += wanted[end].object_size
                 end += 1
             chunk = wanted[start:end]
-            for record, blob in zip(chunk, self._get_many([f"obj/{r.object_sha256}" for r in chunk])):
-                if blob is None:
-                    continue
-                if len(blob) != record.object_size or hashlib.sha256(blob).hexdigest() != record.object_sha256:
-                    self.refuse(f"obj/{record.object_sha256}", f"{len(blob)} bytes that do not hash to the sha256 "
-                                f"the record of action {record.action_key[:16]} names")
-                    continue
-                found[record.object_sha256] = blob
+            for record, frame in zip(chunk, self._get_many([f"obj/{r.object_sha256}" for r in chunk])):
+                blob = self._object(record, frame)
+                if blob is not None:
+                    found[record.object_sha256] = blob
             start = end
         return found
 
-    def input_set(self, sid: str) -> bytes | None:
-        if not (isinstance(sid, str) and SHA256_RE.fullmatch(sid)):
-            self.refuse("man/", f"an entry names an input set {str(sid)[:40]!r}, not a sha256")
-            return None
-        data = self._get(f"set/{sid}")
-        why = None if data is None else damage(f"set/{sid}", data)
-        if why:
-            self.refuse(f"set/{sid}", why)
-            return None
-        return data
-
-    def record(self, action_key: str) -> ActionRecord | None:
-        """The action record under a key, checked (its checksum, its key), or None."""
-        data = self._get(f"act/{action_key}")
-        if data is None:
-            return None
-        try:
-            return decode_record(data, expected_key=action_key)
-        except InvalidRecord as e:
-            self.refuse(f"act/{action_key}", str(e))
-            return None
-
     def object_of(self, record: ActionRecord) -> bytes | None:
         """The object a record names, checked against its sha256 and size, or None."""
-        blob = self._get(f"obj/{record.object_sha256}")
-        if blob is None:
+        return self.objects_of([record]).get(record.object_sha256)
+
+    def _object(self, record: ActionRecord, frame: bytes | None) -> bytes | None:
+        if frame is None:
             return None  # evicted: a miss
+        try:
+            blob = compressed.decompress(frame, record.object_size)
+        except compressed.NotAFrame as e:
+            self.refuse(f"obj/{record.object_sha256}", f"not the object the record of action "
+                        f"{record.action_key[:16]} names ({e})")
+            return None
         if len(blob) != record.object_size or hashlib.sha256(blob).hexdigest() != record.object_sha256:
             self.refuse(f"obj/{record.object_sha256}", f"{len(blob)} bytes that do not hash to the sha256 "
                         f"the record of action {record.action_key[:16]} names")
             return None
         return blob
 
-    def fetch(self, action_key: str) -> tuple[ActionRecord, bytes] | None:
-        """The record and object bytes of one action, both checked, or None."""
-        record = self.record(action_key)
-        blob = self.object_of(record) if record is not None else None
-        return (record, blob) if blob is not None else None
-
     # -- writing ---------------------------------------------------------------------------
 
-    def publish(self, mkey: str, entry: ManifestEntry, sets: dict[str, bytes], record: ActionRecord,
+    def publish(self, group: str, mkey: str, entry: ManifestEntry, sets: dict[str, bytes], record: ActionRecord,
                 object_path: str, keep) -> ActionRecord | None:
-        """Put one compile's results, the manifest entry last. keep(entry) says which of the remote
-        manifest's present entries to keep beside the new one. Returns the record the remote holds
-        for the action now (its signatures and this one's, when its object is this one), or None
-        when not all of it got there. A record of another object is left as it is (returned: the
-        caller disputes it)."""
+        """Put one compile's results: its object, then its group with the entry, its record and its
+        sets. keep(entry) says which of the manifest key's present entries stay beside the new one.
+        Returns the record the remote holds for the action now (its signatures and this one's, when
+        its object is this one), or None when not all of it got there. A record of another object
+        is left as it is (returned: the caller disputes it)."""
         if not self.writes:
             return None
         try:
-            there = self.record(record.action_key)
+            there_group = self._fresh(group)
+            there = self.record_in(there_group, record.action_key)
             if there is not None and there.object_sha256 != record.object_sha256:
                 return there
             # Written over whatever is there: a value under a digest's name has one right content,
-            # so a damaged one is healed; a record keeps every signature either side holds.
-            for sid, data in sets.items():
-                self.storage.put(f"set/{sid}", data)
-            self.storage.put(f"obj/{record.object_sha256}", Path(object_path).read_bytes())
+            # so a damaged one is healed.
+            self.storage.put(f"obj/{record.object_sha256}", compressed.compress(Path(object_path).read_bytes()))
             merged = record
             if there is not None:
                 merged = attrs.evolve(record, signatures=_union(there.signatures, record.signatures),
                                       disputes=_union(there.disputes, record.disputes))
-            self.storage.put(f"act/{record.action_key}", encode_record(merged))
+            kept = [e for e in there_group.manifests.get(mkey, []) if e.action_key != entry.action_key and keep(e)]
+            there_group.manifests[mkey] = (kept + [entry])[-MANIFEST_ENTRIES:]
+            there_group.records[record.action_key] = encode_record(merged)
+            there_group.sets.update(sets)
+            self._write(there_group)
+            return merged
         except RemoteUnavailable as e:
             self.down(str(e))
             return None
-        except OSError as e:  # the object to send vanished: nothing half-published names it
+        except OSError as e:  # the object to send vanished: nothing published names it
             print(f"pp4.reuse: warning: cannot send {object_path} to the remote store ({e.strerror})", file=sys.stderr)
             return None
-        # Read, merge, write: two writers at once may lose one entry (a later miss, never a wrong hit).
-        return merged if self.publish_entry(mkey, entry, keep) else None
 
-    def add_dispute(self, action_key: str, dispute: dict) -> None:
+    def add_dispute(self, group: str, action_key: str, dispute: dict) -> None:
         """Add a builder's dispute to the remote record of an action (read, merge, write)."""
         try:
-            there = self.record(action_key)
+            there_group = self._fresh(group)
+            there = self.record_in(there_group, action_key)
             if there is not None:
-                self.storage.put(f"act/{action_key}",
-                                 encode_record(attrs.evolve(there, disputes=_union(there.disputes, (dispute,)))))
+                there_group.records[action_key] = encode_record(
+                    attrs.evolve(there, disputes=_union(there.disputes, (dispute,))))
+                self._write(there_group)
         except RemoteUnavailable as e:
             self.down(str(e))
 
-    def publish_entry(self, key: str, entry: ManifestEntry, keep) -> bool:
-        """Add an entry to the remote manifest under key, the entry's sets, object and record being
-        there already: the last step of publish, and how the name-free index of variants
-        (pp4/reuse/variants.py) names what a compile published under its own key."""
-        if not self.writes:
-            return False
-        try:
-            kept = [e for e in self.entries(key) if e.action_key != entry.action_key and keep(e)]
-            doc = {"entries": [e.to_json() for e in (kept + [entry])[-MANIFEST_ENTRIES:]]}
-            self.storage.put(f"man/{key}", canonical_json(doc))
-            return True
-        except RemoteUnavailable as e:
-            self.down(str(e))
-            return False
+    def _fresh(self, name: str) -> Group:
+        """A group as the remote holds it now (a writer merges into what is there, not what this
+        process read earlier)."""
+        self._groups.pop(name, None)
+        return self.group(name)
+
+    def _write(self, group: Group) -> None:
+        """A group written whole, without the records and sets no entry names any more."""
+        named = {e.action_key for _, e in group.entries()}
+        group.records = {k: v for k, v in group.records.items() if k in named}
+        wanted = {sid for _, e in group.entries() for sid in e.input_sets}
+        group.sets = {k: v for k, v in group.sets.items() if k in wanted}
+        self.storage.put(f"ent/{group.name}", group.encode())
+        self._groups[group.name] = group
 
     # -- faults ----------------------------------------------------------------------------
-
-    def _get(self, key: str) -> bytes | None:
-        try:
-            return self.storage.get(key)
-        except RemoteUnavailable as e:
-            self.down(str(e))
-            raise
 
     def _get_many(self, keys: list[str]) -> list[bytes | None]:
         if not keys:
@@ -270,7 +295,7 @@ class RemoteTier:
 
     def refuse(self, key: str, why: str) -> None:
         """A remote value that failed its check: said and counted once per build, never used."""
-        if any(f" {key}: " in seen for seen in refusals(self.folder.parent)):
+        if any(f" {key}: {why}" in seen for seen in refusals(self.folder.parent)):
             return  # the prepass refused it already; this compile's own lookup met it again
         self.refused += 1
         line = f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {self.describe()} {key}: {why}"
@@ -326,37 +351,44 @@ def url_with_secret(url: str, state_dir: str | Path) -> str:
 def reachable(storage_url: str, state_dir: str | Path, ttl: int | None) -> str | None:
     """None when the remote answers a read now, else why not."""
     try:
-        open_remote(url_with_secret(storage_url, state_dir), ttl=ttl).get("man/" + "0" * 64)
+        open_remote(url_with_secret(storage_url, state_dir), ttl=ttl).get("ent/" + "0" * 64)
         return None
     except (ValueError, RemoteUnavailable) as e:
         return str(e)
 
 
-NOT_A_MANIFEST = "not a manifest (JSON with an entries list)"
-
-
-def manifest_entries(data: bytes) -> list | None:
-    """The entries a remote manifest's bytes hold; None when they are not a manifest."""
-    try:
-        entries = json.loads(data)["entries"]
-    except (ValueError, KeyError, TypeError):
-        return None
-    return entries if isinstance(entries, list) else None
+# The most an object read by `python -m pp4.store remote verify` may expand to (a restore's bound is
+# the size its record names).
+VERIFY_OBJECT_LIMIT = 8 << 30
 
 
 def damage(key: str, data: bytes) -> str | None:
-    """What is wrong with a remote value as its key alone can tell (None: nothing): a set or an
-    object must hash to its name, a record pass its checksum and name its key, a manifest parse."""
+    """What is wrong with a remote value as its key alone can tell (None: nothing): an object must
+    expand to bytes that hash to its name; a group must parse, and every record in it pass its
+    checksum and name its key, every set hash to its name, every entry's record and sets be there."""
     kind, name = key.split("/", 1)
-    if kind in ("set", "obj"):
-        return None if hashlib.sha256(data).hexdigest() == name else "its bytes do not hash to its name"
-    if kind == "act":
+    if kind == "obj":
         try:
-            decode_record(data, expected_key=name)
-        except InvalidRecord as e:
+            blob = compressed.decompress(data, VERIFY_OBJECT_LIMIT)
+        except compressed.NotAFrame as e:
             return str(e)
-        return None
-    return None if manifest_entries(data) is not None else NOT_A_MANIFEST
+        return None if hashlib.sha256(blob).hexdigest() == name else "its bytes do not hash to its name"
+    try:
+        group = decode_group(name, data)
+    except NotAGroup as e:
+        return f"not a group ({e})"
+    for akey, text in group.records.items():
+        try:
+            decode_record(text, expected_key=akey)
+        except InvalidRecord as e:
+            return f"the record of {akey[:16]}: {e}"
+    for sid, text in group.sets.items():
+        if hashlib.sha256(text).hexdigest() != sid:
+            return f"the input set {sid[:16]}: its bytes do not hash to its name"
+    for _, entry in group.entries():
+        if entry.action_key not in group.records or not all(s in group.sets for s in entry.input_sets):
+            return f"the entry of {entry.action_key[:16]} names a record or set the group lacks"
+    return None
 
 
 def refusals(state_dir: str | Path) -> list[str]:

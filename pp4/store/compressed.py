@@ -1,0 +1,37 @@
+"""zstd frames for what the store sends and keeps: one level, one bound on what a frame may expand to.
+
+Level 6: on the store's own objects and observation sets it keeps 4.3x against level 1's 3.8x (what
+ccache uses), at 85 MB/s (a 3 MB EXL3 object in 35 ms, next to a compile of 30-110 s), and both
+decompress at over 1 GB/s (bench/store_compression.py gives the table for any store). A frame's
+content size is in its header; a frame that would expand past the caller's bound, or is not a frame,
+is refused before any memory is spent on it (a remote value can be anything).
+"""
+
+from __future__ import annotations
+
+import zstandard
+
+LEVEL = 6
+_compressor = zstandard.ZstdCompressor(level=LEVEL, write_content_size=True)
+
+
+class NotAFrame(ValueError):
+    """Bytes that are not one zstd frame within the bound (damaged, forged, or too large)."""
+
+
+def compress(data: bytes) -> bytes:
+    return _compressor.compress(data)
+
+
+def decompress(frame: bytes, limit: int) -> bytes:
+    """The frame's content, at most limit bytes; NotAFrame otherwise."""
+    try:
+        size = zstandard.frame_content_size(frame)
+    except zstandard.ZstdError as e:
+        raise NotAFrame(f"not a zstd frame ({e})") from None
+    if size < 0 or size > limit:
+        raise NotAFrame(f"a frame of {'unknown size' if size < 0 else f'{size} bytes'}, more than the {limit} expected")
+    try:
+        return zstandard.ZstdDecompressor().decompress(frame, max_output_size=limit)
+    except zstandard.ZstdError as e:
+        raise NotAFrame(f"a damaged zstd frame ({e})") from None
