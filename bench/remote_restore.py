@@ -7,8 +7,8 @@ Redis backend, on the same compile commands.
 Checkouts in different folders (clone-1, clone-2, ...), each configured for P2P and EXL3 stock with
 its own empty local store. pp4: clone-1 builds P2P and N EXL3 units cold (`--remote-store`,
 readwrite), then R more clones build the same targets (`--remote-store-mode read`): every object
-must come from the remote tier. ccache: the same compile commands (pp4's actions.json, without the
-prefix maps pp4 adds, as BuildExtension would run them), through `ccache` with `remote_storage` on
+must come from the remote tier. ccache: the same compile commands (pp4's actions.json: the commands as
+BuildExtension would run them, before pp4 puts them in its fixed root), through `ccache` with `remote_storage` on
 another Redis database and `base_dir` at each clone, an empty local cache per clone. Both talk to
 the server through a local proxy that holds every request back --delay-ms (a network's round trip)
 and counts them. Reported per step: wall time, CPU time of the step's processes (its servers
@@ -37,9 +37,6 @@ from pathlib import Path
 import accounting  # bench/accounting.py: this script's folder is on sys.path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from pp4.plan.modules import without_prefix_maps  # noqa: E402
 
 # Short EXL3 units (6-7 s on the H200, by pp4/plan/durations/exl3-1.6.5.tsv): the bench is about
 # restoring, not compiling.
@@ -203,14 +200,14 @@ def main() -> int:
             scratch = clone / "ccache-out"
 
             def run_one(action):
-                argv = without_prefix_maps(list(action["argv"]))
+                argv = list(action["argv"])
                 out = scratch / action["output"]
                 out.parent.mkdir(parents=True, exist_ok=True)
                 argv = [str(out) if a == action["output"] else str(out) + ".d" if a == action["output"] + ".d" else a
                         for a in argv]
                 env = dict(action["env"], **env_extra)
                 env["PATH"] = env.get("PATH", "/usr/bin:/bin")
-                return subprocess.run(["ccache", *argv], cwd=clone, env=env, capture_output=True, text=True)
+                return subprocess.run([shutil.which("ccache"), *argv], cwd=clone, env=env, capture_output=True, text=True)
 
             before, trips = resource.getrusage(resource.RUSAGE_CHILDREN), proxy.requests
             t0 = time.monotonic()
@@ -221,7 +218,7 @@ def main() -> int:
             bad = [p for p in procs if p.returncode != 0]
             if bad:
                 raise SystemExit(f"ccache compile failed:\n{bad[0].stderr[-3000:]}")
-            stats = subprocess.run(["ccache", "--print-stats"], env=dict(os.environ, CCACHE_DIR=str(cdir)),
+            stats = subprocess.run([shutil.which("ccache"), "--print-stats"], env=dict(os.environ, CCACHE_DIR=str(cdir)),
                                    capture_output=True, text=True).stdout
             counters = dict(line.split("\t", 1) for line in stats.splitlines() if "\t" in line)
             keep = ("direct_cache_hit", "preprocessed_cache_hit", "cache_miss", "remote_storage_hit",

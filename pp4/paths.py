@@ -36,6 +36,13 @@ def tmp_dir(root: Path | None = None) -> Path:
     return (root or cache_dir()) / "tmp"
 
 
+def file_hashes() -> Path:
+    """The file hasher's cache (device, inode, size, stamps -> sha256: pp4/reuse/actionkey.py), one
+    per user and machine: a new build folder or checkout reads torch's 1,400 headers and 1 GB of
+    libraries again only where they changed."""
+    return cache_dir() / "file-hashes.json"
+
+
 def config_dir() -> Path:
     """$PP4_CONFIG_DIR, else $XDG_CONFIG_HOME/pp4, else ~/.config/pp4: what is the user's, not a
     cache's (the signing key, the trust list: pp4/store/signing.py)."""

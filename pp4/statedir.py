@@ -5,7 +5,6 @@ here and nowhere else; each writer gets its path from `part()`.
     prepass-events.json  the prepass's events, one batch                         pp4/reuse/events.py
     inputsets/           the observation sets the build's events name            pp4/reuse/inputsets.py
                          (named as the store's own: inputsets.directory)
-    hashes.json          the file hasher's cache (device, inode, stamps -> sha256) pp4/reuse/actionkey.py
     notices/             which ninja run printed the build's notices             pp4/reuse/wrapper.py
     compilers.json       the compilers' identities, by file stamp                pp4/toolchain/compilers.py
     remote/              the remote tier's password, refusals, back-off          pp4/store/remote/tier.py
@@ -20,7 +19,7 @@ here and nowhere else; each writer gets its path from `part()`.
     progress.log         the run's progress lines                                 pp4/report/progress.py
 
 Bounds: events and sets are collected by every prepass (pp4/reuse/wrapper.py: the events of
-outputs the build no longer has, the sets no event names); hashes.json bounds itself; notices are
+outputs the build no longer has, the sets no event names); notices are
 removed with their ninja run; progress.log holds one run's lines; the rest are one file each.
 """
 
@@ -31,7 +30,6 @@ from pathlib import Path
 
 EVENTS = "events"
 PREPASS_EVENTS = "prepass-events.json"
-HASHES = "hashes.json"
 NOTICES = "notices"
 COMPILERS = "compilers.json"
 REMOTE = "remote"

@@ -1,7 +1,14 @@
 """Run one link as build.ninja does: in the fixed execution root, observed, under the limits, and
-record what it observed.
+record what it observed; or restore the module from the store where that link ran before.
 
     python -m pp4.reuse.link CONFIG [--env NAME=VALUE]... -- COMMAND...
+
+A link is an action like a compile (pp4/reuse/wrapper.py): its manifest key is the command as it
+runs in the root and its environment, its entries what earlier links of that command observed (the
+objects' bytes, every library the linker resolved and every place it looked and found nothing, its
+programs). Where an entry's every observation holds now and builders on the trust list signed it,
+the stored module is put in place (the mode a link gives it) instead of linking: the same inputs,
+in the same root, give the same bytes. A link that ran is stored so, signed, in both tiers.
 
 Every file the link read (the objects, each `-l` library as the linker resolved it, linker
 scripts, the linker's own programs) goes into the dependency file `<output>.d`, so ninja links
@@ -22,13 +29,14 @@ from pathlib import Path
 
 import attrs
 
-from pp4 import interrupt, statedir
+from pp4 import interrupt, paths, statedir
 from pp4.execution import depfile
 from pp4.execution.root import Root
 from pp4.execution.run import run
 from pp4.files import write_whole
 from pp4.reuse import observed
 from pp4.reuse.actionkey import FileHasher
+from pp4.store.manifests import ManifestEntry
 from pp4.toolchain.compilerenv import parse_env_args
 from pp4.toolchain.limits import Limits
 
@@ -42,6 +50,9 @@ class LinkRecord:
     mounts: list | None = attrs.field(hash=False)
     observations: list = attrs.field(hash=False)
     not_observed: str | None = None
+    # {"action_key", "tier", "signers"} when the module was restored from the store, not linked;
+    # {"action_key"} alone when this link was stored under it
+    reuse: dict | None = attrs.field(default=None, hash=False)
 
     def to_real(self):
         """Where the paths it observed are on this machine."""
@@ -56,7 +67,8 @@ def read(state_dir: str | Path, output: str) -> LinkRecord | None:
     """A module's link record; None when there is none or it is damaged."""
     try:
         doc = json.loads(record_path(state_dir, output).read_text())
-        return LinkRecord(doc["output"], doc["command"], doc["mounts"], doc["observations"], doc.get("not_observed"))
+        return LinkRecord(doc["output"], doc["command"], doc["mounts"], doc["observations"], doc.get("not_observed"),
+                          doc.get("reuse"))
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
@@ -82,11 +94,14 @@ def main(argv: list[str] | None = None) -> int:
     state_dir = reuse.get("state_dir")
     root = Root.make(os.getcwd(), reuse.get("relocation") or {}, build=str(Path(state_dir).parent)) if state_dir else None
     command = rest[1:]
+    out = output_of(command)
+    linker = _Linker.open(argv[0], reuse, root, command, action_env, out)
+    if linker is not None and linker.restore():
+        return 0
     ran = run(command, action_env, limits, Path(limits.tmpdir or "/tmp") / "pp4-runs", root, compile=False)
     sys.stderr.buffer.write(ran.root.shown(ran.stderr) if ran.root is not None else ran.stderr)
     if ran.returncode != 0:
         return ran.returncode
-    out = output_of(command)
     if out is None:
         return 0
     if ran.trace is not None:
@@ -100,12 +115,84 @@ def main(argv: list[str] | None = None) -> int:
         # The objects it links are this build's own outputs, written just before it started: their
         # times say nothing of a change during the link, and their bytes are observed like any file's.
         inputs = {fix(os.path.abspath(a)) for a in command[1:] if os.path.isfile(a)}
-        hasher = FileHasher(statedir.part(state_dir, statedir.HASHES))
+        hasher = linker.reuser.hasher if linker is not None else FileHasher(paths.file_hashes())
         pairs, why = observed.from_run(ran, seen_as, observed.States(hasher), settled=inputs)
+        stored = linker.store(pairs, ran.seconds) if linker is not None and why is None and ran.root is not None else None
         hasher.save()
         write(state_dir, LinkRecord(os.path.abspath(out), ran.command, ran.root.mounts if ran.root else None,
-                                    pairs, why))
+                                    pairs, why, {"action_key": stored} if stored else None))
     return 0
+
+
+@attrs.define
+class _Linker:
+    """The store's side of one link: its key, the lookup, the restore, the keeping."""
+    reuser: object  # pp4.reuse.wrapper.Reuser
+    root: Root
+    command: tuple
+    env: dict
+    out: str
+    mkey: str
+
+    @classmethod
+    def open(cls, config_path: str, reuse: dict, root: Root | None, command: list[str], env: dict,
+             out: str | None) -> "_Linker | None":
+        """None where links are not reused: no store, no output, or no root (a command that names
+        this checkout's folders would be keyed on them)."""
+        if not reuse.get("store") or root is None or out is None:
+            return None
+        from pp4.reuse.wrapper import ReuseConfig, Reuser, manifest_key
+
+        reuser = Reuser(ReuseConfig.load(config_path))
+        if reuser.front is None or not reuser.root_works():
+            return None
+        fixed = tuple(root.command(list(command)))
+        return cls(reuser, root, fixed, env, out, manifest_key(("link",) + fixed, env, True))
+
+    def restore(self) -> bool:
+        """The module from the store where an earlier link of this command observed what holds now."""
+        from pp4.reuse.wrapper import sound_entry
+
+        reuser = self.reuser
+        found = reuser.front.find(self.mkey, lambda e: sound_entry(self.mkey, e),
+                                  lambda e: reuser.sets.all_match(reuser.store_sets, e.input_sets, self.root))
+        reuser.note_refusals()
+        if found is None:
+            return False
+        out = Path(self.out)
+        problem = reuser.front.materialize(found, out)
+        if problem is not None:
+            print(f"pp4.reuse: warning: {problem}; linking {self.out} instead", file=sys.stderr)
+            return False
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(out, 0o777 & ~umask)  # what the linker gives a module it writes
+        pairs = []
+        for sid in found.entry.input_sets:
+            pairs += reuser.sets.load(reuser.store_sets, sid) or []
+        files = sorted({r for p, s in pairs if observed.is_file(s) and (r := self.root.real(p)) is not None})
+        depfile.write(self.out + ".d", self.out, files)
+        write(reuser.cfg.state_dir, LinkRecord(os.path.abspath(self.out), self.command, self.root.mounts, sorted(pairs),
+                                               None, {"action_key": found.entry.action_key, "tier": found.tier,
+                                                      "signers": list(found.signers)}))
+        reuser.hasher.save()
+        return True
+
+    def store(self, pairs: list, seconds: float) -> str | None:
+        """Keep the module under what its link observed; its action key, or None when not kept."""
+        from pp4.reuse import inputsets
+        from pp4.reuse.wrapper import action_key, sound_entry
+        from pp4.files import sha256_file
+
+        encoded = dict(inputsets.encode(part) for part in observed.by_folder(pairs))
+        sids = sorted(encoded)
+        akey = action_key(self.mkey, sids)
+        payload = {"manifest_key": self.mkey, "command": list(self.command), "input_sets": sids, "env": self.env,
+                   "in_root": True, "link": True, "compiled_for": {"output": os.path.abspath(self.out), "cwd": os.getcwd()},
+                   "duration_s": round(seconds, 3)}
+        kept = self.reuser.front.keep(self.mkey, ManifestEntry(akey, sids), encoded, self.out, sha256_file(self.out),
+                                      payload, sound=lambda e: sound_entry(self.mkey, e))
+        return akey if kept.record is not None else None
 
 
 if __name__ == "__main__":

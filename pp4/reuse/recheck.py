@@ -30,7 +30,7 @@ import os
 import time
 from pathlib import Path
 
-from pp4 import statedir
+from pp4 import paths, statedir
 from pp4.execution import depfile
 from pp4.execution.root import Root
 from pp4.reuse import events, inputsets, link, observed
@@ -44,7 +44,7 @@ READ_ONLY_TARGETS = {"certify", "report", "wheel-built", "compdb", "compile_comm
 def recheck(cfg: ReuseConfig, actions_file: Path, stamp: Path) -> int:
     t0, cpu0 = time.monotonic(), time.process_time()
     doc = json.loads(actions_file.read_text())
-    hasher = FileHasher(statedir.part(cfg.state_dir, statedir.HASHES))
+    hasher = FileHasher(paths.file_hashes())
     states = observed.States(hasher)
     checker = inputsets.SetChecker(states)
     sets_dir = inputsets.directory(cfg.state_dir)

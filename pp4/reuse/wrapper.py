@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 
 import attrs
 
-from pp4 import statedir
+from pp4 import paths, statedir
 from pp4.execution import depfile
 from pp4.execution.root import Root
 from pp4.files import canonical_json, sha256_and_size
@@ -138,7 +138,7 @@ class Reuser:
 
     def __init__(self, cfg: ReuseConfig):
         self.cfg = cfg
-        self.hasher = FileHasher(statedir.part(cfg.state_dir, statedir.HASHES))
+        self.hasher = FileHasher(paths.file_hashes())
         self.states = observed.States(self.hasher)
         self.sets = inputsets.SetChecker(self.states)
         self.state_sets = inputsets.directory(cfg.state_dir)

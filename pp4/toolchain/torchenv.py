@@ -115,18 +115,15 @@ def library_headers(wheel_root: str, skip_dists: set[str]) -> list[HeaderFile]:
         if name in skip_dists:
             continue
         dist = importlib.metadata.distribution(name)
+        label = None  # the dist's name and version: its metadata parsed once, not once a header
         for f in dist.files or []:
             posix = f.as_posix()
             if not posix.startswith(prefix) or posix.endswith("/"):
                 continue
             rel = posix[len(prefix):]
-            found.setdefault(
-                rel,
-                HeaderFile(
-                    dist=f"{dist.metadata['Name'].lower()}=={dist.version}",
-                    relpath=rel,
-                    source=Path(dist.locate_file(f)),
-                    sha256=_record_sha256(f.hash),
-                ),
-            )
+            if rel in found:
+                continue
+            label = label or f"{dist.metadata['Name'].lower()}=={dist.version}"
+            found[rel] = HeaderFile(dist=label, relpath=rel, source=Path(dist.locate_file(f)),
+                                    sha256=_record_sha256(f.hash))
     return [found[k] for k in sorted(found)]
