@@ -64,10 +64,11 @@ def object_bytes(work: Path, obj: dict) -> bytes:
 def test_another_clone_restores_from_redis_the_bytes_a_real_compile_gives(tmp_path, server, toolchain):
     first, _ = build(tmp_path / "a", "--remote-store", server.url())
     assert first["status"] == "compiled"
-    # Two keys for the object: its bytes, and its group (entries, record, observations, compressed).
-    assert sorted(k.split("/")[0] for k in server.keys()) == ["pp4:ent", "pp4:obj"]
-    (obj_key,) = server.keys("obj")
-    assert obj_key == f"pp4:obj/{first['object_sha256']}"
+    # Two keys for the object (its bytes, and its group: entries, record, observations, compressed),
+    # two for the module its link made.
+    assert sorted(k.split("/")[0] for k in server.keys()) == ["pp4:ent", "pp4:ent", "pp4:obj", "pp4:obj"]
+    obj_key = f"pp4:obj/{first['object_sha256']}"
+    assert obj_key in server.keys("obj")
     assert hashlib.sha256(unzstd(server.client.get(obj_key))).hexdigest() == first["object_sha256"]
 
     # Another folder, an empty local store, read only: restored from the remote, filling the local store.
@@ -90,16 +91,16 @@ def test_another_clone_restores_from_redis_the_bytes_a_real_compile_gives(tmp_pa
     (tmp_path / "d").mkdir()
     shutil.copytree(tmp_path / "b" / "src", tmp_path / "d" / "src")
     edited, _ = build(tmp_path / "d", "--remote-store", server.url())
-    assert edited["status"] == "compiled" and len(server.keys("obj")) == 2
+    assert edited["status"] == "compiled" and len(server.keys("obj")) == 4  # an object and a module more
 
 
 @pytest.mark.slow
 def test_poisoned_truncated_or_mismatched_remote_values_are_refused_and_never_used(tmp_path, server, toolchain):
     good, _ = build(tmp_path / "a", "--remote-store", server.url())
     good_bytes = object_bytes(tmp_path / "a", good)
-    (obj_key,) = server.keys("obj")
-    (ent_key,) = server.keys("ent")
-    group = group_doc(server.client.get(ent_key))
+    obj_key = f"pp4:obj/{good['object_sha256']}"
+    # The object's group: the one whose record names it (the other is the module's link).
+    ent_key, group = next((k, g) for k in server.keys("ent") if good["action_key"] in (g := group_doc(server.client.get(k)))["records"])
     ((akey, record_text),) = group["records"].items()
     mkey = json.loads(record_text)["payload"]["manifest_key"]
     assert list(group["manifests"]) == [mkey]
@@ -187,7 +188,7 @@ def test_a_dead_slow_full_or_locked_server_costs_one_warning_and_the_build_goes_
         assert locked.keys() == []
         # The right one, in the URL: it works, and appears in no file but the owner-only secret.
         obj, out = build(tmp_path / "right", "--remote-store", locked.url(PASSWORD))
-        assert obj["status"] == "compiled" and len(locked.keys("obj")) == 1, out
+        assert obj["status"] == "compiled" and len(locked.keys("obj")) == 2, out  # the object and the module
         secret = tmp_path / "right" / "build" / ".pp4" / "remote" / "secret"
         assert secret.read_text() == PASSWORD and secret.stat().st_mode & 0o777 == 0o600
         for f in (tmp_path / "right").rglob("*"):

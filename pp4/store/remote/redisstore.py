@@ -103,7 +103,8 @@ class RedisStorage:
                 pipe.getex(name, ex=self.ttl)
             return list(pipe.execute())
         except self._errors as exc:
-            raise self._fail(f"read {len(keys)} values ({keys[0]}, ...)", exc) from None
+            more = f" and {len(keys) - 1} more values" if len(keys) > 1 else ""
+            raise self._fail(f"read {keys[0]}{more}", exc) from None
 
     def put(self, key: str, value: bytes, *, only_if_missing: bool = False) -> bool:
         name = PREFIX + check_key(key)
