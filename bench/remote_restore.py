@@ -124,21 +124,39 @@ def start_redis(folder: Path) -> tuple[subprocess.Popen, int]:
 
 def kept(port: int, work: Path, objects: int) -> dict:
     """What each tool keeps for the same objects: keys and bytes in Redis (pp4 database 0, ccache
-    database 1), bytes on disk in the first restoring clone's local store."""
-    def redis_facts(db: int) -> tuple[int, int]:
+    database 1), bytes on disk in the first restoring clone's local store. pp4 also keeps the
+    modules its links made, which ccache does not (it links every time): those keys and bytes are
+    counted apart (a group whose records are a link's, and the object they name)."""
+    import zstandard
+
+    def redis_values(db: int) -> dict[str, bytes]:
         cli = ["redis-cli", "-p", str(port), "-n", str(db)]
         keys = subprocess.run([*cli, "--scan"], capture_output=True, text=True).stdout.split()
-        size = sum(int(subprocess.run([*cli, "strlen", k], capture_output=True, text=True).stdout or 0) for k in keys)
-        return len(keys), size
+        import redis
+
+        client = redis.Redis(port=port, db=db)
+        return {k: client.get(k) for k in keys}
 
     def disk(folder: Path) -> int:
         return sum(p.lstat().st_blocks * 512 for p in folder.rglob("*") if p.is_file())
 
     out = {}
     for tool, db, local in (("pp4", 0, work / "store-2"), ("ccache", 1, work / "ccache-2")):
-        keys, size = redis_facts(db)
-        out[tool] = {"objects": objects, "redis_keys": keys, "keys_per_object": round(keys / max(1, objects), 2),
-                     "redis_bytes": size, "local_disk_bytes": disk(local)}
+        values = redis_values(db)
+        links = set()
+        for key, value in values.items():
+            if tool == "pp4" and key.startswith("pp4:ent/"):
+                group = json.loads(zstandard.ZstdDecompressor().decompress(value))
+                records = [json.loads(r) for r in group["records"].values()]
+                if records and all(r["payload"].get("link") for r in records):
+                    links.add(key)
+                    links.update(f"pp4:obj/{r['object_sha256']}" for r in records)
+        kept_keys = [k for k in values if k not in links]
+        out[tool] = {"objects": objects, "redis_keys": len(kept_keys),
+                     "keys_per_object": round(len(kept_keys) / max(1, objects), 2),
+                     "redis_bytes": sum(len(values[k]) for k in kept_keys),
+                     "module_keys": len(links), "module_bytes": sum(len(values[k]) for k in links if k in values),
+                     "local_disk_bytes": disk(local)}
     return out
 
 

@@ -14,16 +14,23 @@ import sys
 from pathlib import Path
 
 from pp4 import interrupt
-from pp4.reuse import actionkey
-from pp4.reuse.edge import compile_one
-from pp4.reuse.wrapper import ReuseConfig
-from pp4.toolchain import compilerenv
-from pp4.toolchain.compilers import CompilerError
 
 
 @interrupt.command("pp4.reuse")
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "--recheck" and len(argv) == 4:
+        from pp4.reuse import recheck
+
+        if not (Path(argv[1]).is_file() and Path(argv[2]).is_file()):
+            return 0  # configure has not written them yet (a deleted build folder): it runs next
+        if recheck.nothing_built(Path(argv[1]), Path(argv[2]), Path(argv[3])):
+            return 0
+    # Loaded here, not above: a new build folder's check needs none of it, the prepass no compile edge.
+    from pp4.reuse import actionkey
+    from pp4.reuse.wrapper import ReuseConfig
+    from pp4.toolchain.compilers import CompilerError
+
     try:
         if argv and argv[0] == "--prepass":
             if len(argv) != 4:
@@ -46,6 +53,9 @@ def main(argv: list[str] | None = None) -> int:
             if not (Path(argv[1]).is_file() and Path(argv[2]).is_file()):
                 return 0  # configure has not written them yet (a deleted build folder): it runs next
             return recheck(ReuseConfig.load(argv[1]), Path(argv[2]), Path(argv[3]))
+        from pp4.reuse.edge import compile_one
+        from pp4.toolchain import compilerenv
+
         env, rest = compilerenv.parse_env_args(argv[1:])
         if not argv or len(rest) < 2 or rest[0] != "--":
             print("usage: python -m pp4.reuse CONFIG [--env NAME=VALUE]... -- COMPILER ARGS...", file=sys.stderr)

@@ -30,18 +30,45 @@ import os
 import time
 from pathlib import Path
 
-from pp4 import paths, statedir
+from pp4 import statedir
 from pp4.execution import depfile
-from pp4.execution.root import Root
-from pp4.reuse import events, inputsets, link, observed
-from pp4.reuse.actionkey import FileHasher
-from pp4.reuse.wrapper import MARKER_SUFFIX, ReuseConfig
 
 # Targets that build nothing: a run that asked only for them leaves every output in place.
 READ_ONLY_TARGETS = {"certify", "report", "wheel-built", "compdb", "compile_commands.json"}
 
 
-def recheck(cfg: ReuseConfig, actions_file: Path, stamp: Path) -> int:
+def nothing_built(config_file: Path, actions_file: Path, stamp: Path) -> bool:
+    """A build folder none of whose outputs exist yet (a new one, or one cleaned): there is
+    nothing to check, only the outputs' folders to watch. Made and said without loading the reuse
+    rule, which a new build folder's check would load for nothing. False where an output exists."""
+    t0 = time.monotonic()
+    doc = json.loads(actions_file.read_text())
+    builddir = Path(json.loads(config_file.read_text())["reuse"]["state_dir"]).parent
+    outputs = [a["output"] for a in doc["actions"]] + _modules(builddir, doc)
+    if any(os.path.lexists(out) for out in outputs):
+        return False
+    watched = set()
+    for out in outputs:
+        folder = os.path.dirname(os.path.abspath(out))
+        os.makedirs(folder, exist_ok=True)
+        watched.add(os.path.realpath(folder))
+    real_builddir = os.path.realpath(builddir)
+    watched = {w for w in watched if w != real_builddir and not _inside(w, os.path.join(real_builddir, statedir.FOLDER))}
+    stamp.parent.mkdir(parents=True, exist_ok=True)
+    depfile.write(str(stamp) + ".d", str(stamp), sorted(watched))
+    if not stamp.exists():
+        stamp.write_text(json.dumps({"checked": 0, "seconds": round(time.monotonic() - t0, 3)}) + "\n")
+    return True
+
+
+def recheck(cfg, actions_file: Path, stamp: Path) -> int:
+    """cfg: the build's ReuseConfig (pp4/reuse/wrapper.py)."""
+    from pp4 import paths
+    from pp4.execution.root import Root
+    from pp4.reuse import events, inputsets, link, observed
+    from pp4.reuse.actionkey import FileHasher
+    from pp4.reuse.wrapper import MARKER_SUFFIX
+
     t0, cpu0 = time.monotonic(), time.process_time()
     doc = json.loads(actions_file.read_text())
     hasher = FileHasher(paths.file_hashes())
@@ -52,7 +79,7 @@ def recheck(cfg: ReuseConfig, actions_file: Path, stamp: Path) -> int:
     stale: list[tuple[str, str]] = []  # (output, why)
     watched: set[str] = set()
     checked = 0
-    outputs = [a["output"] for a in doc["actions"]] + _modules(cfg, doc)
+    outputs = [a["output"] for a in doc["actions"]] + _modules(Path(cfg.builddir()), doc)
     for out in outputs:
         # Their folders too: an output written there (a compile, a restore, a link) means there is
         # something new to watch, so the next run checks once more. Made now, so that even the
@@ -114,6 +141,8 @@ def recheck(cfg: ReuseConfig, actions_file: Path, stamp: Path) -> int:
 
 
 def _watch(pairs, to_real, watched: set[str]) -> None:
+    from pp4.reuse import observed
+
     """The folders whose change can make an observation false without any file ninja knows of
     changing: where a missing path would appear, where a link or folder would be replaced, a listed
     folder, a read file's folder (a file replaced by rename keeps whatever time it had)."""
@@ -131,8 +160,7 @@ def _watch(pairs, to_real, watched: set[str]) -> None:
             watched.add(folder)
 
 
-def _modules(cfg: ReuseConfig, doc: dict) -> list[str]:
-    builddir = Path(cfg.builddir())
+def _modules(builddir: Path, doc: dict) -> list[str]:
     found = []
     for target in sorted({a["target"] for a in doc["actions"]}):
         try:
