@@ -93,7 +93,7 @@ def main() -> int:
         stored = reuser.store_compile(act, pairs, None, 30.0)
         assert stored["action_key"], stored
         reuser.event(act, status="compiled", compile_duration_s=30.0, **stored)
-        actions.append({"argv": argv, "output": str(out), "env": action["env"]})
+        actions.append({"argv": argv, "output": str(out), "env": action["env"], "target": "bench"})  # no plan.json: no module
     reuser.hasher.save()
     actions_file = build / "actions.json"
     actions_file.write_text(json.dumps({"actions": actions}))

@@ -78,6 +78,8 @@ def recheck(cfg, actions_file: Path, stamp: Path) -> int:
     known = events.Events(cfg.state_dir)
     stale: list[tuple[str, str]] = []  # (output, why)
     watched: set[str] = set()
+    watched_sets: set[tuple] = set()
+    folders: dict[str, str] = {}  # a path's folder -> its deepest existing folder
     checked = 0
     outputs = [a["output"] for a in doc["actions"]] + _modules(Path(cfg.builddir()), doc)
     for out in outputs:
@@ -102,7 +104,9 @@ def recheck(cfg, actions_file: Path, stamp: Path) -> int:
             if pairs is None:
                 stale.append((out, f"its observation set {sid[:16]} is missing"))
                 break
-            _watch(pairs, to_real, watched)
+            if (sid, mapping) not in watched_sets:  # a set most units share: its folders once
+                watched_sets.add((sid, mapping))
+                _watch(pairs, to_real, watched, folders)
             if not checker.matches(sets_dir, sid, mapping):
                 changed = observed.differences(pairs, to_real, states)
                 stale.append((out, changed[0] if changed else "an observation no longer holds"))
@@ -113,7 +117,7 @@ def recheck(cfg, actions_file: Path, stamp: Path) -> int:
             continue
         checked += 1
         to_real = record.to_real()
-        _watch(record.observations, to_real, watched)
+        _watch(record.observations, to_real, watched, folders)
         if not observed.holds(record.observations, to_real, states):
             changed = observed.differences(record.observations, to_real, states)
             stale.append((module, changed[0] if changed else "an observation no longer holds"))
@@ -140,12 +144,13 @@ def recheck(cfg, actions_file: Path, stamp: Path) -> int:
     return 0
 
 
-def _watch(pairs, to_real, watched: set[str]) -> None:
-    from pp4.reuse import observed
-
+def _watch(pairs, to_real, watched: set[str], folders: dict[str, str]) -> None:
     """The folders whose change can make an observation false without any file ninja knows of
     changing: where a missing path would appear, where a link or folder would be replaced, a listed
-    folder, a read file's folder (a file replaced by rename keeps whatever time it had)."""
+    folder, a read file's folder (a file replaced by rename keeps whatever time it had). folders:
+    each path's folder's deepest existing folder, found once per check."""
+    from pp4.reuse import observed
+
     for path, state in pairs:
         real = to_real(path)
         if real is None or not real.startswith("/") or state.startswith((observed.AT, observed.REL)):
@@ -153,9 +158,13 @@ def _watch(pairs, to_real, watched: set[str]) -> None:
         if state.startswith(observed.LISTING):
             watched.add(real)
             continue
-        folder = os.path.dirname(real)
-        while folder and not os.path.isdir(folder):
-            folder = os.path.dirname(folder)
+        parent = os.path.dirname(real)
+        folder = folders.get(parent)
+        if folder is None:
+            folder = parent
+            while folder and not os.path.isdir(folder):
+                folder = os.path.dirname(folder)
+            folders[parent] = folder
         if folder:
             watched.add(folder)
 
