@@ -5,12 +5,12 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 
 # device_wheels NAME...: install the carried .whl/NAME-*.whl, and pp4's own dependencies the image
-# lacks (cryptography, cffi, pycparser: bench/device_wheels.sh fetches them), into /tmp/site, and set
+# lacks (cryptography, cffi, pycparser, zstandard: bench/device_wheels.sh fetches them), into /tmp/site, and set
 # NINJA to the ninja binary of the ninja wheel among them. PYTHONPATH is the caller's to set
 # (/tmp/site first).
 device_wheels() {
   local wheels=() name
-  for name in "$@" cryptography cffi pycparser; do wheels+=("$REPO"/.whl/"$name"-*.whl); done
+  for name in "$@" cryptography cffi pycparser zstandard; do wheels+=("$REPO"/.whl/"$name"-*.whl); done
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
     "${wheels[@]}" || return 1
   # pip --target puts the wheel's binary in /tmp/site/bin and leaves ninja.BIN_DIR empty, which

@@ -20,7 +20,6 @@ port and stopped after; ccache from PATH or beside this Python (pip install ccac
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import resource
@@ -29,12 +28,12 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import accounting  # bench/accounting.py: this script's folder is on sys.path
+from delay_proxy import DelayProxy
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -42,51 +41,6 @@ REPO = Path(__file__).resolve().parent.parent
 # restoring, not compiling.
 EXL3_UNITS = ["quant/comp_units/quantize_tiles_frac_inst.cu", "quant/comp_units/exl3_gemv_int8_inst_coop_h2.cu",
               "hadamard.cpp", "quant/comp_units/exl3_gemv_int8_inst_coop_k2.cu"]
-
-
-class DelayProxy:
-    """TCP proxy to a server: every request the client sends (what one write of it brings) is held
-    back `delay` seconds before it is passed on, so each round trip costs one delay, however large
-    its reply; `requests` counts them."""
-
-    def __init__(self, target_port: int, delay: float):
-        self.target_port, self.delay = target_port, delay
-        self.requests = 0
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.loop = asyncio.new_event_loop()
-        ready = threading.Event()
-        threading.Thread(target=self._run, args=(ready,), daemon=True).start()
-        ready.wait(10)
-
-    def _run(self, ready: threading.Event) -> None:
-        asyncio.set_event_loop(self.loop)
-
-        async def pipe(reader, writer, delayed: bool):
-            try:
-                while data := await reader.read(1 << 20):
-                    if delayed:
-                        self.requests += 1
-                        await asyncio.sleep(self.delay)
-                    writer.write(data)
-                    await writer.drain()
-            except (ConnectionError, OSError):
-                pass
-            finally:
-                writer.close()
-
-        async def serve(client_reader, client_writer):
-            server_reader, server_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
-            await asyncio.gather(pipe(client_reader, server_writer, True), pipe(server_reader, client_writer, False))
-
-        async def main():
-            server = await asyncio.start_server(serve, "127.0.0.1", self.port)
-            ready.set()
-            async with server:
-                await server.serve_forever()
-
-        self.loop.run_until_complete(main())
 
 
 def ninja() -> str:
