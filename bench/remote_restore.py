@@ -84,12 +84,10 @@ def kept(port: int, work: Path, objects: int) -> dict:
     import zstandard
 
     def redis_values(db: int) -> dict[str, bytes]:
-        cli = ["redis-cli", "-p", str(port), "-n", str(db)]
-        keys = subprocess.run([*cli, "--scan"], capture_output=True, text=True).stdout.split()
         import redis
 
         client = redis.Redis(port=port, db=db)
-        return {k: client.get(k) for k in keys}
+        return {k.decode(): client.get(k) for k in client.scan_iter(count=1000)}
 
     def disk(folder: Path) -> int:
         return sum(p.lstat().st_blocks * 512 for p in folder.rglob("*") if p.is_file())

@@ -50,8 +50,6 @@ def main(argv: list[str] | None = None) -> int:
                 return 2
             from pp4.reuse.recheck import recheck
 
-            if not (Path(argv[1]).is_file() and Path(argv[2]).is_file()):
-                return 0  # configure has not written them yet (a deleted build folder): it runs next
             return recheck(ReuseConfig.load(argv[1]), Path(argv[2]), Path(argv[3]))
         from pp4.reuse.edge import compile_one
         from pp4.toolchain import compilerenv

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from pp4.execution.depfile import depfile_body
 from pp4.files import canonical_json
-from pp4.reuse.observed import States, holds, is_file
+from pp4.reuse.observed import States, by_folder, holds, is_file
 from pp4.store import hashed
 from pp4.store.layout import SETS_FOLDER
 
@@ -37,6 +37,12 @@ def encode(shared: list[list[str]]) -> tuple[str, bytes]:
     """(name, canonical bytes) of a set: encoded once, written to as many directories as needed."""
     data = canonical(shared)
     return hashlib.sha256(data).hexdigest(), data
+
+
+def encode_by_folder(pairs: list[list[str]]) -> dict[str, bytes]:
+    """A compile's or link's observations as the sets they are stored as, one per folder
+    (observed.by_folder), by name."""
+    return dict(encode(part) for part in by_folder(pairs))
 
 
 def write_canonical(directory: str | Path, sid: str, data: bytes) -> None:

@@ -167,11 +167,10 @@ class _Linker:
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(out, 0o777 & ~umask)  # what the linker gives a module it writes
-        pairs = []
-        for sid in found.entry.input_sets:
-            pairs += reuser.sets.load(reuser.store_sets, sid) or []
-        files = sorted({r for p, s in pairs if observed.is_file(s) and (r := self.root.real(p)) is not None})
-        depfile.write(self.out + ".d", self.out, files)
+        sids = found.entry.input_sets  # one folder each: no file is in two
+        depfile.write(self.out + ".d", self.out,
+                      bodies=[reuser.sets.depfile_body(reuser.store_sets, sid, self.root) for sid in sids])
+        pairs = [pair for sid in sids for pair in reuser.sets.load(reuser.store_sets, sid) or []]
         write(reuser.cfg.state_dir, LinkRecord(os.path.abspath(self.out), self.command, self.root.mounts, sorted(pairs),
                                                None, {"action_key": found.entry.action_key, "tier": found.tier,
                                                       "signers": list(found.signers)}))
@@ -184,7 +183,7 @@ class _Linker:
         from pp4.reuse.wrapper import action_key, sound_entry
         from pp4.files import sha256_file
 
-        encoded = dict(inputsets.encode(part) for part in observed.by_folder(pairs))
+        encoded = inputsets.encode_by_folder(pairs)
         sids = sorted(encoded)
         akey = action_key(self.mkey, sids)
         payload = {"manifest_key": self.mkey, "command": list(self.command), "input_sets": sids, "env": self.env,

@@ -47,15 +47,7 @@ def nothing_built(config_file: Path, actions_file: Path, stamp: Path) -> bool:
     outputs = [a["output"] for a in doc["actions"]] + _modules(builddir, doc)
     if any(os.path.lexists(out) for out in outputs):
         return False
-    watched = set()
-    for out in outputs:
-        folder = os.path.dirname(os.path.abspath(out))
-        os.makedirs(folder, exist_ok=True)
-        watched.add(os.path.realpath(folder))
-    real_builddir = os.path.realpath(builddir)
-    watched = {w for w in watched if w != real_builddir and not _inside(w, os.path.join(real_builddir, statedir.FOLDER))}
-    stamp.parent.mkdir(parents=True, exist_ok=True)
-    depfile.write(str(stamp) + ".d", str(stamp), sorted(watched))
+    _write_watched(stamp, _output_folders(outputs), builddir)
     if not stamp.exists():
         stamp.write_text(json.dumps({"checked": 0, "seconds": round(time.monotonic() - t0, 3)}) + "\n")
     return True
@@ -77,18 +69,11 @@ def recheck(cfg, actions_file: Path, stamp: Path) -> int:
     sets_dir = inputsets.directory(cfg.state_dir)
     known = events.Events(cfg.state_dir)
     stale: list[tuple[str, str]] = []  # (output, why)
-    watched: set[str] = set()
     watched_sets: set[tuple] = set()
     folders: dict[str, str] = {}  # a path's folder -> its deepest existing folder
     checked = 0
     outputs = [a["output"] for a in doc["actions"]] + _modules(Path(cfg.builddir()), doc)
-    for out in outputs:
-        # Their folders too: an output written there (a compile, a restore, a link) means there is
-        # something new to watch, so the next run checks once more. Made now, so that even the
-        # first build's outputs make the check run after it.
-        folder = os.path.dirname(os.path.abspath(out))
-        os.makedirs(folder, exist_ok=True)
-        watched.add(os.path.realpath(folder))
+    watched = _output_folders(outputs)
     for action in doc["actions"]:
         out = action["output"]
         if not os.path.exists(out):
@@ -122,10 +107,7 @@ def recheck(cfg, actions_file: Path, stamp: Path) -> int:
             changed = observed.differences(record.observations, to_real, states)
             stale.append((module, changed[0] if changed else "an observation no longer holds"))
     hasher.save()
-    builddir = os.path.realpath(cfg.builddir())
-    watched = {w for w in watched if w != builddir and not _inside(w, os.path.join(builddir, statedir.FOLDER))}
-    stamp.parent.mkdir(parents=True, exist_ok=True)
-    depfile.write(str(stamp) + ".d", str(stamp), sorted(watched))
+    _write_watched(stamp, watched, cfg.builddir())
     if stale:
         removing = not _read_only_run()
         for out, _ in stale if removing else ():
@@ -142,6 +124,26 @@ def recheck(cfg, actions_file: Path, stamp: Path) -> int:
         stamp.write_text(json.dumps({"checked": checked, "seconds": round(time.monotonic() - t0, 3),
                                      "cpu_seconds": round(time.process_time() - cpu0, 3)}) + "\n")
     return 0
+
+
+def _output_folders(outputs: list[str]) -> set[str]:
+    """The outputs' folders, made now: an output written there (a compile, a restore, a link) means
+    there is something new to watch, so the next run checks once more, even after a first build."""
+    watched = set()
+    for out in outputs:
+        folder = os.path.dirname(os.path.abspath(out))
+        os.makedirs(folder, exist_ok=True)
+        watched.add(os.path.realpath(folder))
+    return watched
+
+
+def _write_watched(stamp: Path, watched: set[str], builddir) -> None:
+    """The stamp's dependency file: the watched folders but the build folder, where ninja keeps its
+    lock, and pp4's state folder in it."""
+    builddir = os.path.realpath(builddir)
+    watched = {w for w in watched if w != builddir and not _inside(w, os.path.join(builddir, statedir.FOLDER))}
+    stamp.parent.mkdir(parents=True, exist_ok=True)
+    depfile.write(str(stamp) + ".d", str(stamp), sorted(watched))
 
 
 def _watch(pairs, to_real, watched: set[str], folders: dict[str, str]) -> None:

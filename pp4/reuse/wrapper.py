@@ -278,7 +278,9 @@ class Reuser:
             self.note_miss(entry, action)
             return False
 
-        return self.front.find(action.mkey, sound, holds, remote=remote, group=self.group(action))
+        # The group names a remote value only: worked out where a remote tier will be asked.
+        group = self.group(action) if remote and self.front.remote is not None else None
+        return self.front.find(action.mkey, sound, holds, remote=remote, group=group)
 
     def observations_hold(self, entry: ManifestEntry, action: Action) -> bool:
         """Whether every observation of the entry's input sets holds now, at this compile's paths."""
@@ -412,7 +414,7 @@ class Reuser:
                   "command": list(action.command), "mounts": action.root.mounts if action.root else None}
         if problem is not None:
             return dict(result, not_stored=problem)
-        encoded = dict(inputsets.encode(part) for part in observed.by_folder(pairs))
+        encoded = inputsets.encode_by_folder(pairs)
         sids = sorted(encoded)
         for sid, data in encoded.items():
             inputsets.write_canonical(self.state_sets, sid, data)
@@ -431,12 +433,12 @@ class Reuser:
             payload["warnings"] = kept_bytes.decode("utf-8", "replace") + (
                 f"[pp4: {len(warnings) - WARNINGS_KEPT} more bytes of the compiler's messages were not kept]\n"
                 if len(warnings) > WARNINGS_KEPT else "")
+        nkey = self.name_free_key(action)
         kept = self.front.keep(action.mkey, ManifestEntry(akey, sids), encoded, args.output, sha, payload,
-                               sound=lambda e: sound_entry(action.mkey, e), group=self.group(action))
+                               sound=lambda e: sound_entry(action.mkey, e), group=nkey or action.mkey)
         if kept.record is None:
             return dict(result, not_stored=kept.problem)
         result.update(signatures=list(kept.record.signatures), signed_payload=signed_part(kept.record.payload))
-        nkey = self.name_free_key(action)
         if nkey is not None:  # where other variants of this unit look (pp4/reuse/variants.py)
             self.front.index(nkey, ManifestEntry(akey, sids))
         return dict(result, action_key=akey, remote=kept.remote)
