@@ -377,6 +377,16 @@ def compile_actions(plans: list[plan.ModulePlan], chosen: compilers.Compilers, e
     return actions
 
 
+def link_actions(plans: list[plan.ModulePlan], chosen: compilers.Compilers, envs: dict[str, dict],
+                 builddir_text: str) -> list[dict]:
+    """Every link command exactly as build.ninja's link rule runs it (after the wrapper's --), with
+    its module's pin and plan: what the prepass needs to restore a module ahead of its edges."""
+    return [{"target": p.extension.target, "output": str(p.output), "objects": [str(s.object) for s in p.steps],
+             "argv": [chosen.cxx, "-shared", *(str(s.object) for s in p.steps), "-o", str(p.output), *p.link_flags],
+             "env": envs["cxx"], "plan": ninjafile.plan_json_path(builddir_text, p), "pin": ninjafile.pin_path(p)}
+            for p in plans]
+
+
 def choose_compilers(exts: list[extensions.Extension], tc: toolchain.Toolchain,
                      folded: compilerenv.Folded) -> compilers.Compilers:
     """The compilers of this build (pp4.compilers): one host compiler for nvcc, so two -ccbin
@@ -484,7 +494,11 @@ def main(argv: list[str]) -> int:
     config_file = builddir / "pp4.json"
     write_if_changed(config_file, json.dumps(config, indent=1, sort_keys=True) + "\n")
     actions_file = builddir / "actions.json"
-    write_if_changed(actions_file, json.dumps({"actions": compile_actions(plans, chosen, envs)}, indent=1) + "\n")
+    builddir_text = os.path.relpath(builddir, root) if builddir.is_relative_to(root) else str(builddir)
+    write_if_changed(actions_file, json.dumps({"actions": compile_actions(plans, chosen, envs),
+                                               "links": link_actions(plans, chosen, envs, builddir_text),
+                                               "certificate": ninjafile.certificate_path(builddir_text)},
+                                              indent=1) + "\n")
     # Apart from actions.json: the estimates change with every build's log, the commands do not.
     write_if_changed(statedir.part(statedir.of_build(builddir), statedir.ESTIMATES),
                      progress.estimates_doc(jobs, {str(s.object): round(plan.expected_ms(p, s, table, scale) / 1000, 1)
@@ -493,13 +507,13 @@ def main(argv: list[str]) -> int:
         write_if_changed(builddir / p.extension.target / "plan.json",
                          json.dumps(plan_record(p, tc, root), indent=1, sort_keys=True) + "\n")
 
-    builddir_text = os.path.relpath(builddir, root) if builddir.is_relative_to(root) else str(builddir)
     spec_files = sorted({str(f) for e in exts for f in e.spec_files})
     generator_inputs = [str(ROOT / "configure.py"), str(ROOT / "build.ninja.in"),
                         *(str(ROOT / "pp4" / m) for m in ("plan/modules.py", "plan/torchflags.py", "plan/ninjafile.py",
                                                           "sources/extensions.py", "sources/exl3.py", "sources/setuppy.py",
                                                           "toolchain/compilerenv.py", "toolchain/compilers.py")),
-                        str(torch_package_dir() / "version.py"), *spec_files]
+                        str(torch_package_dir() / "version.py"), *spec_files,
+                        *toolchain_inputs]  # another lock: another prefix, which configure provisions
     settings = ninjafile.BuildSettings(
         python=python_command(), configure=str(ROOT / "configure.py"), configure_args=tuple(argv),
         ninja=ninjarun.installed(), nvcc=str(tc.nvcc), cxx=chosen.cxx,  # as in compile_actions
@@ -507,11 +521,13 @@ def main(argv: list[str]) -> int:
         config=str(config_file), actions=str(actions_file), jobs=jobs, builddir=builddir_text, dist_dir=args.dist_dir,
         toolchain_manifest=str(tc.prefix / toolchain.MANIFEST) if tc.pinned else None,
         toolchain_args=tuple(toolchain_args), toolchain_inputs=tuple(toolchain_inputs),
+        toolchain_key=tc.key if tc.pinned else None,
         generator_inputs=tuple(dict.fromkeys(generator_inputs)),
         source_folders=source_folders, source_listing=str(listing_stamp), source_listing_ignore=listing_ignore,
         generator_outputs=(str(config_file), str(actions_file), str(builddir / "configure.json"),
                            *(ninjafile.plan_json_path(builddir_text, p) for p in plans)),
     )
+    write_own_bytecode()
     rules = (ROOT / "build.ninja.in").read_text()
     text = ninjafile.render(settings, rules, plans, ordered)
     changed = write_if_changed(root / "build.ninja", text)
@@ -529,6 +545,17 @@ def main(argv: list[str]) -> int:
     print(f"configure: build.ninja {'written' if changed else 'unchanged'}; run `ninja`"
           + (f" (re-run: python configure.py {shlex.join(argv)})" if argv else ""))
     return 0
+
+
+def write_own_bytecode() -> None:
+    """A warm build starts Python a few times (the prepass, the recheck, a link or a pin), each
+    importing about 40 of pp4's modules; where nothing writes their bytecode as they are imported
+    (PYTHONDONTWRITEBYTECODE set, as on some shared machines), each start compiles them again: 0.1
+    CPU-s a process. Written here, where stale or missing, into the package's own __pycache__
+    folders; a folder that cannot be written only costs that time."""
+    import compileall
+
+    compileall.compile_dir(ROOT / "pp4", quiet=2, workers=1)
 
 
 def cost_line(plans: list[plan.ModulePlan], ordered, table: dict[str, int], jobs: int, scale: float = 1.0,

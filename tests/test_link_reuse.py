@@ -47,6 +47,11 @@ def test_a_module_is_restored_where_its_link_would_give_the_same_bytes(tmp_path,
 
     second, module, out = build(tmp_path / "b", store)
     assert second["link_reuse"]["tier"] == "local" and second["link_reuse"]["signers"], out
+    # every object restored in this run: the prepass restored the module, pinned and certified it,
+    # and the later edges only said so (what ninja ran: its log's command hashes are of the full
+    # commands either way, so the judge is that no process of those edges' Python ran: no marker left)
+    assert out.splitlines()[-1].startswith("pp4: this build restored everything before its edges ran: "), out
+    assert not list((tmp_path / "b" / "build").rglob("*.pp4-ahead")), "every claim is taken by its edge"
     assert second["link_reuse"]["action_key"] == first["link_reuse"]["action_key"]
     real, real_module, _ = build(tmp_path / "c", None)
     assert real["link_reuse"] is None
@@ -58,6 +63,17 @@ def test_a_module_is_restored_where_its_link_would_give_the_same_bytes(tmp_path,
     # Its dependency file names what the link read, so a changed library or object relinks it.
     deps = (module.parent / (module.name + ".d")).read_text()
     assert "unit.cpp.o" in deps
+
+    # A claim left by another ninja run (one asked for less, or killed) is not taken on trust: the
+    # edges run in full, and what the claim says is never said.
+    pin_file = module.with_name(module.name + ".pin.json")
+    module_bytes = module.read_bytes()
+    for made in (module, pin_file):
+        made.unlink()
+        made.with_name(made.name + ".pp4-ahead").write_text("1\nFORGED CLAIM\n")
+    proc = subprocess.run([ninja_bin()], cwd=tmp_path / "b", capture_output=True, text=True)
+    assert proc.returncode == 0 and "FORGED CLAIM" not in proc.stdout, proc.stdout + proc.stderr
+    assert module.read_bytes() == module_bytes and json.loads(pin_file.read_text())["file"] == module.name
 
     # Another object (an edited source): nothing stored holds, the linker runs, and the module is
     # what a real link of the edited source gives.

@@ -84,9 +84,11 @@ def read(certificate: Path) -> tuple[dict, str]:
                                f"(delete it first, so that ninja writes it again)") from None
 
 
-def document(config_path: Path, actions_path: Path, builddir: Path, targets: set[str] | None = None) -> dict:
+def document(config_path: Path, actions_path: Path, builddir: Path, targets: set[str] | None = None,
+             read_set=None) -> dict:
     """The certificate's document for every object of ``targets`` (None: all): what each event
-    recorded, checked against the object's bytes now. CertificateError lists what cannot be certified."""
+    recorded, checked against the object's bytes now. CertificateError lists what cannot be certified.
+    read_set(sid): a set from the build's state folder, where the caller has them read already."""
     config = json.loads(config_path.read_text())
     state_dir = config["reuse"]["state_dir"]
     actions = [a for a in json.loads(actions_path.read_text())["actions"] if targets is None or a["target"] in targets]
@@ -108,7 +110,7 @@ def document(config_path: Path, actions_path: Path, builddir: Path, targets: set
                                          object_size=size, event=ev).to_json())
         for sid in ev.input_sets:
             if sid not in sets:
-                sets[sid] = inputsets.read(sets_dir, sid)
+                sets[sid] = read_set(sid) if read_set is not None else inputsets.read(sets_dir, sid)
                 if sets[sid] is None:
                     problems.append(f"{action['output']}: its input set {sid} is missing or damaged in "
                                     f"{sets_dir}: rebuild it (delete the object first)")
@@ -166,9 +168,11 @@ def built_targets(builddir: Path, actions_path: Path) -> tuple[list[str], list[s
     return built, missing
 
 
-def write(config_path: Path, actions_path: Path, out: Path) -> str:
+def write(config_path: Path, actions_path: Path, out: Path, say=print, read_set=None) -> str:
+    """Write the certificate and its build record; say (print) gets the line that tells of it.
+    read_set: as document's."""
     config = json.loads(config_path.read_text())
-    doc = document(config_path, actions_path, out.parent)
+    doc = document(config_path, actions_path, out.parent, read_set=read_set)
     raw = canonical(doc)
     digest = hashlib.sha256(raw).hexdigest()
     write_whole(out, gzip.compress(raw, compresslevel=6, mtime=0))  # 9 costs 5x the time for 2% fewer bytes
@@ -184,7 +188,7 @@ def write(config_path: Path, actions_path: Path, out: Path) -> str:
     why = f", {len(unstored)} not stored: {unstored[0]['output']}: {unstored[0]['not_stored']}" if unstored else ""
     if len(unstored) > 1:
         why += " (each one's reason: build/certificate.json.gz, `not_stored`)"
-    print(f"certificate {out}: sha256 {digest} ({len(objects)} objects: {reused} reused"
+    say(f"certificate {out}: sha256 {digest} ({len(objects)} objects: {reused} reused"
           + (f" ({remote} from the remote store)" if remote else "") + f", {len(objects) - reused} compiled{why})")
     return digest
 

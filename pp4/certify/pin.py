@@ -73,6 +73,11 @@ def write(plan_path: Path, module: Path, out: Path) -> dict:
     return pin
 
 
+def said(pin: dict) -> str:
+    """The line that tells of a pin written."""
+    return f"{pin['module']}: sha256 {pin['sha256']}, source key {pin['source_key']}"
+
+
 def check(module: Path, module_sha256: str | None = None, with_tree: bool = False) -> dict:
     """The pin of a module after checking both its bytes and its sources; PinError otherwise.
     module_sha256: the module's hash where the caller has just computed it. with_tree: add the
@@ -121,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     except PinError as e:
         print(f"pp4.certify.pin: error: {e}", file=sys.stderr)
         return 1
-    print(f"{pin['module']}: sha256 {pin['sha256']}, source key {pin['source_key']}")
+    print(said(pin))
     return 0
 
 

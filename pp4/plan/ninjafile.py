@@ -23,6 +23,7 @@ RUNTIME_LOADER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__
 
 # What each compile edge starts (a path, as above): it hands the edge to the build's compile server.
 REUSE_CLIENT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "reuse", "client.py")
+PREFIX_CHECK = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "toolchain", "prefixcheck.py")
 
 
 @attrs.frozen
@@ -43,6 +44,7 @@ class BuildSettings:
     toolchain_manifest: str | None  # None with --cuda-home: nothing to provision
     toolchain_args: tuple[str, ...]
     toolchain_inputs: tuple[str, ...]  # the lock file
+    toolchain_key: str | None  # the prefix's key, which its manifest must hold
     generator_inputs: tuple[str, ...]
     # What configure writes besides build.ninja (pp4.json, actions.json, each plan.json): outputs
     # of the generator edge, so that a deleted build folder makes ninja run configure again.
@@ -138,6 +140,9 @@ def render(settings: BuildSettings, rules: str, plans: list[ModulePlan],
     w.variable("config", _shell([settings.config]))
     w.variable("actions", _shell([settings.actions]))
     w.variable("toolchain_args", _shell(settings.toolchain_args))
+    if settings.toolchain_manifest:
+        w.variable("toolchain_check", _shell([PREFIX_CHECK, os.path.dirname(settings.toolchain_manifest),
+                                              settings.toolchain_key]))
     w.variable("dist_dir", _shell([settings.dist_dir]))
     w.newline()
     w.pool("compile_pool", settings.jobs)

@@ -39,10 +39,14 @@ def main(argv: list[str] | None = None) -> int:
             from pp4.reuse import client
             from pp4.reuse.prepass import prepass  # not imported by the compile edges
 
-            server = client.start_for(argv[1])  # loading while the prepass works: every compile edge is served
-            code = prepass(ReuseConfig.load(argv[1]), Path(argv[2]), Path(argv[3]))
-            if server:
-                client.ready(server)
+            server = []  # started where a compile will run after all, loading while the prepass goes on
+
+            def start_server():
+                server.append(client.start_for(argv[1]))
+
+            code = prepass(ReuseConfig.load(argv[1]), Path(argv[2]), Path(argv[3]), Path(argv[1]), start_server)
+            if server and server[0]:
+                client.ready(server[0])
             return code
         if argv and argv[0] == "--recheck":
             if len(argv) != 4:

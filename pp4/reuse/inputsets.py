@@ -99,7 +99,7 @@ class SetChecker:
         data = self._bytes[sid]
         if data is None:
             raise ValueError(f"input set {sid} is missing or damaged in {directory}")
-        write_canonical(to, sid, data)
+        hashed.link(to, sid, hashed.path_of(directory, sid), data)
 
     def matches(self, directory: str | Path, sid: str, mapping) -> bool:
         """mapping: a hashable object with real(path) (pp4.execution.root.Root), or None when the

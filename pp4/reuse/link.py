@@ -141,9 +141,16 @@ class _Linker:
         this checkout's folders would be keyed on them)."""
         if not reuse.get("store") or root is None or out is None:
             return None
-        from pp4.reuse.wrapper import ReuseConfig, Reuser, manifest_key
+        from pp4.reuse.wrapper import ReuseConfig, Reuser
 
-        reuser = Reuser(ReuseConfig.load(config_path))
+        return cls.for_reuser(Reuser(ReuseConfig.load(config_path)), root, command, env, out)
+
+    @classmethod
+    def for_reuser(cls, reuser, root: Root, command: list[str], env: dict, out: str) -> "_Linker | None":
+        """The link through a Reuser the caller has (the prepass's); None where its store is off or
+        no root can be made here."""
+        from pp4.reuse.wrapper import manifest_key
+
         if reuser.front is None or not reuser.root_works():
             return None
         fixed = tuple(root.command(list(command)))

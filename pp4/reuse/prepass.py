@@ -13,19 +13,25 @@ from pathlib import Path
 from pp4.execution import depfile
 from pp4.execution.root import Root
 from pp4.reuse import actionkey, events, inputsets
+from pp4.reuse.ahead import ahead
 from pp4.reuse.notices import env_notices, notify_once
 from pp4.reuse.wrapper import MARKER_SUFFIX, ReuseConfig, Reuser
 
 STATE_SETS_GRACE_S = 3600.0
 
 
-def prepass(cfg: ReuseConfig, actions_file: Path, stamp: Path) -> int:
+def prepass(cfg: ReuseConfig, actions_file: Path, stamp: Path, config_file: Path | None = None,
+            on_miss=None) -> int:
+    """on_miss: called once unless this prepass restored every object of the build: a compile edge may
+    run (it starts the compile server, which such a build never needs)."""
     t0, cpu0 = time.monotonic(), time.process_time()
-    actions = json.loads(actions_file.read_text())["actions"]
+    planned = json.loads(actions_file.read_text())
+    actions = planned["actions"]
     notify_once(cfg.state_dir, env_notices(cfg.folded))
     reuser = Reuser(cfg)
     restored = 0
     hits: list[events.CompileEvent] = []
+    put: set[str] = set()  # the objects restored, as the actions name them
     missing = []
     for doc in actions:
         args = actionkey.parse_compile(doc["argv"])
@@ -49,6 +55,7 @@ def prepass(cfg: ReuseConfig, actions_file: Path, stamp: Path) -> int:
                 hit, used = found
                 Path(used.args.output + MARKER_SUFFIX).write_text(hit.entry.action_key + "\n")
                 hits.append(reuser.hit_event(used, hit, time.monotonic() - t, via="prepass"))
+                put.add(used.args.output)
                 restored += 1
             else:
                 rest.append(action)
@@ -56,6 +63,8 @@ def prepass(cfg: ReuseConfig, actions_file: Path, stamp: Path) -> int:
             missing, rest = rest, []
         else:
             break
+    if on_miss is not None and len(hits) < len(actions):  # some compile edge may run: a miss, or a stale object
+        on_miss()
     reuser.hasher.save()
     reuser.note_refusals()
     # One batch file for all of them, after the markers: killed before it is in place, the markers
@@ -80,6 +89,9 @@ def prepass(cfg: ReuseConfig, actions_file: Path, stamp: Path) -> int:
     # ninja, run by hand at the same time, may have just written one).
     events.collect(cfg.state_dir, {doc["output"] for doc in actions}, batch)
     inputsets.collect(reuser.state_sets, named, older_than_s=STATE_SETS_GRACE_S)
+    if config_file is not None:  # the link, pin and certificate edges where nothing is left before them
+        ahead(reuser, config_file, actions_file, planned, put, t0,
+              {tier: sum(e.tier == tier for e in hits) for tier in ("local", "remote")})
     stamp.parent.mkdir(parents=True, exist_ok=True)
     depfile.write(str(stamp) + ".d", str(stamp), sorted(deps))
     cpu = time.process_time() - cpu0

@@ -38,8 +38,7 @@ from pp4.toolchain.locks import ToolchainLock
 from pp4.toolchain.torchenv import HeaderFile, library_headers
 from pp4.toolchain.wheelcache import ensure_wheels
 
-MANIFEST = ".pp4-toolchain.json"
-MANIFEST_VERSION = 1
+from pp4.toolchain.prefixcheck import MANIFEST, MANIFEST_VERSION, check_prefix, read_manifest  # noqa: F401 (theirs)
 # Tools whose bytes decide what nvcc produces; the reuse rule hashes them as the toolchain identity.
 IDENTITY_FILES = (
     "bin/nvcc", "bin/nvcc.profile", "bin/ptxas", "bin/cudafe++", "bin/fatbinary", "bin/nvlink",
@@ -155,54 +154,6 @@ def prefix_key(lock: ToolchainLock, headers: list[HeaderFile]) -> str:
 
 # ---------------------------------------------------------------------------------------------
 # the check
-
-
-def read_manifest(prefix: Path) -> dict | None:
-    try:
-        doc = json.loads((prefix / MANIFEST).read_text())
-    except (OSError, ValueError):
-        return None
-    return doc if isinstance(doc, dict) and doc.get("version") == MANIFEST_VERSION else None
-
-
-def check_prefix(prefix: Path, key: str | None = None, deep: bool = False) -> list[str]:
-    """What is wrong with a prefix; empty when it is complete and unmodified.
-
-    The fast check compares every file's size, mode and mtime with the manifest and looks for
-    files that should not be there (a stray header could shadow a real one); deep also rehashes.
-    """
-    manifest = read_manifest(prefix)
-    if manifest is None:
-        return [f"{prefix}: no valid {MANIFEST} (not provisioned, or provisioning was interrupted)"]
-    if key is not None and manifest.get("key") != key:
-        return [f"{prefix}: manifest key {manifest.get('key')} is not the expected {key}"]
-    problems = []
-    files: dict = manifest["files"]
-    links: dict = manifest["links"]
-    for rel, (sha, size, mode, mtime_ns) in files.items():
-        p = prefix / rel
-        try:
-            st = p.lstat()
-        except FileNotFoundError:
-            problems.append(f"{p}: missing")
-            continue
-        if not stat.S_ISREG(st.st_mode):
-            problems.append(f"{p}: not a regular file")
-        elif st.st_size != size or stat.S_IMODE(st.st_mode) != mode or st.st_mtime_ns != mtime_ns:
-            problems.append(f"{p}: size, mode or mtime differ from the manifest (modified)")
-        elif deep and sha256_file(p) != sha:
-            problems.append(f"{p}: content does not hash to {sha}")
-    for rel, target in links.items():
-        p = prefix / rel
-        if not p.is_symlink() or os.readlink(p) != target:
-            problems.append(f"{p}: should be a symbolic link to {target}")
-    known = set(files) | set(links) | {MANIFEST}
-    for dirpath, dirnames, filenames in os.walk(prefix):
-        for name in filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
-            rel = os.path.relpath(os.path.join(dirpath, name), prefix)
-            if rel not in known:
-                problems.append(f"{prefix / rel}: not part of the toolchain (an extra file could shadow a header)")
-    return problems
 
 
 # ---------------------------------------------------------------------------------------------
