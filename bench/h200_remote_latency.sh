@@ -5,7 +5,8 @@
 # target through bench/delay_proxy.py, which holds every request back DELAY_MS (20) as a network
 # round trip would: wall and CPU of its whole `ninja exl3` (bench/accounting.py), the round trips it
 # made, what Redis holds (keys, bytes, keys per stored object), and each object and the module of
-# checkout 2 against checkout 1's, byte for byte.
+# checkout 2 against checkout 1's, byte for byte; then checkout 3 (/tmp/l3) from checkout 1's
+# local store alone, timed the same way.
 # Carried: .whl (ninja, redis, zstandard, cryptography, cffi, pycparser wheels: bench/device_wheels.sh;
 # .whl/redis-server/: Debian's redis-server 7.0.15 and the libraries it links) and the machine's
 # /usr/local/cuda through --cuda-home. EXT=p2p runs the same on P2P (a dry run where EXL3 is slow).
@@ -27,11 +28,13 @@ python3 "$REPO/bench/delay_proxy.py" --to 6399 --port 6400 --delay-ms "$DELAY_MS
 sleep 1
 { nproc; nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null; LD_LIBRARY_PATH=$RS "$REDIS_SERVER" --version; } \
   | tee "$OUT/remote-latency.txt"
-build() {  # build DIR URL [configure options]: configure and `ninja $EXT` there, timed
+build() {  # build DIR URL [configure options]: configure and `ninja $EXT` there, timed (URL -: no remote tier)
   local dir=$1 url=$2; shift 2
+  local remote=(--store "$dir/store" --remote-store "$url")
+  [ "$url" = - ] && remote=()
   mkdir -p "$dir" && cd "$dir"
   python3 "$REPO/configure.py" --arch 9.0 --ext "$EXT" "${CUDA_HOME_ARGS[@]}" --wheel-dir "$REPO/.whl" -j 16 --nice 0 \
-    --store "$dir/store" --remote-store "$url" "$@" > configure.log 2>&1 || { tail -5 configure.log; exit 1; }
+    "${remote[@]}" "$@" > configure.log 2>&1 || { tail -5 configure.log; exit 1; }
   $NINJA toolchain > /dev/null 2>&1
   local before; before=$(cat /tmp/trips.txt 2>/dev/null || echo 0)
   python3 "$REPO/bench/accounting.py" "$(basename "$dir") ninja $EXT" $NINJA -j 16 "$EXT" > ninja.log 2>> "$OUT/remote-latency.txt" \
@@ -42,6 +45,16 @@ build() {  # build DIR URL [configure options]: configure and `ninja $EXT` there
 }
 build /tmp/l1 redis://127.0.0.1:6399/0
 build /tmp/l2 redis://127.0.0.1:6400/0 --remote-store-mode read
+# checkout 3: a third folder from checkout 1's local store, no remote tier
+build /tmp/l3 - --store /tmp/l1/store
+python3 - <<'PY' 2>&1 | tee -a "$OUT/remote-latency.txt"
+import gzip, json
+a, b = (json.loads(gzip.decompress(open(f"/tmp/{d}/build/certificate.json.gz", "rb").read())) for d in ("l1", "l3"))
+same = sum(x["object_sha256"] == y["object_sha256"] for x, y in zip(a["objects"], b["objects"]))
+mods = sum(x["sha256"] == y["sha256"] for x, y in zip(a["modules"], b["modules"]))
+print(f"checkout 3 (checkout 1's local store): {same} of {len(a['objects'])} objects and {mods} of {len(a['modules'])} modules equal")
+PY
+tail -2 /tmp/l3/ninja.log | tee -a "$OUT/remote-latency.txt"
 python3 - <<'PY' 2>&1 | tee -a "$OUT/remote-latency.txt"
 import gzip, hashlib, json, redis
 from pathlib import Path
