@@ -508,11 +508,7 @@ def main(argv: list[str]) -> int:
                          json.dumps(plan_record(p, tc, root), indent=1, sort_keys=True) + "\n")
 
     spec_files = sorted({str(f) for e in exts for f in e.spec_files})
-    generator_inputs = [str(ROOT / "configure.py"), str(ROOT / "build.ninja.in"),
-                        *(str(ROOT / "pp4" / m) for m in ("plan/modules.py", "plan/torchflags.py", "plan/ninjafile.py",
-                                                          "sources/extensions.py", "sources/exl3.py", "sources/setuppy.py",
-                                                          "toolchain/compilerenv.py", "toolchain/compilers.py")),
-                        str(torch_package_dir() / "version.py"), *spec_files,
+    generator_inputs = [*configure_inputs(), str(torch_package_dir() / "version.py"), *spec_files,
                         *toolchain_inputs]  # another lock: another prefix, which configure provisions
     settings = ninjafile.BuildSettings(
         python=python_command(), configure=str(ROOT / "configure.py"), configure_args=tuple(argv),
@@ -545,6 +541,18 @@ def main(argv: list[str]) -> int:
     print(f"configure: build.ninja {'written' if changed else 'unchanged'}; run `ninja`"
           + (f" (re-run: python configure.py {shlex.join(argv)})" if argv else ""))
     return 0
+
+
+def configure_inputs() -> list[str]:
+    """What this run of configure was made of: configure.py, build.ninja.in, every module of pp4 it
+    imported (the plan, the flags, the sources, the facc patch's applier, the toolchain's
+    provisioning, ...) and the data files they read (the patches, the duration tables). A change to
+    any of them makes ninja run configure again: a list kept by hand missed some."""
+    own = ROOT / "pp4"
+    modules = {str(Path(m.__file__)) for m in list(sys.modules.values())
+               if getattr(m, "__file__", None) and Path(m.__file__).is_relative_to(own)}
+    data = [str(p) for folder in (own / "sources" / "patches", DURATION_TABLES) for p in folder.iterdir() if p.is_file()]
+    return [str(ROOT / "configure.py"), str(ROOT / "build.ninja.in"), *sorted(modules), *sorted(data)]
 
 
 def write_own_bytecode() -> None:

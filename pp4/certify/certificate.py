@@ -223,9 +223,7 @@ def build_record(config: dict, modules: list[dict], certificate: Path, digest: s
     if modules:  # every module of a build uses the one toolchain configure chose
         plan = json.loads((certificate.parent / modules[0]["target"] / "plan.json").read_text())
         tc_prefix = plan["toolchain"]["prefix"]
-    # Imported here, not at the top: the audit reads certificates through this module and never
-    # needs the toolchain module, whose imports (wheels, torch's metadata) cost it 20 ms at start-up.
-    from pp4.toolchain.provision import read_manifest
+    from pp4.toolchain.prefixcheck import read_manifest  # the standard library alone: nothing to load
 
     manifest = read_manifest(Path(tc_prefix)) if tc_prefix else None
     with_folders = all("root" in m for m in modules)

@@ -1,0 +1,52 @@
+"""build.ninja runs configure again when anything configure was made of changes: every module of
+pp4 it imported and the data files they read. The oracle is Python's own account of what the
+configure run imported (`-X importtime`), against ninja's account of the configure edge's inputs
+(`ninja -t query build.ninja`); then a real touch of one of those modules, judged by whether ninja
+runs the configure edge."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import REPO
+from test_specs_build import TWO, ninja_bin
+
+
+def test_every_module_configure_imported_is_an_input_of_build_ninja(tmp_path, toolchain):
+    project = tmp_path / "project"
+    shutil.copytree(TWO, project)
+    work = tmp_path / "work"
+    work.mkdir()
+    proc = subprocess.run([sys.executable, "-X", "importtime", str(REPO / "configure.py"), "--arch", "9.0",
+                           "--ext-spec", str(project / "spec" / "spec.toml"), "--store", str(tmp_path / "store")],
+                          cwd=work, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    imported = set(re.findall(r"^import time:\s+\d+ \|\s+\d+ \|\s+(pp4(?:\.\w+)*)$", proc.stderr, re.M))
+    assert "pp4.sources.unidiff" in imported or "pp4.toolchain.provision" in imported, sorted(imported)
+    files = set()
+    for name in imported:
+        base = REPO.joinpath(*name.split("."))
+        files.add(str(base / "__init__.py") if base.is_dir() else str(base.with_suffix(".py")))
+    query = subprocess.run([ninja_bin(), "-t", "query", "build.ninja"], cwd=work, capture_output=True, text=True)
+    inputs = {ln.strip().lstrip("| ").strip() for ln in query.stdout.splitlines()}
+    missing = sorted(f for f in files if f not in inputs)
+    assert not missing, f"configure imported these, and a change to them would not re-run it: {missing}"
+
+    # A real change: a module configure imported is newer than build.ninja, and ninja re-runs configure.
+    module = REPO / "pp4" / "plan" / "estimate.py"
+    assert str(module) in inputs
+    later = os.stat(work / "build.ninja").st_mtime + 5
+    saved = os.stat(module)
+    try:
+        os.utime(module, (later, later))
+        explain = subprocess.run([ninja_bin(), "-n", "-d", "explain", "build.ninja"], cwd=work, capture_output=True,
+                                 text=True)
+    finally:
+        os.utime(module, ns=(saved.st_atime_ns, saved.st_mtime_ns))
+    assert "CONFIGURE" in explain.stdout, explain.stdout + explain.stderr
+
