@@ -11,7 +11,6 @@ import re
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 from conftest import REPO
 from test_specs_build import TWO, ninja_bin
