@@ -30,6 +30,7 @@ from pp4 import interrupt  # noqa: E402
 from pp4 import ninjarun  # noqa: E402
 from pp4 import paths  # noqa: E402
 from pp4 import statedir  # noqa: E402
+from pp4.build import config as buildconfig  # noqa: E402
 from pp4.files import write_if_changed  # noqa: E402
 from pp4.plan import modules as plan  # noqa: E402
 from pp4.plan import ninjafile  # noqa: E402
@@ -491,9 +492,9 @@ def main(argv: list[str]) -> int:
     listing_stamp = statedir.part(statedir.of_build(builddir), statedir.SOURCE_LISTING)
     if source_folders:
         listing.write(listing_stamp, source_folders, listing_ignore)
-    config_file = builddir / "pp4.json"
-    write_if_changed(config_file, json.dumps(config, indent=1, sort_keys=True) + "\n")
-    actions_file = builddir / "actions.json"
+    config_file = buildconfig.config_path(builddir)
+    buildconfig.write(builddir, **config)
+    actions_file = buildconfig.actions_path(builddir)
     builddir_text = os.path.relpath(builddir, root) if builddir.is_relative_to(root) else str(builddir)
     write_if_changed(actions_file, json.dumps({"actions": compile_actions(plans, chosen, envs),
                                                "links": link_actions(plans, chosen, envs, builddir_text),

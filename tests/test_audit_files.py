@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from conftest import compile_section, store_as_compiled
+from pp4.build import config as buildconfig
 
 from pp4.certify import audit
 from pp4.execution import depfile
@@ -47,7 +48,7 @@ def build(tmp_path_factory, toolchain) -> Path:
                         "state_dir": str(state), "store": str(work / "store"), "toolchain": {"bin/nvcc": "0" * 64}},
               "compile": compile_section(toolchain)}
     build.mkdir()
-    (build / "pp4.json").write_text(json.dumps(config))
+    buildconfig.write(build, **config)
     reuser = Reuser(ReuseConfig.load(build / "pp4.json"))
     env = config["compile"]["env"]["cuda"]
     actions = []

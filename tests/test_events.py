@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, compile_section, store_as_compiled
+from pp4.build import config as buildconfig
 
 from pp4.certify import certificate
 from pp4.reuse import events, inputsets, prepass
@@ -45,7 +46,7 @@ class Scene:
                   "compile": compile_section(toolchain)}
         env = config["compile"]["env"]["cuda"]
         build.mkdir()
-        (build / "pp4.json").write_text(json.dumps(config))
+        buildconfig.write(build, **config)
         self.config = build / "pp4.json"
         self.cfg = reuse.ReuseConfig.load(self.config)
         old = time.time() - 3600

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import attrs
 
+from pp4.build import config as buildconfig
 from pp4 import interrupt
 from pp4.certify import certificate, pin
 from pp4.execution.root import Root
@@ -46,7 +47,7 @@ def differing_bytes(a: bytes, b: bytes) -> list[int]:
     return [i for i in range(min(len(a), len(b))) if a[i] != b[i]][:16] or [min(len(a), len(b))]
 
 class Audit:
-    def __init__(self, cert_path: Path, store_dir: str | None, config: dict, doc: dict | None = None):
+    def __init__(self, cert_path: Path, store_dir: str | None, config: buildconfig.BuildConfig, doc: dict | None = None):
         """doc: a certificate document made now for what is built (``--built`` before `ninja` has
         written the certificate): audited the same way, with no build record to compare."""
         self.cert_path = cert_path
@@ -207,13 +208,13 @@ class Audit:
             argv = list(obj["argv"])
             argv[argv.index("-o") + 1] = str(scratch / "recompiled.o")
             argv[argv.index("-MF") + 1] = str(scratch / "recompiled.o.d")
-            reuse = self.config["reuse"]
+            reuse = self.config.reuse
             root = Root.make(os.getcwd(), reuse.get("relocation") or {}, obj.get("root"),
                              str(Path(reuse["state_dir"]).parent)) if obj.get("mounts") else None
             t0 = time.monotonic()
             # Observed as the build's compiles are: the observer is one of the processes whose ids
             # the object records (pp4/execution/root.py).
-            ran = run(argv, obj.get("env", {}), Limits.from_dict(self.config["limits"]), scratch / "runs", root)
+            ran = run(argv, obj.get("env", {}), Limits.from_dict(self.config.limits), scratch / "runs", root)
             if ran.returncode != 0:
                 self.fail(f"{obj['output']}: recompiling failed:\n{ran.stderr.decode(errors='replace')[-2000:]}")
                 continue
@@ -227,12 +228,12 @@ class Audit:
         return lines
 
 
-def _trust(config: dict):
+def _trust(config: buildconfig.BuildConfig):
     """The build's trust list (pp4/store/signing.py), as its restores used it: (trust, None) or
     (None, why it cannot be read)."""
     from pp4.store import signing
 
-    settings = config.get("reuse", {}).get("trust") or {}
+    settings = config.reuse.get("trust") or {}
     key = Path(settings.get("signing_key") or signing.default_key_path())
     try:
         own = signing.read_public(signing.public_path(key))
@@ -262,8 +263,8 @@ def main(argv: list[str] | None = None) -> int:
     builddir = args.certificate.parent
     doc, not_built = None, []
     try:
-        config = json.loads((builddir / "pp4.json").read_text())
-        store_dir = args.store or config["reuse"]["store"]
+        config = buildconfig.load(builddir)
+        store_dir = args.store or config.store
         if args.built:
             built, not_built = certificate.built_targets(builddir, builddir / "actions.json")
             if not args.certificate.exists():
@@ -273,14 +274,14 @@ def main(argv: list[str] | None = None) -> int:
                     return 1
                 doc = certificate.document(builddir / "pp4.json", builddir / "actions.json", builddir, set(built))
         audit = Audit(args.certificate, store_dir, config, doc)
-    except (certificate.CertificateError, pin.PinError, OSError, ValueError, KeyError) as e:
+    except (certificate.CertificateError, pin.PinError, buildconfig.BuildFolderError, OSError, ValueError, KeyError) as e:
         print(f"pp4.certify.audit: error: {e}", file=sys.stderr)
         return 1
     audit.check_record()
     audit.check_objects()
     lines = []
     if args.recompile:
-        with tempfile.TemporaryDirectory(dir=config["reuse"]["state_dir"], prefix="recompile-") as tmp:
+        with tempfile.TemporaryDirectory(dir=config.state_dir, prefix="recompile-") as tmp:
             lines = audit.recompile(args.recompile, Path(tmp))
     objs = audit.doc["objects"]
     reused = sum(o["status"] == "reused" for o in objs)

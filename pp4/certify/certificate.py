@@ -27,8 +27,8 @@ from pathlib import Path
 
 import attrs
 
+from pp4.build import config as buildconfig
 from pp4 import interrupt
-from pp4 import statedir
 from pp4.certify import pin
 from pp4.files import canonical_json, sha256_and_size, write_whole
 from pp4.execution.root import Root
@@ -89,8 +89,7 @@ def document(config_path: Path, actions_path: Path, builddir: Path, targets: set
     """The certificate's document for every object of ``targets`` (None: all): what each event
     recorded, checked against the object's bytes now. CertificateError lists what cannot be certified.
     read_set(sid): a set from the build's state folder, where the caller has them read already."""
-    config = json.loads(config_path.read_text())
-    state_dir = config["reuse"]["state_dir"]
+    state_dir = buildconfig.load(config_path).state_dir
     actions = [a for a in json.loads(actions_path.read_text())["actions"] if targets is None or a["target"] in targets]
     objects, problems, sets = [], [], {}
     sets_dir = inputsets.directory(state_dir)
@@ -171,7 +170,7 @@ def built_targets(builddir: Path, actions_path: Path) -> tuple[list[str], list[s
 def write(config_path: Path, actions_path: Path, out: Path, say=print, read_set=None) -> str:
     """Write the certificate and its build record; say (print) gets the line that tells of it.
     read_set: as document's."""
-    config = json.loads(config_path.read_text())
+    config = buildconfig.load(config_path)
     doc = document(config_path, actions_path, out.parent, read_set=read_set)
     raw = canonical(doc)
     digest = hashlib.sha256(raw).hexdigest()
@@ -215,10 +214,10 @@ def _modules(actions: list[dict], builddir: Path, state_dir: str) -> list[dict]:
     return out
 
 
-def build_record(config: dict, modules: list[dict], certificate: Path, digest: str) -> dict:
+def build_record(config: buildconfig.BuildConfig, modules: list[dict], certificate: Path, digest: str) -> dict:
     """The build record for modules (the certificate's, or shipped()'s: then without the
     builder's folders, which shipped modules do not name)."""
-    identity = config["reuse"]["toolchain"]  # content hashes of nvcc, cicc, ptxas, ...
+    identity = config.reuse["toolchain"]  # content hashes of nvcc, cicc, ptxas, ...
     tc_prefix = None
     if modules:  # every module of a build uses the one toolchain configure chose
         plan = json.loads((certificate.parent / modules[0]["target"] / "plan.json").read_text())

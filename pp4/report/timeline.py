@@ -6,7 +6,6 @@ writes it as a trace file (Perfetto, chrome://tracing) and as a picture (SVG).""
 from __future__ import annotations
 
 import html
-import json
 import os
 import re
 import subprocess
@@ -14,6 +13,7 @@ from pathlib import Path
 
 import attrs
 
+from pp4.build import config as buildconfig
 from pp4.reuse import events
 from pp4.sizes import human_duration
 
@@ -239,9 +239,8 @@ def load(work: str, build_dir: str, ninja: str) -> tuple[list[Step], list[Step]]
     except OSError as e:
         raise ReportError(f"no ninja log in {build_dir} ({e.strerror}): run `ninja` first") from e
     try:
-        config = json.loads((Path(build_dir) / "pp4.json").read_text())
-        state_dir = config["reuse"]["state_dir"]
-    except (OSError, ValueError, KeyError) as e:
-        raise ReportError(f"{build_dir}/pp4.json cannot be read ({e}): run `python configure.py` first") from e
+        state_dir = buildconfig.load(build_dir).state_dir
+    except buildconfig.BuildFolderError as e:
+        raise ReportError(str(e)) from e
     steps = steps_of(last_run(text), state_dir)
     return steps, critical_path(steps, graph_inputs(ninja, work))

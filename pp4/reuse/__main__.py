@@ -19,6 +19,18 @@ from pp4 import interrupt
 @interrupt.command("pp4.reuse")
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    from pp4.build.config import BuildFolderError
+
+    try:
+        return _main(argv)
+    except BuildFolderError as e:
+        if argv and argv[0] == "--recheck":
+            return 0  # configure runs next (it is what the check waits before) and writes the config anew
+        print(f"pp4.reuse: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _main(argv: list[str]) -> int:
     if argv and argv[0] == "--recheck" and len(argv) == 4:
         from pp4.reuse import recheck
 

@@ -30,6 +30,7 @@ from pathlib import Path
 import attrs
 
 from pp4 import interrupt, paths, statedir
+from pp4.build import config as buildconfig
 from pp4.execution import depfile
 from pp4.execution.root import Root
 from pp4.execution.run import run
@@ -88,9 +89,9 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or len(rest) < 2 or rest[0] != "--":
         print("usage: python -m pp4.reuse.link CONFIG [--env NAME=VALUE]... -- COMMAND...", file=sys.stderr)
         return 2
-    config = json.loads(Path(argv[0]).read_text())
-    limits = Limits.from_dict(config["limits"])
-    reuse = config.get("reuse", {})
+    config = buildconfig.load(argv[0])
+    limits = Limits.from_dict(config.limits)
+    reuse = config.reuse
     state_dir = reuse.get("state_dir")
     root = Root.make(os.getcwd(), reuse.get("relocation") or {}, build=str(Path(state_dir).parent)) if state_dir else None
     command = rest[1:]

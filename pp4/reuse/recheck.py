@@ -30,6 +30,7 @@ import os
 import time
 from pathlib import Path
 
+from pp4.build import config as buildconfig
 from pp4 import statedir
 from pp4.execution import depfile
 
@@ -43,7 +44,7 @@ def nothing_built(config_file: Path, actions_file: Path, stamp: Path) -> bool:
     rule, which a new build folder's check would load for nothing. False where an output exists."""
     t0 = time.monotonic()
     doc = json.loads(actions_file.read_text())
-    builddir = Path(json.loads(config_file.read_text())["reuse"]["state_dir"]).parent
+    builddir = Path(buildconfig.load(config_file).state_dir).parent
     outputs = [a["output"] for a in doc["actions"]] + _modules(builddir, doc)
     if any(os.path.lexists(out) for out in outputs):
         return False

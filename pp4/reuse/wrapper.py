@@ -25,7 +25,6 @@ certificate collects.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import sys
 from contextlib import contextmanager
@@ -35,6 +34,7 @@ from typing import TYPE_CHECKING
 import attrs
 
 from pp4 import paths, statedir
+from pp4.build import config as buildconfig
 from pp4.execution import depfile
 from pp4.execution.root import Root
 from pp4.files import canonical_json, sha256_and_size
@@ -73,12 +73,12 @@ class ReuseConfig:
 
     @classmethod
     def load(cls, path: str | Path) -> "ReuseConfig":
-        doc = json.loads(Path(path).read_text())
-        r = doc["reuse"]
+        doc = buildconfig.load(path)
+        r = doc.reuse
         return cls(store=r["store"], roots=tuple(sorted(r["roots"], key=len, reverse=True)),
-                   compilers=Compilers.from_dict(doc["compile"]["compilers"]),
-                   state_dir=r["state_dir"], limits=Limits.from_dict(doc["limits"]),
-                   folded=doc["compile"].get("folded", {}), remote=r.get("remote"),
+                   compilers=Compilers.from_dict(doc.compile["compilers"]),
+                   state_dir=r["state_dir"], limits=Limits.from_dict(doc.limits),
+                   folded=doc.compile.get("folded", {}), remote=r.get("remote"),
                    places=r.get("relocation") or {}, executor=r.get("executor"),
                    name_macros=tuple(r.get("name_macros") or ()), trust=r.get("trust") or {})
 

@@ -33,6 +33,15 @@ def _size_argument(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _this_builds_store() -> Path | None:
+    """The store of the build configured in this folder (configure --store), so that `python -m
+    pp4.store stats` beside build.ninja shows the store that build uses."""
+    from pp4.build import config as buildconfig
+
+    found = buildconfig.of_folder(".")
+    return Path(found.store) if found is not None and found.store else None
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m pp4.store",
@@ -43,7 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         type=Path,
         default=None,
-        help=f"store directory (default: $PP4_STORE_DIR or the pp4 cache dir; now {default_store_dir()})",
+        help="store directory (default: the one the build configured in this folder uses, else $PP4_STORE_DIR, else "
+             f"the pp4 cache dir: {default_store_dir()})",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="{stats,gc,verify,remote,keys}")
     commands.add_parser("stats", help="count entries and bytes")
@@ -222,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
         return remote_main(args)
     if args.command == "keys":
         return keys_main(args)
-    root = args.store if args.store is not None else default_store_dir()
+    root = args.store if args.store is not None else _this_builds_store() or default_store_dir()
     if not root.exists():
         # Reporting on a store must not create one.
         print(f"no store at {root} (nothing has been cached there yet)")

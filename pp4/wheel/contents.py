@@ -32,6 +32,7 @@ from pathlib import Path
 
 import attrs
 
+from pp4.build import config as buildconfig
 from pp4.certify import certificate
 from pp4.toolchain import torchenv
 from pp4.wheel.archive import Entry, wheel_bytes
@@ -83,7 +84,7 @@ def shipped_certificate(config_path: Path, actions_path: Path, builddir: Path, t
     the build record that names it by its sha256."""
     doc = certificate.shipped(certificate.document(config_path, actions_path, builddir, targets))
     raw = certificate.canonical(doc)
-    record = certificate.build_record(json.loads(config_path.read_text()), doc["modules"], builddir / CERTIFICATE,
+    record = certificate.build_record(buildconfig.load(config_path), doc["modules"], builddir / CERTIFICATE,
                                       hashlib.sha256(raw).hexdigest())
     return raw, doc, record
 
