@@ -650,7 +650,7 @@ def test_twins_are_keyed_wherever_they_are(tmp_path):
     pairs = {(p, "f"): states.state(root.real(p)) for p in
              ("/pp4/src/a/x.h", "/pp4/src/b/x.h", "/pp4/torch/c10/stub.h", "/pp4/torch/csrc/stub.h",
               "/pp4/src/a/empty.h", "/pp4/src/b/empty.h")}
-    twins.observe(Ran(), pairs)
+    twins.observe(Ran(), pairs, observed.is_file)
     found = {k[0]: v for k, v in pairs.items() if k[1] == twins.PREFIX}
     assert found == {"/pp4/src/a/x.h": twins.PREFIX + "/pp4/src/b/x.h|0,0",
                      "/pp4/torch/c10/stub.h": twins.PREFIX + "/pp4/torch/csrc/stub.h|0,1"}

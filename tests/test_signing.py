@@ -27,7 +27,7 @@ from test_build import ninja_bin
 
 from pp4.store import signing
 from pp4.store.records import decode_record, encode_record
-from pp4.store.remote import open_remote
+from pp4.store.remote.backend import open_remote
 
 pytestmark = pytest.mark.slow
 

@@ -14,7 +14,8 @@ import time
 import pytest
 from conftest import RedisServer
 
-from pp4.store.remote import RemoteStorage, RemoteUnavailable, open_remote
+from pp4.store.remote import RemoteStorage, RemoteUnavailable
+from pp4.store.remote.backend import open_remote
 
 KEY = "obj/" + "ab" * 32
 
@@ -85,7 +86,7 @@ def test_concurrent_writers_one_wins_and_its_value_is_whole(tmp_path):
 
 WRITER = """
 import sys
-from pp4.store.remote import open_remote
+from pp4.store.remote.backend import open_remote
 open_remote(sys.argv[1]).put(sys.argv[2], b"x" * (1 << 30))
 """
 

@@ -12,7 +12,8 @@ torch = pytest.importorskip("torch")
 
 from pp4.worker.model import exl3  # noqa: E402
 from pp4.worker.model import hashing  # noqa: E402
-from pp4.worker.model.backends import BackendUnavailable, make_backend  # noqa: E402
+from pp4.worker.model.backends import BackendUnavailable  # noqa: E402
+from pp4.worker.model.factory import make_backend  # noqa: E402
 from pp4.worker.model.config import DEFAULT_GEOMETRY, TINY_GEOMETRY, Exl3Options, Geometry  # noqa: E402
 from pp4.worker.model.weights import SyntheticSource, shard_weights  # noqa: E402
 

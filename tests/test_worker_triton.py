@@ -23,7 +23,8 @@ from pp4.worker.kernels.skinny_gemm import SkinnyGemm, SkinnyTiles, plan  # noqa
 from pp4.worker.model import hashing  # noqa: E402
 from pp4.worker.model import sampling  # noqa: E402
 from pp4.worker.model import states as state_io  # noqa: E402
-from pp4.worker.model.backends import BackendUnavailable, TritonBackend, make_backend  # noqa: E402
+from pp4.worker.model.backends import BackendUnavailable, TritonBackend  # noqa: E402
+from pp4.worker.model.factory import make_backend  # noqa: E402
 from pp4.worker.model.config import (  # noqa: E402
     GREEDY, SAMPLED, SWITCH, TINY_GEOMETRY, CellKey, Geometry, ModelSettings
 )

@@ -56,7 +56,12 @@ def _main(argv: list[str]) -> int:
             def start_server():
                 server.append(client.start_for(argv[1]))
 
-            code = prepass(ReuseConfig.load(argv[1]), Path(argv[2]), Path(argv[3]), Path(argv[1]), start_server)
+            from pp4.certify.ahead import ahead  # the command may reach above the rule; the rule does not
+
+            def after(*facts):
+                ahead(Path(argv[1]), Path(argv[2]), *facts)
+
+            code = prepass(ReuseConfig.load(argv[1]), Path(argv[2]), Path(argv[3]), start_server, after)
             if server and server[0]:
                 client.ready(server[0])
             return code

@@ -329,7 +329,7 @@ def from_run(ran, outputs: set[str], states: States, settled: set[str] = frozens
         real = ran.real(nvcc)
         if real is not None:
             pairs[(nvcc, nativecpu.GPU_PREFIX)] = states.native(real, flags, gpu=True)
-    twins.observe(ran, pairs)
+    twins.observe(ran, pairs, is_file)
     changed = changed_during(ran, [(p, s) for (p, _), s in pairs.items() if p not in settled])
     if changed:
         return [], f"{changed} changed while it was compiled"

@@ -13,17 +13,17 @@ from pathlib import Path
 from pp4.execution import depfile
 from pp4.execution.root import Root
 from pp4.reuse import actionkey, events, inputsets
-from pp4.reuse.ahead import ahead
 from pp4.reuse.notices import env_notices, notify_once
 from pp4.reuse.wrapper import MARKER_SUFFIX, ReuseConfig, Reuser
 
 STATE_SETS_GRACE_S = 3600.0
 
 
-def prepass(cfg: ReuseConfig, actions_file: Path, stamp: Path, config_file: Path | None = None,
-            on_miss=None) -> int:
+def prepass(cfg: ReuseConfig, actions_file: Path, stamp: Path, on_miss=None, after=None) -> int:
     """on_miss: called once unless this prepass restored every object of the build: a compile edge may
-    run (it starts the compile server, which such a build never needs)."""
+    run (it starts the compile server, which such a build never needs). after(reuser, planned,
+    restored, started, restored_by_tier): the edges after the compiles that need nothing more
+    (pp4/certify/ahead.py, which sits above the reuse rule and is handed in by the command)."""
     t0, cpu0 = time.monotonic(), time.process_time()
     planned = json.loads(actions_file.read_text())
     actions = planned["actions"]
@@ -89,9 +89,8 @@ def prepass(cfg: ReuseConfig, actions_file: Path, stamp: Path, config_file: Path
     # ninja, run by hand at the same time, may have just written one).
     events.collect(cfg.state_dir, {doc["output"] for doc in actions}, batch)
     inputsets.collect(reuser.state_sets, named, older_than_s=STATE_SETS_GRACE_S)
-    if config_file is not None:  # the link, pin and certificate edges where nothing is left before them
-        ahead(reuser, config_file, actions_file, planned, put, t0,
-              {tier: sum(e.tier == tier for e in hits) for tier in ("local", "remote")})
+    if after is not None:  # the link, pin and certificate edges where nothing is left before them
+        after(reuser, planned, put, t0, {tier: sum(e.tier == tier for e in hits) for tier in ("local", "remote")})
     stamp.parent.mkdir(parents=True, exist_ok=True)
     depfile.write(str(stamp) + ".d", str(stamp), sorted(deps))
     cpu = time.process_time() - cpu0

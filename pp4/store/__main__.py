@@ -133,7 +133,8 @@ def remote_main(args) -> int:
     """Counts and bytes per kind; verify rehashes every object and checks every group (its records,
     sets and entries) (a damaged value is removed: the entries that need it become misses); expire
     gives every value a time to live."""
-    from pp4.store.remote import RemoteUnavailable, open_remote, redact
+    from pp4.store.remote import RemoteUnavailable, redact
+    from pp4.store.remote.backend import open_remote
     from pp4.store.remote.tier import KINDS
     from pp4.store.remote.tier import damage as damage_of
 

@@ -6,7 +6,7 @@ entries are laid out so that a reader never sees half of one, and the checks tha
 poisoned or truncated value harmless all live in the code that uses a remote, once, so that every
 backend (a shared folder here, Redis, ...) inherits them and none has to be trusted.
 
-Backends are chosen by the URL's scheme (``open_remote``).  Each call is bounded in time and
+Backends are chosen by the URL's scheme (``pp4/store/remote/backend.py: open_remote``).  Each call is bounded in time and
 either succeeds, answers "absent", or raises ``RemoteUnavailable``: a remote that misbehaves
 never fails a build, it only stops being used.
 """
@@ -71,27 +71,6 @@ def check_key(key: str) -> str:
     if not (isinstance(key, str) and KEY_RE.fullmatch(key)):
         raise ValueError(f"a remote key is <kind>/<hex digest>, got {key!r}")
     return key
-
-
-def open_remote(url: str, *, ttl: int | None = None) -> RemoteStorage:
-    """The backend for url: ``file:///shared/folder`` (a folder every machine mounts) or
-    ``redis://[:PASSWORD@]HOST[:PORT][/DB]`` (``rediss://`` with TLS). ttl: seconds an unused value
-    lives (Redis only)."""
-    parts = urlsplit(url)
-    if parts.scheme in ("redis", "rediss"):
-        from pp4.store.remote.redisstore import RedisStorage
-
-        return RedisStorage(url, ttl=ttl)
-    if parts.scheme == "file":
-        from pp4.store.remote.folder import FolderStorage
-
-        if parts.netloc not in ("", "localhost"):
-            raise ValueError(f"remote store {url!r}: a file URL names a local path (file:///path), not host {parts.netloc!r}")
-        if ttl:
-            raise ValueError(f"remote store {url!r}: a folder has no expiry (remove old files with find -mtime)")
-        return FolderStorage(parts.path)
-    raise ValueError(f"remote store {redact(url)!r}: unknown scheme {parts.scheme!r} "
-                     "(use redis://HOST:PORT/DB, rediss://HOST:PORT/DB or file:///PATH)")
 
 
 def redact(url: str) -> str:

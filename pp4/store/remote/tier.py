@@ -45,7 +45,8 @@ from pp4.files import canonical_json
 from pp4.store import compressed
 from pp4.store.manifests import MANIFEST_ENTRIES, ManifestEntry, parse_entries
 from pp4.store.records import SHA256_RE, ActionRecord, InvalidRecord, decode_record, encode_record
-from pp4.store.remote import REDACTED, RemoteStorage, RemoteUnavailable, open_remote, redact
+from pp4.store.remote import REDACTED, RemoteStorage, RemoteUnavailable, redact
+from pp4.store.remote.backend import open_remote
 
 MODES = ("read", "readwrite")
 RETRY_S = backoff.RETRY_S

@@ -394,36 +394,3 @@ class TritonBackend(TorchBackend):
             s1.best_score, s1.best_id, s1.best_logit, s1.chunk_logsumexp, t1,
             proposals, confidences, q_payload, depth, proposals.stride(0), q_payload.stride(0), chunks,
             MODE=self.MODES[mode], BLOCK=self.k.next_power_of_2(2 * chunks), **self.launch)
-
-
-def make_backend(name: str, device: torch.device, attention: str | None = None, gemm: str | None = None,
-                 exl3=None, pdl: bool = False) -> TorchBackend:
-    """exl3: the Exl3Options of --backend exl3 (pp4/worker/model/config.py); attention and gemm
-    None: the backend's defaults (DEFAULT_ATTENTION, DEFAULT_GEMM)."""
-    # The EXL3 backends build on TritonBackend: imported here, where both modules are loaded.
-    from pp4.worker.model import exl3_backends
-
-    attention = attention or DEFAULT_ATTENTION.get(name, "gemm")
-    gemm = gemm or DEFAULT_GEMM.get(name, "cublas")
-    if name != "triton" and gemm != "cublas":
-        raise BackendUnavailable(f"--gemm {gemm} needs --backend triton")
-    if name == "torch" and pdl:
-        raise BackendUnavailable("--pdl on needs --backend triton or exl3 (the torch backend launches no Triton kernels)")
-    if name == "torch":
-        return TorchBackend(device, attention)
-    if name == "triton":
-        return TritonBackend(device, attention, gemm, pdl)
-    if name == "exl3":
-        if device.type != "cuda":
-            raise BackendUnavailable(EXL3_NEEDS_CUDA)
-        if exl3 is None:
-            raise BackendUnavailable("--backend exl3 needs its options (build directory, module, bits)")
-        module = exl3_backends.load_exl3_module(exl3.build_dir, exl3.target)
-        return exl3_backends.Exl3Backend(device, attention, module, exl3.target, exl3.bits, exl3.head_bits, exl3.select, pdl)
-    if name == "exl3-decode":
-        if device.type != "cuda":  # before the module's load, whose error would hide this one
-            raise BackendUnavailable("--backend exl3-decode runs CUDA kernels: it needs --device cuda")
-        build_dir = exl3.build_dir if exl3 is not None else "build"
-        return exl3_backends.Exl3DecodeBackend(device, attention, exl3_backends.load_decode_module(build_dir), pdl,
-                                               fuse=exl3.fuse if exl3 is not None else True)
-    raise BackendUnavailable(f"unknown backend {name!r} (choose torch, triton, exl3 or exl3-decode)")

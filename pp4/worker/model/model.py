@@ -14,7 +14,8 @@ import attrs
 import torch
 
 from pp4.worker.model import exl3, exl3_checkpoint, sampling
-from pp4.worker.model.backends import TorchBackend, make_backend
+from pp4.worker.model.backends import TorchBackend
+from pp4.worker.model.factory import make_backend
 from pp4.worker.model.config import DEPTHS, MAX_BATCH, QUERY_BLOCK, TP_RANKS, Geometry, ModelSettings
 from pp4.worker.model.weights import TORCH_DTYPES, RankWeights, SafetensorsSource, SyntheticSource, shard_weights
 

@@ -35,7 +35,7 @@ def clear(outputs) -> None:
         Path(out + AHEAD_SUFFIX).unlink(missing_ok=True)
 
 
-def ahead(reuser, config_path: Path, actions_path: Path, doc: dict, restored: set[str], started: float,
+def ahead(config_path: Path, actions_path: Path, reuser, doc: dict, restored: set[str], started: float,
           restored_by_tier: dict[str, int]) -> None:
     """doc: actions.json's content; restored: the objects this prepass put in place in this ninja run."""
     links = doc.get("links") or []
