@@ -20,7 +20,7 @@ from pp4 import ninjarun
 from pp4.certify import certificate, pin
 from pp4.execution.root import Root
 from pp4.files import write_whole
-from pp4.reuse.link import _Linker
+from pp4.reuse.link import Linker
 
 AHEAD_SUFFIX = ".pp4-ahead"
 
@@ -50,7 +50,7 @@ def ahead(config_path: Path, actions_path: Path, reuser, doc: dict, restored: se
         if not link["objects"] or not all(o in restored for o in link["objects"]) or os.path.exists(link["output"]):
             continue
         root = Root.make(os.getcwd(), cfg.places, build=cfg.builddir())
-        linker = _Linker.for_reuser(reuser, root, link["argv"], link["env"], link["output"])
+        linker = Linker.for_reuser(reuser, root, link["argv"], link["env"], link["output"])
         if linker is None or not linker.restore():
             continue
         mark(link["output"], ninja_pid, [])

@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     root = Root.make(os.getcwd(), reuse.get("relocation") or {}, build=str(Path(state_dir).parent)) if state_dir else None
     command = rest[1:]
     out = output_of(command)
-    linker = _Linker.open(argv[0], reuse, root, command, action_env, out)
+    linker = Linker.open(argv[0], reuse, root, command, action_env, out)
     if linker is not None and linker.restore():
         return 0
     ran = run(command, action_env, limits, Path(limits.tmpdir or "/tmp") / "pp4-runs", root, compile=False)
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 @attrs.define
-class _Linker:
+class Linker:
     """The store's side of one link: its key, the lookup, the restore, the keeping."""
     reuser: object  # pp4.reuse.wrapper.Reuser
     root: Root
@@ -137,7 +137,7 @@ class _Linker:
 
     @classmethod
     def open(cls, config_path: str, reuse: dict, root: Root | None, command: list[str], env: dict,
-             out: str | None) -> "_Linker | None":
+             out: str | None) -> "Linker | None":
         """None where links are not reused: no store, no output, or no root (a command that names
         this checkout's folders would be keyed on them)."""
         if not reuse.get("store") or root is None or out is None:
@@ -147,7 +147,7 @@ class _Linker:
         return cls.for_reuser(Reuser(ReuseConfig.load(config_path)), root, command, env, out)
 
     @classmethod
-    def for_reuser(cls, reuser, root: Root, command: list[str], env: dict, out: str) -> "_Linker | None":
+    def for_reuser(cls, reuser, root: Root, command: list[str], env: dict, out: str) -> "Linker | None":
         """The link through a Reuser the caller has (the prepass's); None where its store is off or
         no root can be made here."""
         from pp4.reuse.wrapper import manifest_key
