@@ -26,6 +26,9 @@ def test_the_report_names_what_the_last_build_compiled_restored_and_waited_on(tm
 
     cold = run([ninja_bin(), "report"], work).stdout
     line = next(ln for ln in cold.splitlines() if ln.startswith("pp4: last build:"))
+    # One computation: the line the certificate edge printed, before ninja had logged that edge,
+    # says what the report says after from ninja's log, the certificate counted in both.
+    assert same_counts(built.splitlines()[-1], line), (built.splitlines()[-1], line)
     assert f"compiled {len(objects)} (" in line and "restored 0 from the local store" in line, line
     trace = json.loads((work / "build" / "report.trace.json").read_text())["traceEvents"]
     # ninja's own list of what that run built (-t recompact keeps the log's last record of each output)
@@ -48,6 +51,27 @@ def test_the_report_names_what_the_last_build_compiled_restored_and_waited_on(tm
     assert re.search(rf"compiled 0, restored {len(objects)} from the local store", warm), warm
     again = run([ninja_bin(), "report"], work).stdout
     assert again.splitlines()[-2:] == warm.splitlines()[-2:], "a report run is not the last build"
+
+
+def same_counts(during: str, after: str) -> bool:
+    """Two summary lines agree: every count, and the times to within the last edge's own end
+    (the line during the build is written before its edge ends)."""
+    numbers = re.compile(r"(\d+(?:\.\d+)?) (s|min)\b")
+    if numbers.sub("T", during) != numbers.sub("T", after):
+        return False
+    return all(abs(float(a) - float(b)) <= 0.5 + 0.1 * float(b) and ua == ub
+               for (a, ua), (b, ub) in zip(numbers.findall(during), numbers.findall(after)))
+
+
+def test_a_target_s_own_last_line_is_what_the_report_says_after(tmp_path, toolchain):
+    """`ninja TARGET` ends with its pin edge's line; the report afterwards reads ninja's log, where
+    that edge is now: the two agree on every count."""
+    _, work = configured(tmp_path)
+    built = run([ninja_bin(), "pp4_answer"], work).stdout
+    during = next(ln for ln in built.splitlines() if ln.startswith("pp4: last build:"))
+    after = next(ln for ln in run([ninja_bin(), "report"], work).stdout.splitlines() if ln.startswith("pp4: last build:"))
+    assert same_counts(during, after), (during, after)
+    assert re.search(r"critical path \d+ edges, .* \(longest: ", after) and ".pin.json" in (work / "build" / ".ninja_log").read_text()
 
 
 def test_no_build_yet_is_said_plainly(tmp_path):

@@ -26,12 +26,16 @@ def main(argv: list[str] | None = None) -> int:
                     help="only the line, and never fail (what the certificate edge runs at the end of a build)")
     ap.add_argument("--if-asked-for", metavar="TARGET",
                     help="with --summary: only when the ninja running this asked for TARGET alone")
+    ap.add_argument("--running", metavar="OUTPUT",
+                    help="with --summary: the edge this runs in, counted though ninja has not logged it yet")
     args = ap.parse_args(argv)
     if args.if_asked_for is not None and ninjarun.requested_targets() != [args.if_asked_for]:
         return 0
     build = Path(args.build)
     try:
-        steps, path = timeline.load(".", str(build), ninjarun.binary())
+        ninja = ninjarun.ninja_ancestor() if args.running else None
+        steps, path = timeline.load(".", str(build), ninjarun.binary(), args.running,
+                                    ninjarun.started(ninja) if ninja is not None else None)
     except timeline.ReportError as e:
         print(f"pp4.report: {e}", file=sys.stderr)
         return 0 if args.summary else 2

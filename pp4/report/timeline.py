@@ -10,6 +10,7 @@ import json
 import os
 import re
 import subprocess
+import time
 from pathlib import Path
 
 import attrs
@@ -126,25 +127,12 @@ def critical_path(steps: list[Step], inputs: dict[str, set[str]]) -> list[Step]:
     time no number of jobs would have gone below (Bazel's critical path). In a build that waited on
     job slots rather than on inputs, it is not the chain of whatever happened to end last."""
     by_output = {s.output: s for s in steps}
-
-    def built_inputs(output: str, seen: set[str]) -> list[Step]:
-        found = []
-        for i in inputs.get(output, ()):
-            if i in seen:
-                continue
-            seen.add(i)
-            if i in by_output:
-                found.append(by_output[i])
-            else:
-                found += built_inputs(i, seen)  # a phony target or a file no edge of this run made
-        return found
-
     longest: dict[int, tuple[float, list[Step]]] = {}
 
     def chain_to(step: Step) -> tuple[float, list[Step]]:
         if id(step) not in longest:
             best: tuple[float, list[Step]] = (0.0, [])
-            for before in built_inputs(step.output, set()):
+            for before in (by_output[i] for i in _built_inputs(step.output, inputs, by_output)):
                 if before is not step and before.end_s <= step.start_s + 0.5:
                     best = max(best, chain_to(before), key=lambda c: c[0])
             longest[id(step)] = (best[0] + step.seconds, best[1] + [step])
@@ -231,8 +219,35 @@ def svg(steps: list[Step], path: list[Step], title: str) -> str:
     return "\n".join(out) + "\n"
 
 
-def load(work: str, build_dir: str, ninja: str) -> tuple[list[Step], list[Step]]:
-    """The last run's steps and its critical path, for the build folder `build_dir` of `work`."""
+def with_running(steps: list[Step], inputs: dict[str, set[str]], output: str, now_s: float) -> list[Step]:
+    """The steps and the edge that is running now, which ninja logs only once it has ended: the
+    edge that says what the build did (the certificate's, a pin's) counts itself, as `ninja report`
+    after the build counts it. It started when the last of its inputs ended (ninja starts an edge
+    once its inputs are done, and this one waits for every edge it reports on); it ends now."""
+    if any(s.output == output for s in steps):
+        return steps
+    ends = {s.output: s.end_s for s in steps}
+    start = max([ends[i] for i in _built_inputs(output, inputs, ends)] or [max(ends.values(), default=0.0)])
+    return [*steps, Step(output, start, max(start, now_s), "other")]
+
+
+def _built_inputs(output: str, inputs: dict[str, set[str]], built, seen: set[str] | None = None) -> list[str]:
+    """The inputs of output that an edge of the run built, through phony targets and files no edge
+    of this run made."""
+    seen = set() if seen is None else seen
+    found = []
+    for i in inputs.get(output, ()):
+        if i in seen:
+            continue
+        seen.add(i)
+        found += [i] if i in built else _built_inputs(i, inputs, built, seen)
+    return found
+
+
+def load(work: str, build_dir: str, ninja: str, running: str | None = None,
+         ninja_started: float | None = None) -> tuple[list[Step], list[Step]]:
+    """The last run's steps and its critical path, for the build folder `build_dir` of `work`;
+    with `running`, the edge this runs in (with_running), ninja having started at ninja_started."""
     log = Path(build_dir) / ".ninja_log"
     try:
         text = log.read_text()
@@ -244,4 +259,7 @@ def load(work: str, build_dir: str, ninja: str) -> tuple[list[Step], list[Step]]
     except (OSError, ValueError, KeyError) as e:
         raise ReportError(f"{build_dir}/pp4.json cannot be read ({e}): run `python configure.py` first") from e
     steps = steps_of(last_run(text), state_dir)
-    return steps, critical_path(steps, graph_inputs(ninja, work))
+    inputs = graph_inputs(ninja, work)
+    if running is not None and ninja_started is not None:
+        steps = with_running(steps, inputs, running, time.time() - ninja_started)
+    return steps, critical_path(steps, inputs)
