@@ -190,8 +190,8 @@ class Run:
         children: dict[int, list[int]] = {}
         for pid, (ppid, _, _) in procs.items():
             children.setdefault(ppid, []).append(pid)
-        roots = [self.ninja] + [pid for pid, (_, _, name) in procs.items() if name.startswith("python")
-                                and (cmd := _cmdline(pid))[-3:-1] == ["pp4.reuse.server", cmd[-2]] and cmd[-1] == self.run]
+        roots = [self.ninja] + [pid for pid, (_, _, name) in procs.items()
+                                if name.startswith("python") and self._is_server(_cmdline(pid))]
         seen: set[int] = set()
         stack = [r for r in roots if r in procs]
         while stack:  # a set: the server is ninja's descendant until the edge that started it ends
@@ -202,6 +202,10 @@ class Run:
         cpu = sum(procs[p][1] for p in seen)
         self.samples.append((now, cpu))
         return cpu, [" ".join(_cmdline(c)) for c in children.get(self.ninja, [])]
+
+    def _is_server(self, cmd: list[str]) -> bool:
+        """python -m pp4.reuse.server NAME RUN, of this run (a process that has just ended has none)."""
+        return len(cmd) >= 3 and cmd[-3] == "pp4.reuse.server" and cmd[-1] == self.run
 
     def rate(self) -> float | None:
         """CPUs the run has had over the last WINDOW_S (None before two samples)."""
