@@ -32,6 +32,7 @@ from pp4 import paths  # noqa: E402
 from pp4 import statedir  # noqa: E402
 from pp4.build import config as buildconfig  # noqa: E402
 from pp4.files import write_if_changed  # noqa: E402
+from pp4.plan import estimate  # noqa: E402
 from pp4.plan import modules as plan  # noqa: E402
 from pp4.plan import ninjafile  # noqa: E402
 from pp4.plan.torchflags import setuptools_flags, torch_build_flags  # noqa: E402
@@ -459,6 +460,9 @@ def main(argv: list[str]) -> int:
     # The shipped table and the text estimate are the H200's: scaled by how this machine compared
     # on the units this build has timed, once there are enough of them.
     scale, scaled_on = plan.machine_scale(plans, table)
+    learned = (1.0, 0) if scaled_on >= plan.MIN_UNITS_FOR_SCALE else estimate.machine_speed()
+    if learned[1] >= estimate.SPEED_MIN_UNITS:
+        scale = learned[0]
     ordered = plan.longest_first(plans, table, scale)
     identifier = compilers.Identifier(statedir.part(statedir.of_build(builddir), statedir.COMPILERS), compile_tmpdir(builddir))
     tool_files = {lang: tuple(identifier.files(chosen, lang, envs[lang])) for lang in ("cuda", "cxx")}
@@ -503,7 +507,9 @@ def main(argv: list[str]) -> int:
     # Apart from actions.json: the estimates change with every build's log, the commands do not.
     write_if_changed(statedir.part(statedir.of_build(builddir), statedir.ESTIMATES),
                      progress.estimates_doc(jobs, {str(s.object): round(plan.expected_ms(p, s, table, scale) / 1000, 1)
-                                                   for p, s in ordered}))
+                                                   for p, s in ordered},
+                                            {str(s.object): round(plan.expected_ms(p, s, table) / 1000, 1)
+                                             for p, s in ordered if s.expected_ms is None}))
     for p in plans:
         write_if_changed(builddir / p.extension.target / "plan.json",
                          json.dumps(plan_record(p, tc, root), indent=1, sort_keys=True) + "\n")
@@ -533,7 +539,7 @@ def main(argv: list[str]) -> int:
     print(f"configure: {report.summary()}")
     print(f"configure: compilers: nvcc {chosen.nvcc} with host compiler {chosen.ccbin}; C++ {chosen.cxx}")
     print(f"configure: {len(plans)} module(s): " + ", ".join(f"{p.extension.target} ({len(p.steps)} units)" for p in plans))
-    print(f"configure: {cost_line(plans, ordered, table, jobs, scale, scaled_on)}")
+    print(f"configure: {cost_line(plans, ordered, table, jobs, scale, scaled_on, learned[1])}")
     by_target = target_costs(ordered, table, scale)
     if by_target:
         print(f"configure: {by_target}")
@@ -568,9 +574,11 @@ def write_own_bytecode() -> None:
 
 
 def cost_line(plans: list[plan.ModulePlan], ordered, table: dict[str, int], jobs: int, scale: float = 1.0,
-              scaled_on: int = 0) -> str:
+              scaled_on: int = 0, learned_on: int = 0) -> str:
     """What a cold build costs: CPU time, the wall time of ninja's order on `jobs` slots (each unit
-    starts on the first free slot, as ninja starts them), the longest unit."""
+    starts on the first free slot, as ninja starts them), the longest unit. The H200's figures are
+    scaled by this build's log where it times enough of the table's units (scaled_on), else by
+    this machine's speed learned from its builds (learned_on compiles: pp4/plan/estimate.py)."""
     times = [(p, s, plan.expected_ms(p, s, table, scale) / 1000, plan.measured_ms(p, s, table) is not None)
              for p, s in ordered]
     if not times:
@@ -589,6 +597,8 @@ def cost_line(plans: list[plan.ModulePlan], ordered, table: dict[str, int], jobs
             "figures from this build's log, else the H200 machine's " +
             (f"times {scale:.2f} (the median of this machine's time over the H200's on the {scaled_on} units both "
              "have timed)" if scaled_on >= plan.MIN_UNITS_FOR_SCALE else
+             f"times {scale:.2f} (this machine's CPU time over the H200's on the last {learned_on} units it compiled, "
+             f"{estimate.speed_file()}; remove it to reset)" if learned_on >= estimate.SPEED_MIN_UNITS else
              f"as measured there (scaled to this machine once {plan.MIN_UNITS_FOR_SCALE} of its units are timed "
              f"here; {scaled_on} are): a slower CPU takes longer"))
 

@@ -37,7 +37,10 @@ def ninja_ancestor() -> int | None:
 
 def run_id() -> str | None:
     """pid-starttime of the ninja run this process is part of."""
-    pid = ninja_ancestor()
+    return run_id_of(ninja_ancestor())
+
+
+def run_id_of(pid: int | None) -> str | None:
     found = _stat(pid) if pid is not None else None
     return f"{pid}-{found[1][19]}" if found else None
 
@@ -53,10 +56,10 @@ def is_running(run: str) -> bool:
 _VALUED_OPTIONS = {"-C", "-f", "-j", "-k", "-l", "-d", "-t", "-w"}
 
 
-def requested_targets() -> list[str] | None:
-    """The targets the ninja this process runs under was asked for ([] for its default); None
-    when there is no such ninja, or it ran a tool (`-t`)."""
-    pid = ninja_ancestor()
+def requested_targets(pid: int | None = None) -> list[str] | None:
+    """The targets the ninja this process runs under (or ninja PID) was asked for ([] for its
+    default); None when there is no such ninja, or it ran a tool (`-t`)."""
+    pid = pid or ninja_ancestor()
     if pid is None:
         return None
     try:

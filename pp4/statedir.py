@@ -13,7 +13,7 @@ here and nowhere else; each writer gets its path from `part()`.
     untrusted.log        stored entries not restored for who stored them          pp4/reuse/wrapper.py
     recheck.stamp        the check before ninja decides, and the folders it watches pp4/reuse/recheck.py
     prepass.stamp        the prepass's stamp and dependency file, for ninja       pp4/plan/ninjafile.py
-    estimates.json       each object's estimated CPU seconds, and the jobs        configure.py
+    estimates.json       each object's estimated CPU seconds, its H200 figure, jobs configure.py
     source-folders.json  the names in a setup.py's source folders (ninja's stamp)  pp4/sources/listing.py
     progress.lock        held by the ninja run's progress reporter               pp4/report/progress.py
     progress.log         the run's progress lines                                 pp4/report/progress.py

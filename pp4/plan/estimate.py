@@ -26,15 +26,33 @@ timed build, and refits (`--fit`); docs/specs.md has the figures. It orders the 
 covers and gives configure's cost line (scaled to this machine once some of its units are timed
 here); a measured duration always replaces it. It knows nothing of the architecture count: a unit
 built for nine takes several times as long.
+
+This machine's speed: the progress reporter (pp4/report/progress.py) adds each compile of a build
+to a record kept per user and machine, $PP4_CACHE_DIR/machine-speed.json (~/.cache/pp4/ by
+default; $PP4_SPEED_FILE names another file), under the host's name and CPU model: the compile's
+CPU seconds against the H200 figure configure had for it, for the units whose figure is at least
+SPEED_MIN_H200_S (in a unit that small, starting the compiler is most of its time, which says
+little of a large one's). Once it holds SPEED_MIN_UNITS, configure scales the H200 figures by
+their ratio of sums (the larger units weigh more, as they do in a build's time) in every build
+folder, a new one included, where the build's own log does not give a scale. Removing the file
+resets it; only the last SPEED_KEEP compiles count, so it follows a machine that changed.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import math
+import os
+import platform
 import re
 from pathlib import Path
 from typing import NamedTuple
+
+SPEED_ENV = "PP4_SPEED_FILE"
+SPEED_MIN_H200_S = 1.0
+SPEED_MIN_UNITS = 3
+SPEED_KEEP = 200
 
 _INCLUDE = re.compile(rb'^[ \t]*#[ \t]*include[ \t]*([<"])([^>"\n]+)[>"]', re.M)
 _DEFINE = re.compile(rb"^[ \t]*#[ \t]*define[ \t]+([A-Za-z_]\w*)(?:\(([^)\n]*)\))?((?:[^\n]*\\\n)*[^\n]*)", re.M)
@@ -235,3 +253,53 @@ def _arguments(text: bytes, open_paren: int) -> list[bytes]:
 
 
 _USE = re.compile(rb"\b([A-Za-z_]\w*)\s*(<(?!<)|\()")
+
+
+def speed_file() -> Path:
+    from pp4 import paths
+
+    return Path(os.environ.get(SPEED_ENV) or paths.cache_dir() / "machine-speed.json")
+
+
+def _machine() -> str:
+    """The record's key: the host and its CPU model (a cache folder may be shared by machines)."""
+    model = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "")
+    except OSError:
+        pass
+    return f"{platform.node()} / {model or platform.machine()} / {os.cpu_count()} CPUs"
+
+
+def _read_speed() -> dict:
+    try:
+        doc = json.loads(speed_file().read_text())
+        return doc if isinstance(doc, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def learn_speed(pairs: list[tuple[float, float]]) -> None:
+    """Add (CPU seconds here, H200 seconds) of compiles to this machine's record."""
+    from pp4.files import write_if_changed
+
+    pairs = [(round(c, 2), round(h, 2)) for c, h in pairs if h >= SPEED_MIN_H200_S and c > 0]
+    if not pairs:
+        return
+    doc = _read_speed()
+    kept = doc.get(_machine(), [])
+    doc[_machine()] = ([p for p in kept if isinstance(p, list) and len(p) == 2] + [list(p) for p in pairs])[-SPEED_KEEP:]
+    try:
+        write_if_changed(speed_file(), json.dumps(doc, indent=0, sort_keys=True) + "\n")
+    except OSError:
+        pass  # a cache that cannot be written only keeps the H200's figures
+
+
+def machine_speed() -> tuple[float, int]:
+    """This machine's CPU seconds per H200 second from its record, and how many compiles it rests
+    on; (1.0, n) with fewer than SPEED_MIN_UNITS."""
+    pairs = [p for p in _read_speed().get(_machine(), []) if isinstance(p, list) and len(p) == 2 and p[1] > 0]
+    if len(pairs) < SPEED_MIN_UNITS:
+        return 1.0, len(pairs)
+    return sum(c for c, _ in pairs) / sum(h for _, h in pairs), len(pairs)

@@ -2,8 +2,8 @@
 
 What the last `ninja` run in this folder did (pp4/report/timeline.py): one summary line (edges,
 wall, compiled with their CPU, restored by tier, the critical path), a trace file that Perfetto
-(ui.perfetto.dev) and chrome://tracing open, and a picture of the timeline (SVG). `ninja report`
-runs it. Run it from the folder build.ninja is in."""
+(ui.perfetto.dev) and chrome://tracing open, and a picture of the timeline (SVG, and a PNG beside
+it). `ninja report` runs it. Run it from the folder build.ninja is in."""
 
 from __future__ import annotations
 
@@ -21,17 +21,21 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m pp4.report", description=__doc__.split("\n\n")[1])
     ap.add_argument("--build", default="build", help="the build folder (default: build)")
     ap.add_argument("--trace", help="where the trace file goes (default: BUILD/report.trace.json)")
-    ap.add_argument("--svg", help="where the picture goes (default: BUILD/report.svg)")
+    ap.add_argument("--svg", help="where the picture goes (default: BUILD/report.svg; its PNG beside it, .png)")
     ap.add_argument("--summary", action="store_true",
                     help="only the line, and never fail (what the certificate edge runs at the end of a build)")
     ap.add_argument("--if-asked-for", metavar="TARGET",
                     help="with --summary: only when the ninja running this asked for TARGET alone")
+    ap.add_argument("--running", metavar="OUTPUT",
+                    help="with --summary: the edge this runs in, counted though ninja has not logged it yet")
     args = ap.parse_args(argv)
     if args.if_asked_for is not None and ninjarun.requested_targets() != [args.if_asked_for]:
         return 0
     build = Path(args.build)
     try:
-        steps, path = timeline.load(".", str(build), ninjarun.binary())
+        ninja = ninjarun.ninja_ancestor() if args.running else None
+        steps, path = timeline.load(".", str(build), ninjarun.binary(), args.running,
+                                    ninjarun.started(ninja) if ninja is not None else None)
     except timeline.ReportError as e:
         print(f"pp4.report: {e}", file=sys.stderr)
         return 0 if args.summary else 2
@@ -43,8 +47,10 @@ def main(argv: list[str] | None = None) -> int:
     picture = Path(args.svg or build / "report.svg")
     write_if_changed(trace, json.dumps(timeline.chrome_trace(steps, path), indent=0) + "\n")
     write_if_changed(picture, timeline.svg(steps, path, line.removeprefix("pp4: ")))
+    pixels = picture.with_suffix(".png")
+    write_if_changed(pixels, timeline.png(steps, path, line.removeprefix("pp4: ")))
     print(line)
-    print(f"pp4: trace {trace} (open it in ui.perfetto.dev or chrome://tracing); picture {picture}")
+    print(f"pp4: trace {trace} (open it in ui.perfetto.dev or chrome://tracing); pictures {picture} and {pixels}")
     return 0
 
 
