@@ -28,7 +28,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from pp4.reuse.events import Events  # noqa: E402
+from pp4.build.events import Events  # noqa: E402
 from remote_restore import EXL3_UNITS, ninja, timed  # noqa: E402  (bench/, this script's folder)
 
 def wrapper_rss_sampler(stop: threading.Event, peak: dict) -> None:

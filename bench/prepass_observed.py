@@ -30,7 +30,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from pp4.execution.root import Root  # noqa: E402
-from pp4.reuse import events, inputsets, prepass, recheck  # noqa: E402
+from pp4.build import events
+from pp4.reuse import inputsets, prepass, recheck  # noqa: E402
 from pp4.store import signing  # noqa: E402
 from pp4.reuse import wrapper as reuse  # noqa: E402
 from pp4.reuse.actionkey import parse_compile  # noqa: E402

@@ -22,6 +22,9 @@ sys.path.insert(0, str(REPO))
 # Each test process signs with a key of its own, in a configuration folder of its own (every
 # configure, ninja and store command the tests start inherits it), never the user's ~/.config/pp4.
 os.environ["PP4_CONFIG_DIR"] = __import__("tempfile").mkdtemp(prefix="pp4-config-")
+# What builds learn of this machine's speed (pp4/report/progress.py) stays with the test run: the
+# tests' compiles (one burns CPU on purpose) would otherwise scale the user's estimates.
+os.environ["PP4_SPEED_FILE"] = os.path.join(os.environ["PP4_CONFIG_DIR"], "machine-speed.json")
 __import__("pp4.store.signing", fromlist=["new_key"]).new_key(name="pp4-tests")
 
 from pp4 import paths  # noqa: E402

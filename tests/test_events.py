@@ -1,4 +1,4 @@
-"""The prepass's batched events (pp4/reuse/events.py), on real files and a real store, without a compiler:
+"""The prepass's batched events (pp4/build/events.py), on real files and a real store, without a compiler:
 objects are random bytes stored through the Reuser exactly as a compile stores them."""
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from conftest import REPO, compile_section, store_as_compiled
 from pp4.build import config as buildconfig
 
 from pp4.certify import certificate
-from pp4.reuse import events, inputsets, prepass
+from pp4.build import events
+from pp4.reuse import inputsets, prepass
 from pp4.store import hashed
 from pp4.reuse import wrapper as reuse
 from pp4.reuse.actionkey import parse_compile
@@ -139,7 +140,8 @@ def test_stale_event_file_left_by_a_kill_is_caught_by_the_certificate_check(tmp_
 
 WRITER = """
 import sys
-from pp4.reuse import events, inputsets, prepass
+from pp4.build import events
+from pp4.reuse import inputsets, prepass
 from pp4.store import hashed
 state = sys.argv[1]
 gen = 0

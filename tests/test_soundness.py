@@ -441,7 +441,7 @@ def test_a_cuda_unit_whose_object_names_an_anonymous_namespace_is_shared_across_
         run([sys.executable, str(REPO / "configure.py"), "--arch", "9.0", "--ext-spec", str(spec),
              "--store", str(tmp_path / "store"), *extra], work)
         run([ninja_bin(), "build/pp4_anon/obj/src/anon.cu.o", "build/pp4_anon/obj/src/plain.cu.o"], work)
-        from pp4.reuse.events import Events
+        from pp4.build.events import Events
 
         known = Events(str(work / "build" / ".pp4"))
         out = {}

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, RedisServer
-from pp4.reuse.events import Events
+from pp4.build.events import Events
 from test_specs_build import ninja_bin, run
 
 FIXTURE = REPO / "tests" / "fixtures" / "variants"

@@ -32,7 +32,8 @@ from pp4 import interrupt
 from pp4.certify import pin
 from pp4.files import canonical_json, sha256_and_size, write_whole
 from pp4.execution.root import Root
-from pp4.reuse import events, inputsets, link
+from pp4.build import events
+from pp4.reuse import inputsets, link
 
 
 class CertificateError(Exception):

@@ -49,29 +49,6 @@ def estimates_doc(jobs: int, seconds_by_output: dict[str, float], h200_by_output
                       sort_keys=True) + "\n"
 
 
-def ensure_running(state_dir: str) -> None:
-    """Start this ninja run's reporter unless one runs: called by every compile edge, it costs a
-    lock attempt when one does."""
-    try:
-        fd = os.open(statedir.part(state_dir, statedir.PROGRESS_LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    except OSError:
-        return
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(fd)
-        return  # this run's reporter holds it
-    os.close(fd)  # the reporter takes the lock itself; a second one started meanwhile finds it taken
-    ninja = ninjarun.ninja_ancestor()
-    if ninja is None:  # run by hand, not by ninja: nobody to report to
-        return
-    import subprocess  # here: every compile edge imports this module, one a run starts the reporter
-
-    subprocess.Popen([sys.executable, "-m", "pp4.report.progress", str(state_dir), str(ninja)],
-                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                     start_new_session=True, close_fds=True)
-
-
 def _outlet(ninja: int) -> tuple[str | None, bool]:
     """ninja's own output, where a line can be added without overwriting its text: a terminal, a
     pipe, or a file it appends to. (path to open for each line, is a terminal), or (None, False).
@@ -230,7 +207,7 @@ def line(work: str, state_dir: str, estimates: dict, since: float, now: float, a
          asked_name: str = "", cpu_used: float | None = None, running: set[str] = frozenset(),
          cpus: float | None = None) -> str:
     """The progress line. This run compiled or restored an object when its compile edge's event
-    is newer than ninja's start (pp4/reuse/events.py), or when the prepass restored it in this run
+    is newer than ninja's start (pp4/build/events.py), or when the prepass restored it in this run
     (in the prepass's batch, with a fresh mtime); built: present, and not being written now (newer
     than ninja's start but with no word of how yet). Counted: the objects in `asked` (None: all).
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import attrs
 
 from pp4.build import config as buildconfig
-from pp4.reuse import events
+from pp4.build import events
 from pp4.sizes import human_duration
 
 # Targets that report on a build rather than build: a run of only these is not "the last build".

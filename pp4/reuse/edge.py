@@ -11,7 +11,8 @@ from pathlib import Path
 
 import attrs
 
-from pp4.reuse import actionkey, events, observed
+from pp4.build import events
+from pp4.reuse import actionkey, observed
 from pp4.reuse.notices import env_notices, machine_notices, notify_once
 from pp4.reuse.wrapper import MARKER_SUFFIX, Action, ReuseConfig, Reuser, signed_part, time_problem
 
@@ -22,9 +23,9 @@ def compile_one(cfg: ReuseConfig, env: dict[str, str], argv: list[str]) -> int:
     if marker.exists():  # the prepass of this build restored it already
         marker.unlink()
         return 0
-    from pp4.report import progress  # here: an edge whose object the prepass restored has no run to report
+    from pp4.build import reporter  # here: an edge whose object the prepass restored has no run to report
 
-    progress.ensure_running(cfg.state_dir)
+    reporter.ensure_running(cfg.state_dir)
     notify_once(cfg.state_dir, env_notices(cfg.folded))
     reuser = Reuser(cfg)
     t0 = time.monotonic()

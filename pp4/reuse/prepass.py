@@ -12,7 +12,8 @@ from pathlib import Path
 
 from pp4.execution import depfile
 from pp4.execution.root import Root
-from pp4.reuse import actionkey, events, inputsets
+from pp4.build import events
+from pp4.reuse import actionkey, inputsets
 from pp4.reuse.notices import env_notices, notify_once
 from pp4.reuse.wrapper import MARKER_SUFFIX, ReuseConfig, Reuser
 
@@ -68,7 +69,7 @@ def prepass(cfg: ReuseConfig, actions_file: Path, stamp: Path, on_miss=None, aft
     reuser.hasher.save()
     reuser.note_refusals()
     # One batch file for all of them, after the markers: killed before it is in place, the markers
-    # make the next prepass restore those objects again (pp4/reuse/events.py).
+    # make the next prepass restore those objects again (pp4/build/events.py).
     batch = events.write_batch(cfg.state_dir, hits)
     # The stamp's dependencies: every file every compile seen so far read, so that an edit of any
     # of them runs the prepass again before the compiles that ninja will then find out of date.

@@ -58,7 +58,8 @@ def recheck(cfg, actions_file: Path, stamp: Path) -> int:
     """cfg: the build's ReuseConfig (pp4/reuse/wrapper.py)."""
     from pp4 import paths
     from pp4.execution.root import Root
-    from pp4.reuse import events, inputsets, link, observed
+    from pp4.build import events
+    from pp4.reuse import inputsets, link, observed
     from pp4.reuse.actionkey import FileHasher
     from pp4.reuse.wrapper import MARKER_SUFFIX
 

@@ -38,7 +38,8 @@ from pp4.build import config as buildconfig
 from pp4.execution import depfile
 from pp4.execution.root import Root
 from pp4.files import canonical_json, sha256_and_size
-from pp4.reuse import events, inputsets, observed, variants
+from pp4.build import events
+from pp4.reuse import inputsets, observed, variants
 from pp4.reuse.notices import notify_once
 from pp4.reuse.actionkey import CompileArgs, FileHasher
 from pp4.store.front import Found, StoreFront

@@ -1,0 +1,127 @@
+"""The way pp4's parts depend on each other (shared/design/architecture.md), read from the source
+itself: every `import` of a pp4 module, at the top or inside a function (only what runs under
+TYPE_CHECKING is left out: annotations are not dependencies). Entry points (`__main__` modules) are
+programs, not layers: they may reach anything."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from conftest import REPO
+
+PP4 = REPO / "pp4"
+COMMON = {"pp4", "pp4.files", "pp4.paths", "pp4.sizes", "pp4.backoff", "pp4.interrupt", "pp4.ninjarun", "pp4.statedir"}
+# package -> what it must never import (architecture.md's "Never", and the bottom of the stack)
+NEVER = {
+    "pp4.build": "everything but the common modules",
+    "pp4.toolchain": "everything but the common modules",
+    "pp4.store": {"pp4.reuse", "pp4.certify", "pp4.plan", "pp4.sources", "pp4.wheel", "pp4.worker", "pp4.report"},
+    "pp4.plan": {"pp4.reuse", "pp4.store", "pp4.certify", "pp4.wheel", "pp4.worker"},
+    "pp4.sources": {"pp4.certify", "pp4.reuse", "pp4.store", "pp4.plan", "pp4.wheel", "pp4.worker"},
+    "pp4.execution": {"pp4.reuse", "pp4.store", "pp4.certify", "pp4.plan", "pp4.wheel", "pp4.worker", "pp4.report"},
+    "pp4.reuse": {"pp4.certify", "pp4.wheel", "pp4.worker", "pp4.plan", "pp4.report"},
+    "pp4.report": {"pp4.reuse", "pp4.certify", "pp4.store", "pp4.wheel", "pp4.worker"},
+    "pp4.worker": {"pp4.plan", "pp4.reuse", "pp4.store", "pp4.execution", "pp4.sources", "pp4.wheel"},
+}
+
+
+def module_of(path: Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports() -> dict[str, set[tuple[str, str]]]:
+    """module -> {(imported module, name imported from it or "")}."""
+    found = {}
+    for path in sorted(PP4.rglob("*.py")):
+        name, deps = module_of(path), set()
+
+        class Visitor(ast.NodeVisitor):
+            def visit_If(self, node):
+                if isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+                    for child in node.orelse:
+                        self.visit(child)
+                    return
+                self.generic_visit(node)
+
+            def visit_Import(self, node):
+                deps.update((a.name, "") for a in node.names if a.name.split(".")[0] == "pp4")
+
+            def visit_ImportFrom(self, node):
+                if node.level == 0 and node.module and node.module.split(".")[0] == "pp4":
+                    for a in node.names:
+                        full = f"{node.module}.{a.name}"
+                        is_module = (REPO / Path(*full.split("."))).with_suffix(".py").exists() or \
+                            (REPO / Path(*full.split("."))).is_dir()
+                        deps.add((full, "") if is_module else (node.module, a.name))
+
+        Visitor().visit(ast.parse(path.read_text(), str(path)))
+        found[name] = deps
+    return found
+
+
+def package(module: str) -> str:
+    return ".".join(module.split(".")[:2])
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected parts of more than one node (Tarjan)."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            part = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                part.append(w)
+                if w == v:
+                    break
+            if len(part) > 1:
+                out.append(sorted(part))
+
+    for v in list(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_module_imports_another_that_imports_it_back():
+    found = imports()
+    graph = {m: {d for d, _ in deps if d in found} for m, deps in found.items()}
+    assert cycles(graph) == []
+
+
+def test_no_package_reaches_up():
+    found = imports()
+    graph: dict[str, set[str]] = {}
+    wrong = []
+    for module, deps in found.items():
+        if module.endswith("__main__"):
+            continue
+        for dep, _ in deps:
+            a, b = package(module), package(dep)
+            if a == b or b in COMMON:
+                continue
+            graph.setdefault(a, set()).add(b)
+            never = NEVER.get(a, set())
+            if never == "everything but the common modules" or b in never:
+                wrong.append(f"{module} imports {dep}")
+    assert wrong == []
+    assert cycles(graph) == []
+
+
+def test_no_private_name_is_taken_from_another_module():
+    wrong = [f"{module} imports {name} from {dep}" for module, deps in imports().items()
+             for dep, name in deps if name.startswith("_") and dep != module]
+    assert wrong == []
