@@ -44,6 +44,7 @@ from pp4.sources import listing  # noqa: E402
 from pp4.sources import setuppy  # noqa: E402
 from pp4.store.remote import redact  # noqa: E402
 from pp4.store.remote import tier  # noqa: E402
+from pp4.toolchain import archs as arch_names  # noqa: E402
 from pp4.toolchain import compat  # noqa: E402
 from pp4.toolchain import compilerenv  # noqa: E402
 from pp4.toolchain import compilers  # noqa: E402
@@ -70,7 +71,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         epilog="Then run `ninja` (everything), or `ninja TARGET` for one of: toolchain, compdb, or an extension.",
     )
     ap.add_argument("--arch", action="append", default=[], metavar="X.Y",
-                    help="GPU compute capability to build for, e.g. 9.0 (repeatable; a/f suffix and +PTX allowed). "
+                    help="GPU compute capability to build for, e.g. 9.0 (repeatable, or a list: 8.0,9.0+PTX; a/f "
+                         "suffix allowed, and +PTX to embed PTX too). "
                          "Default: the visible GPUs' (nvidia-smi); with none visible you must give it.")
     ap.add_argument("--builddir", default="build", help="where objects and modules go (default: build)")
     ap.add_argument("--dist-dir", default="dist", help="where `ninja wheel` puts the modules' wheels (default: dist)")
@@ -143,6 +145,8 @@ def check_option_values(args) -> None:
                              "at a time (its 0, one thread per CPU, would step over --cpus and -j)")
     if not -20 <= args.nice <= 19:
         raise ConfigureError(f"--nice {args.nice}: niceness is -20 to 19 (a compile can only be made nicer: 0 to 19)")
+    for arch in arch_names.split(args.arch):  # the spelling now; nvcc's own list once it is provisioned
+        arch_names.parse(arch)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -409,7 +413,7 @@ def main(argv: list[str]) -> int:
     remote = remote_settings(args, builddir)
     argv = [redact(a) if "://" in a else a for a in argv]  # build.ninja and configure.json never hold a password
     tc, toolchain_inputs, toolchain_args = get_toolchain(args)
-    archs = args.arch or visible_gpu_archs()
+    archs = arch_names.split(args.arch) or visible_gpu_archs()
     if not archs:
         raise ConfigureError("no GPU is visible here, so the target architecture is unknown: pass --arch, "
                              "e.g. --arch 9.0 for an H100/H200 (repeat it for several)")
