@@ -27,9 +27,11 @@ def command(name: str):
                 print(f"{name}: interrupted", file=sys.stderr, flush=True)
                 return EXIT_INTERRUPTED
             except OSError as e:
+                from pp4 import ninjarun
                 from pp4.execution import machine  # only on the way out: a command's start stays light
 
-                line = machine.from_oserror(e)
+                # what to run again: ninja, for the steps it runs; else this command
+                line = machine.from_oserror(e, "ninja" if ninjarun.ninja_ancestor() else name)
                 if line is None:
                     raise
                 print(line, file=sys.stderr, flush=True)  # it names the error and the path

@@ -77,33 +77,34 @@ def folder(path: str | Path) -> Folder:
                   bool(st.f_flag & os.ST_RDONLY), os.access(p, os.W_OK))
 
 
-def _space(f: Folder) -> str:
+def _space(f: Folder, rerun: str = "ninja") -> str:
     return (f"the filesystem of {f.path} ({f.mount}) has {human_bytes(f.free)} free of {human_bytes(f.size)} "
             "(statvfs); free space there, or configure a build folder on another disk (--builddir), "
-            "then run ninja again")
+            f"then run {rerun} again")
 
 
-def _read_only(f: Folder) -> str:
+def _read_only(f: Folder, rerun: str = "ninja") -> str:
     return (f"{f.path} is on a read-only filesystem ({f.mount}, statvfs); remount it read-write, or configure "
-            "a build folder you can write (--builddir), then run ninja again")
+            f"a build folder you can write (--builddir), then run {rerun} again")
 
 
-def _not_writable(f: Folder) -> str:
+def _not_writable(f: Folder, rerun: str = "ninja") -> str:
     return (f"{f.path} is not writable by user {os.geteuid()} (permission denied); fix its owner or mode, or "
-            "configure a build folder you can write (--builddir), then run ninja again")
+            f"configure a build folder you can write (--builddir), then run {rerun} again")
 
 
-def before(folders: list[str | Path]) -> str | None:
+def before(folders: list[str | Path], rerun: str = "ninja") -> str | None:
     """A failure that is certain before a step runs: a folder it writes is read-only, not writable,
-    or its filesystem has no byte free. None: nothing certain (it may still fail; see after())."""
+    or its filesystem has no byte free. None: nothing certain (it may still fail; see after()).
+    The cause and what to do, without PREFIX (configure says it as its own error)."""
     for path in folders:
         f = folder(path)
         if f.read_only:
-            return f"{PREFIX} {_read_only(f)}"
+            return _read_only(f, rerun)
         if not f.writable:
-            return f"{PREFIX} {_not_writable(f)}"
+            return _not_writable(f, rerun)
         if f.free == 0:
-            return f"{PREFIX} {_space(f)}"
+            return _space(f, rerun)
     return None
 
 
@@ -132,7 +133,7 @@ def available_memory() -> int | None:
     return None
 
 
-def _memory(evidence: str, address_space: int | None) -> str:
+def _memory(evidence: str, address_space: int | None, rerun: str = "ninja") -> str:
     avail = available_memory()
     now = f", {human_bytes(avail)} available now" if avail is not None else ""
     if address_space:  # its own limit, not the machine's memory, is what ran out: fewer jobs would not help
@@ -140,7 +141,7 @@ def _memory(evidence: str, address_space: int | None) -> str:
                "--max-memory, or without it")
     else:
         fix = "run fewer compiles at once: re-run configure with a smaller -j"
-    return f"{PREFIX} out of memory ({evidence}{now}); {fix}, then run ninja again"
+    return f"{PREFIX} out of memory ({evidence}{now}); {fix}, then run {rerun} again"
 
 
 def after(folders: list[str | Path], stderr: bytes = b"", oom_before: int | None = None,
@@ -175,7 +176,7 @@ def after(folders: list[str | Path], stderr: bytes = b"", oom_before: int | None
     return None
 
 
-def from_oserror(e: OSError) -> str | None:
+def from_oserror(e: OSError, rerun: str = "ninja") -> str | None:
     """The line for an OSError a pp4 step raised, when its errno is the machine's; None otherwise."""
     if e.errno not in MACHINE_ERRNOS:
         return None
@@ -186,13 +187,14 @@ def from_oserror(e: OSError) -> str | None:
     else:  # no file found: the working folder, where ninja runs every step
         what = f"{e.strerror}, writing under {os.getcwd()}"
     if e.errno == errno.ENOMEM:
-        return _memory(what, None)
+        return _memory(what, None, rerun)
     f = folder(os.path.dirname(where) if named is not None else os.getcwd())
     if e.errno == errno.EROFS or f.read_only:
-        return f"{PREFIX} {what}: {_read_only(f)}"
+        return f"{PREFIX} {what}: {_read_only(f, rerun)}"
     if e.errno in (errno.ENOSPC, errno.EDQUOT):
-        return f"{PREFIX} {what}: {_space(f)}"
-    return f"{PREFIX} {what}: {_not_writable(f) if not f.writable else 'fix the permissions of that path'}"
+        return f"{PREFIX} {what}: {_space(f, rerun)}"
+    fix = _not_writable(f, rerun) if not f.writable else f"fix the permissions of that path, then run {rerun} again"
+    return f"{PREFIX} {what}: {fix}"
 
 
 def _file_written(e: OSError) -> str | None:

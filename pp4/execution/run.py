@@ -104,7 +104,7 @@ def run(argv: list[str], env: dict[str, str], limits: Limits, scratch_parent: st
     writes = [*machine.written_folders(list(argv)), str(scratch_parent)]
     refused = machine.before(writes)
     if refused is not None:
-        raise machine.MachineError(refused)
+        raise machine.MachineError(f"{machine.PREFIX} {refused}")
     root_problem = None
     if root is not None:
         root_problem = unavailable(str(scratch_parent))
