@@ -40,12 +40,14 @@ from pp4.report import progress  # noqa: E402
 from pp4.sizes import human_duration, parse_size  # noqa: E402
 from pp4.execution import root as fixed_root  # noqa: E402
 from pp4.execution import cluster  # noqa: E402
+from pp4.execution import machine  # noqa: E402
 from pp4.sources import exl3  # noqa: E402
 from pp4.sources import extensions  # noqa: E402
 from pp4.sources import listing  # noqa: E402
 from pp4.sources import setuppy  # noqa: E402
 from pp4.store.remote import redact  # noqa: E402
 from pp4.store.remote import tier  # noqa: E402
+from pp4.toolchain import archs as arch_names  # noqa: E402
 from pp4.toolchain import compat  # noqa: E402
 from pp4.toolchain import compilerenv  # noqa: E402
 from pp4.toolchain import compilers  # noqa: E402
@@ -72,9 +74,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         epilog="Then run `ninja` (everything), or `ninja TARGET` for one of: toolchain, compdb, or an extension.",
     )
     ap.add_argument("--arch", action="append", default=[], metavar="X.Y",
-                    help="GPU compute capability to build for, e.g. 9.0 (repeatable; a/f suffix and +PTX allowed). "
+                    help="GPU compute capability to build for, e.g. 9.0 (repeatable, or a list: 8.0,9.0+PTX; a/f "
+                         "suffix allowed, and +PTX to embed PTX too). "
                          "Default: the visible GPUs' (nvidia-smi); with none visible you must give it.")
     ap.add_argument("--builddir", default="build", help="where objects and modules go (default: build)")
+    ap.add_argument("--replace", action="store_true",
+                    help="write build.ninja here even where it is another configuration's (another --builddir's) or "
+                         "not pp4's: without it configure refuses and says how to keep both")
     ap.add_argument("--dist-dir", default="dist", help="where `ninja wheel` puts the modules' wheels (default: dist)")
     ap.add_argument("--ext", action="append", default=[], choices=BUILTIN_EXTENSIONS,
                     help=f"a built-in extension to build (repeatable; default: {', '.join(DEFAULT_EXTENSIONS)}, "
@@ -135,6 +141,41 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
+GENERATED_MARK = "# " + ninjafile.GENERATED
+
+
+def other_configuration(root: Path, builddir: Path) -> str | None:
+    """Why writing build.ninja here would replace another build, if it would: a build.ninja that is
+    not pp4's, or pp4's for another build folder that still holds its configuration (a second
+    configure here with another --builddir once replaced the first one's silently: issue 55)."""
+    path = root / "build.ninja"
+    try:
+        text = path.read_text(errors="replace")
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        return f"{path} cannot be read ({e.strerror}), so configure cannot tell whose it is; move it away first"
+    if not text.startswith(GENERATED_MARK):
+        return (f"{path} was not written by pp4's configure.py (its first line is not {GENERATED_MARK!r}): writing "
+                "this build's would replace it. Run configure in another folder (build.ninja goes in the current "
+                "folder), or pass --replace to replace it")
+    variables = ninjafile.read_variables(text)
+    if "config" not in variables:
+        return None  # pp4's, from before build.ninja named its configuration: nothing to compare
+    config = Path(shlex.split(variables["config"])[0])
+    old_builddir = config.parent
+    if old_builddir == builddir or not config.is_file():
+        return None  # the same build, or one whose build folder is gone: nothing to keep
+    args = variables.get("configure_args", "")
+    shown = os.path.relpath(old_builddir, root) if old_builddir.is_relative_to(root) else str(old_builddir)
+    return (f"{path} is the build of another configuration, --builddir {shown} (configured with: {args}); "
+            f"writing this one's (--builddir {os.path.relpath(builddir, root) if builddir.is_relative_to(root) else builddir}) "
+            "would replace it, and ninja here would build this one only. To keep both, run configure in another "
+            "folder (build.ninja goes in the current folder, objects under --builddir): "
+            f"mkdir ../other && cd ../other && python {ROOT / 'configure.py'} ... --builddir DIR. To replace it, "
+            "pass --replace (its build folder stays on disk)")
+
+
 def check_option_values(args) -> None:
     """Values argparse's types let through but no build can use: refused before any work."""
     if args.jobs is not None and args.jobs < 1:
@@ -145,6 +186,8 @@ def check_option_values(args) -> None:
                              "at a time (its 0, one thread per CPU, would step over --cpus and -j)")
     if not -20 <= args.nice <= 19:
         raise ConfigureError(f"--nice {args.nice}: niceness is -20 to 19 (a compile can only be made nicer: 0 to 19)")
+    for arch in arch_names.split(args.arch):  # the spelling now; nvcc's own list once it is provisioned
+        arch_names.parse(arch)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -418,10 +461,21 @@ def main(argv: list[str]) -> int:
                              "as a shell variable; choose a name without `$`")
 
     check_option_values(args)
+    # Before any work: the folders configure writes (build.ninja here, the build folder) must take
+    # a write; a read-only one was a traceback from deep inside (issue 55).
+    unwritable = machine.before([root, builddir], rerun="configure.py")
+    if unwritable is not None:
+        raise ConfigureError(unwritable)
+    other = other_configuration(root, builddir)
+    if other is not None:
+        if not args.replace:
+            raise ConfigureError(other)
+        print(f"configure: notice: --replace: {other.split(';')[0]}; replacing it (its build folder is left as it is)")
+    argv = [a for a in argv if a != "--replace"]  # a one-time choice: ninja's re-runs of configure need none
     remote = remote_settings(args, builddir)
     argv = [redact(a) if "://" in a else a for a in argv]  # build.ninja and configure.json never hold a password
     tc, toolchain_inputs, toolchain_args = get_toolchain(args)
-    archs = args.arch or visible_gpu_archs()
+    archs = arch_names.split(args.arch) or visible_gpu_archs()
     if not archs:
         raise ConfigureError("no GPU is visible here, so the target architecture is unknown: pass --arch, "
                              "e.g. --arch 9.0 for an H100/H200 (repeat it for several)")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 
 
-def _stat(pid: int) -> tuple[str, list[str]] | None:
+def proc_stat(pid: int) -> tuple[str, list[str]] | None:
     """(command name, the fields after it) of /proc/PID/stat."""
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -25,7 +25,7 @@ ANCESTORS_FROM: int | None = None
 def ninja_ancestor() -> int | None:
     pid = ANCESTORS_FROM or os.getppid()
     for _ in range(4):  # the edge's shell, then ninja
-        found = _stat(pid)
+        found = proc_stat(pid)
         if found is None:
             return None
         name, fields = found
@@ -41,14 +41,14 @@ def run_id() -> str | None:
 
 
 def run_id_of(pid: int | None) -> str | None:
-    found = _stat(pid) if pid is not None else None
+    found = proc_stat(pid) if pid is not None else None
     return f"{pid}-{found[1][19]}" if found else None
 
 
 def is_running(run: str) -> bool:
     """Whether the ninja of RUN (run_id's pid-starttime) is still that process."""
     pid, _, start = run.partition("-")
-    found = _stat(int(pid)) if pid.isdigit() else None
+    found = proc_stat(int(pid)) if pid.isdigit() else None
     return found is not None and found[1][19] == start
 
 
@@ -87,7 +87,7 @@ def requested_targets(pid: int | None = None) -> list[str] | None:
 def started(pid: int) -> float | None:
     """When a running process started, in seconds since the epoch; None once it has ended (a
     zombie that its parent has not reaped yet counts as ended)."""
-    found = _stat(pid)
+    found = proc_stat(pid)
     if found is None or found[1][0] in ("Z", "X"):
         return None
     ticks = int(found[1][19])  # starttime, field 22

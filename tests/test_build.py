@@ -3,6 +3,7 @@ fixture and of the P2P extension, exact incremental rebuilds, the generator rule
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -281,3 +282,13 @@ def test_limits_are_applied_to_a_real_compile(fixture_build, tmp_path):
     assert {"nvcc", "cc1plus"} <= set(seen), seen  # cc1plus runs twice or more, for ~a second each
     for name, (cpus, nice, address) in seen.items():
         assert (cpus, nice, address) == ("0", min(19, os.nice(0) + 7), str(8 << 30)), (name, seen)
+
+
+def test_pin_check_takes_a_str_path_as_the_readme_writes_it(fixture_build):
+    """README: `pp4.certify.pin.check(path)`, then `torch.ops.load_library(path)`, path a str."""
+    from pp4.certify import pin
+
+    work, _, _ = fixture_build
+    (module,) = (work / "build" / "pp4_fixture").glob("pp4_fixture*.so")
+    checked = pin.check(str(module))
+    assert checked["sha256"] == hashlib.sha256(module.read_bytes()).hexdigest()

@@ -53,6 +53,17 @@ def test_unknown_arch_fails_the_probe_with_a_clear_error(toolchain, shared_cache
         compat.check(toolchain, archs=["4.2"], cache_root=shared_cache)
 
 
+def test_the_probe_compiles_an_arch_with_ptx_as_the_build_does(toolchain, tmp_path):
+    """`9.0+PTX` once reached nvcc as compute_90+PTX (issue 55). A private cache root, so no
+    stamp of an earlier probe stands in for the compile."""
+    _, full = compat.nvcc_version(toolchain.nvcc, tmp_path)
+    assert compat.probe_compile(toolchain.nvcc, full, "9.0+PTX", tmp_path, cache_root=tmp_path / "cache") is False
+    stamps = list((tmp_path / "cache").rglob("probes/*.ok"))
+    assert len(stamps) == 1
+    command = stamps[0].read_text().split()
+    assert command[-2:] == ["-gencode=arch=compute_90,code=sm_90", "-gencode=arch=compute_90,code=compute_90"]
+
+
 def _decoy(path: Path, marker: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(f"#!/bin/sh\necho decoy $0 >> {marker}\nexit 1\n")

@@ -16,6 +16,7 @@ from conftest import REPO
 from pp4.plan import modules as plan
 from pp4.plan.torchflags import torch_build_flags
 from pp4.sources.extensions import Extension
+from pp4.toolchain import archs
 
 # Each intentional difference, as documented in docs/configure.md.
 OURS_ONLY_LINK = {"-Wl,-rpath,{torch_lib}", "-Wl,-rpath,{cudart_lib}"}
@@ -100,11 +101,27 @@ def test_gencode_flags(arch, expected):
 
 
 def test_unknown_arch_is_refused_with_the_supported_list():
-    with pytest.raises(plan.PlanError) as e:
+    with pytest.raises(plan.ArchError) as e:
         plan.gencode_flags(["4.2"], ["sm_75", "sm_90", "sm_100"])
     assert str(e.value) == "--arch 4.2: this nvcc cannot compile for sm_42; it supports 7.5, 9.0, 10.0"
-    with pytest.raises(plan.PlanError, match=r"--arch 'ninety' is not a compute capability: write it as MAJOR.MINOR"):
+    with pytest.raises(plan.ArchError, match=r"--arch 'ninety' is not a compute capability: write it as MAJOR.MINOR"):
         plan.gencode_flags(["ninety"], None)
+
+
+@pytest.mark.parametrize("given,expected", [
+    (["9.0"], ["9.0"]),
+    (["8.0,9.0+PTX"], ["8.0", "9.0+PTX"]),
+    (["8.0;9.0+PTX"], ["8.0", "9.0+PTX"]),  # TORCH_CUDA_ARCH_LIST's spelling
+    (["8.0 9.0", "9.0", "8.6"], ["8.0", "9.0", "8.6"]),  # repeats dropped, first place kept
+    ([" 9.0a , 10.0+PTX "], ["9.0a", "10.0+PTX"]),
+])
+def test_arch_lists_split_as_documented(given, expected):
+    assert archs.split(given) == expected
+
+
+def test_an_empty_arch_value_is_refused():
+    with pytest.raises(archs.ArchError, match=r"--arch ',' names no architecture: .* --arch 8.0,9.0\+PTX"):
+        archs.split([","])
 
 
 def test_longest_first_uses_log_then_table_then_the_estimate(tmp_path):

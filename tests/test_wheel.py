@@ -134,10 +134,46 @@ def test_a_changed_source_makes_a_new_wheel_in_place_of_the_old(built, tmp_path)
     (old,) = (scratch / "dist").glob("*.whl")
     assert old.read_bytes() == wheels["pp4_fixture"].read_bytes(), "restored in another folder: another wheel"
     ops = scratch / "src" / "src" / "ops.cpp"
-    ops.write_text(ops.read_text() + "\n// a new line: another source key\n")
-    run([ninja_bin(), "wheel"], scratch)
+    ops.write_text(ops.read_text() + "\nint pp4_fixture_more() { return 7; }  // another module\n")
+    out = run([ninja_bin(), "wheel"], scratch).stdout
     (new,) = (scratch / "dist").glob("*.whl")
     assert new.name != old.name and new.name.startswith("pp4_fixture-0+pp4.")
+    old_version, new_version = (w.name.split("-")[1] for w in (old, new))
+    # The old wheel is gone (pip install dist/*.whl would see two versions), and a line says so.
+    assert (f"pp4.wheel: removed {Path('dist') / old.name}, this target's wheel of version {old_version}, which "
+            f"version {new_version} replaces (copy it elsewhere before `ninja wheel` to keep both)") in out, out
+
+
+def _module_sha256(wheel: Path) -> str:
+    with zipfile.ZipFile(wheel) as z:
+        (name,) = [n for n in z.namelist() if n.endswith(".so")]
+        return hashlib.sha256(z.read(name)).hexdigest()
+
+
+def test_the_same_module_packed_again_keeps_its_version(built, tmp_path):
+    """Issue 55: one module (one sha256) packed twice got two versions, and the first wheel was
+    deleted. A comment added to a source changes what the build observed (the certificate) and not
+    the module's bytes: the version stays, and the wheel written over is named."""
+    work, wheels = built
+    scratch = tmp_path / "tree"
+    shutil.copytree(work / "src", scratch / "src")
+    run([sys.executable, REPO / "configure.py", "--arch", "9.0", "--ext-spec", "src/ext.toml",
+         "--store", work / "store"], scratch)
+    run([ninja_bin(), "wheel"], scratch)
+    (first,) = (scratch / "dist").glob("*.whl")
+    first_bytes = first.read_bytes()
+    kept = tmp_path / "first.whl"  # a copy: the wheel at its path is written over
+    kept.write_bytes(first_bytes)
+    ops = scratch / "src" / "src" / "ops.cpp"
+    ops.write_text(ops.read_text() + "\n// a comment: the same object\n")
+    out = run([ninja_bin(), "wheel"], scratch).stdout
+    (second,) = (scratch / "dist").glob("*.whl")
+    assert _module_sha256(second) == _module_sha256(kept)
+    assert second.name == first.name, (first.name, second.name)
+    assert second.read_bytes() != first_bytes  # another certificate inside
+    assert (f"pp4.wheel: replaced {Path('dist') / first.name} (sha256 {hashlib.sha256(first_bytes).hexdigest()}), "
+            "a wheel of the same name and version with other bytes") in out, out
+
 
 
 def in_venv(py: Path, code: str, check=True):

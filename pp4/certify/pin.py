@@ -78,10 +78,12 @@ def said(pin: dict) -> str:
     return f"{pin['module']}: sha256 {pin['sha256']}, source key {pin['source_key']}"
 
 
-def check(module: Path, module_sha256: str | None = None, with_tree: bool = False) -> dict:
+def check(module: Path | str, module_sha256: str | None = None, with_tree: bool = False) -> dict:
     """The pin of a module after checking both its bytes and its sources; PinError otherwise.
-    module_sha256: the module's hash where the caller has just computed it. with_tree: add the
-    tree hash of those sources (``tree_sha256``), from the same read of the files."""
+    module: a path, or a str as the README writes it. module_sha256: the module's hash where the
+    caller has just computed it. with_tree: add the tree hash of those sources (``tree_sha256``),
+    from the same read of the files."""
+    module = Path(module)
     pin_file = pin_path_for(module)
     try:
         pin = json.loads(pin_file.read_text())

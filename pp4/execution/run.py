@@ -23,7 +23,7 @@ from pathlib import Path
 
 import attrs
 
-from pp4.execution import observe
+from pp4.execution import machine, observe
 from pp4.execution.root import TMP, Root, enter, unavailable
 from pp4.execution.limits import apply, command_for
 from pp4.toolchain.compilerenv import process_env
@@ -99,6 +99,12 @@ def run(argv: list[str], env: dict[str, str], limits: Limits, scratch_parent: st
     """Run argv (this machine's paths) in `root` (None: where it is), observed unless `observed`
     is False or the observer cannot run here. Its stderr is returned, not printed; its stdout goes
     to the file `stdout` when given (else where the caller's goes)."""
+    # The folders it writes, its scratch folder's included: a certain failure (read-only, no byte
+    # free) is refused before anything starts, with the line that says why (pp4/execution/machine.py).
+    writes = [*machine.written_folders(list(argv)), str(scratch_parent)]
+    refused = machine.before(writes)
+    if refused is not None:
+        raise machine.MachineError(f"{machine.PREFIX} {refused}")
     root_problem = None
     if root is not None:
         root_problem = unavailable(str(scratch_parent))
@@ -120,7 +126,6 @@ def run(argv: list[str], env: dict[str, str], limits: Limits, scratch_parent: st
     log = os.path.join(tmp, TRACE_NAME)
     if trace_problem is None:
         full = observe.command(log) + full
-    errors = os.path.join(scratch, "stderr")
 
     def prepare() -> None:
         apply(limits)
@@ -130,23 +135,32 @@ def run(argv: list[str], env: dict[str, str], limits: Limits, scratch_parent: st
     started = time.time()
     t0 = time.monotonic()
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    try:
-        with open(errors, "wb") as err, open(stdout, "wb") if stdout else contextlib.nullcontext(err) as out:
-            # stderr to a file, not a pipe: in the root, the process that waits for the command
-            # keeps subprocess's error pipe open until the command ends. stdout to a file too
-            # (with stderr, unless asked for apart): the command's standard streams are /dev/null
-            # and files of its own, never a terminal or a socket that could answer it.
-            proc = subprocess.run(full, env=process_env(env, Path(tmp)), preexec_fn=prepare, stdin=subprocess.DEVNULL,
-                                  stdout=out, stderr=err, cwd=None if root is not None else os.getcwd())
-        returncode = proc.returncode
-    except OSError as e:
-        with open(errors, "ab") as err:
+    oom_before = machine.oom_kills()
+    # stderr to a file, not a pipe: in the root, the process that waits for the command keeps
+    # subprocess's error pipe open until the command ends. A file in memory (memfd), not on a disk:
+    # on a full build disk the compiler's own "No space left on device" must still be read back.
+    # stdout to a file too (with stderr, unless asked for apart): the command's standard streams
+    # are /dev/null and files of its own, never a terminal or a socket that could answer it.
+    with os.fdopen(os.memfd_create("pp4-stderr", os.MFD_CLOEXEC), "w+b") as err:
+        try:
+            with open(stdout, "wb") if stdout else contextlib.nullcontext(err) as out:
+                proc = subprocess.run(full, env=process_env(env, Path(tmp)), preexec_fn=prepare,
+                                      stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                                      cwd=None if root is not None else os.getcwd())
+            returncode = proc.returncode
+        except OSError as e:
             err.write(f"pp4: cannot run {full[0]}: {e}\n".encode())
-        returncode = 127
+            returncode = 127
+        err.flush()
+        err.seek(0)
+        stderr = err.read()
     seconds = time.monotonic() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    stderr = Path(errors).read_bytes()
+    if returncode != 0:  # the last line of what the edge shows, when the cause is the machine
+        cause = machine.after(writes, stderr, oom_before, limits.address_space)
+        if cause is not None:
+            stderr += (b"" if not stderr or stderr.endswith(b"\n") else b"\n") + cause.encode() + b"\n"
     trace = None
     if trace_problem is None:
         try:

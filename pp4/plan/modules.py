@@ -18,11 +18,12 @@ import attrs
 from pp4.plan.estimate import estimate_seconds
 from pp4.plan.torchflags import COMMON_NVCC_FLAGS, SetuptoolsFlags, TorchBuildFlags
 from pp4.sources.extensions import COMPILED_SUFFIXES, Extension
+from pp4.toolchain.archs import ArchError, gencode_flags  # noqa: F401 (ArchError: callers catch it here)
+from pp4.toolchain.archs import parse as parse_arch  # noqa: F401
 from pp4.toolchain.compilerenv import Folded
 from pp4.toolchain.compilers import Compilers, ccbin_from_flags
 from pp4.toolchain.provision import Toolchain
 
-_ARCH = re.compile(r"^(\d+)\.(\d+)([af]?)(\+PTX)?$")
 # What a CppExtension does without (torch.utils.cpp_extension links these for CUDAExtension only).
 CUDA_LIBRARIES = ("c10_cuda", "torch_cuda")
 # The macro that tells a unit which module it is compiled for, as torch's builds define it.
@@ -52,39 +53,6 @@ class ModulePlan:
 
     def flags_for(self, step: CompileStep) -> tuple[str, ...]:
         return self.cuda_flags if step.language == "cuda" else self.cxx_flags
-
-
-def parse_arch(arch: str, supported: list[str] | None = None) -> tuple[str, bool]:
-    """"9.0" -> ("90", False); "9.0a+PTX" -> ("90a", True). Checked against nvcc's own list."""
-    m = _ARCH.match(arch.strip())
-    if not m:
-        raise PlanError(
-            f"--arch {arch!r} is not a compute capability: write it as MAJOR.MINOR, e.g. --arch 9.0 "
-            "(optionally with an a/f suffix, 9.0a, or +PTX to embed PTX too)"
-        )
-    cc = f"{m.group(1)}{m.group(2)}{m.group(3)}"
-    # nvcc lists the base architectures; the a/f feature suffixes ride on them (sm_90a on sm_90).
-    if supported is not None and f"sm_{m.group(1)}{m.group(2)}" not in supported:
-        raise PlanError(
-            f"--arch {arch}: this nvcc cannot compile for sm_{cc}; it supports {', '.join(map(_dotted, supported))}"
-        )
-    return cc, bool(m.group(4))
-
-
-def _dotted(sm: str) -> str:
-    """"sm_90a" -> "9.0a", the way --arch is written."""
-    m = re.match(r"sm_(\d+)(\d)([a-z]?)$", sm)
-    return f"{m.group(1)}.{m.group(2)}{m.group(3)}" if m else sm
-
-
-def gencode_flags(archs: list[str], supported: list[str] | None = None) -> list[str]:
-    flags = []
-    for arch in archs:
-        cc, ptx = parse_arch(arch, supported)
-        flags.append(f"-gencode=arch=compute_{cc},code=sm_{cc}")
-        if ptx:
-            flags.append(f"-gencode=arch=compute_{cc},code=compute_{cc}")
-    return flags
 
 
 def _relative(path: Path, root: Path) -> Path:

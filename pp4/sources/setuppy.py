@@ -15,20 +15,28 @@ objects); architecture flags in its nvcc arguments are dropped with a notice, si
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import attrs
 
+from pp4.execution import cputime
 from pp4.sources.extensions import (
     SPEC_FIELDS, Extension, ExtensionError, from_fields, without_architecture_flags
 )
 
-SETUP_TIMEOUT_S = 300
+# What a setup.py may use before pp4 stops it, in CPU-seconds of all its processes, never in wall
+# time: a machine whose cores all compile, and the nice 19 that `ninja wheel`'s stage runs at, stretch
+# a setup.py's wall time without bound and say nothing about the project (issue 55).
+SETUP_CPU_LIMIT_S = 300.0
+_POLL_S = 0.5  # how often its CPU time is read while it runs
 # Extension arguments with no effect on what is compiled or linked.
 _IGNORED = {"language", "optional", "depends", "py_limited_api", "export_symbols", "swig_opts"}
 
@@ -173,23 +181,41 @@ def setup_env(toolchain_prefix: Path, archs: list[str]) -> dict:
 
 
 def run_child(script: str, setup_py: Path, args: list[str], toolchain_prefix: Path, archs: list[str],
-              python: str = sys.executable) -> dict:
-    """Run script (argv: setup.py, report.json, *args) in setup.py's folder; the report it wrote."""
+              python: str = sys.executable, cpu_limit_s: float = SETUP_CPU_LIMIT_S) -> dict:
+    """Run script (argv: setup.py, report.json, *args) in setup.py's folder; the report it wrote.
+    It is stopped, with every process it started, once they have used cpu_limit_s CPU-seconds
+    together; however long it waits for a CPU, it is not stopped for that."""
     with tempfile.TemporaryDirectory(prefix="pp4-setup-py-") as tmp:
         out = Path(tmp) / "report.json"
         script_file = Path(tmp) / "child.py"
         script_file.write_text(script)
+        # A process group of its own: its processes are counted together and stopped together.
+        proc = subprocess.Popen([python, str(script_file), str(setup_py), str(out), *args], cwd=setup_py.parent,
+                                env=setup_env(toolchain_prefix, archs), stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, process_group=0)
+        started = time.monotonic()
         try:
-            proc = subprocess.run([python, str(script_file), str(setup_py), str(out), *args], cwd=setup_py.parent,
-                                  env=setup_env(toolchain_prefix, archs), capture_output=True, text=True,
-                                  timeout=SETUP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            raise ExtensionError(f"{setup_py} ran for {SETUP_TIMEOUT_S} s without finishing: pp4 stops it "
-                                 "there (does it build or download something before setup()?)") from None
+            while True:
+                try:
+                    _, stderr = proc.communicate(timeout=_POLL_S)
+                    break
+                except subprocess.TimeoutExpired:
+                    used = cputime.group_cpu_seconds(proc.pid)
+                    if used >= cpu_limit_s:
+                        raise ExtensionError(
+                            f"{setup_py} used {used:.1f} CPU-seconds (all its processes together, read from /proc) "
+                            f"in {time.monotonic() - started:.0f} s of wall time without finishing: pp4 stops a "
+                            f"setup.py at {cpu_limit_s:g} CPU-seconds (does it compile or download something "
+                            "before setup()?)") from None
+        finally:
+            if proc.returncode is None:  # stopped above, or interrupted: none of its processes outlives it
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.communicate()
         if not out.is_file():
-            raise ExtensionError(f"{setup_py} could not be run (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+            raise ExtensionError(f"{setup_py} could not be run (exit {proc.returncode}):\n{stderr[-3000:]}")
         report = json.loads(out.read_text())
-        report["stderr"] = proc.stderr
+        report["stderr"] = stderr
         return report
 
 

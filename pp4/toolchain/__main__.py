@@ -10,6 +10,7 @@ from pathlib import Path
 
 from pp4 import interrupt
 from pp4 import paths
+from pp4.toolchain import archs
 from pp4.toolchain import compat
 from pp4.toolchain.compat import CompatError
 from pp4.toolchain.locks import LockError, ToolchainLock, lock_for_cuda, supported_releases
@@ -36,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cuda", help="CUDA release to provision (default: the installed torch's torch.version.cuda)")
     ap.add_argument("--cache-dir", type=Path, help="pp4's cache directory (default: $PP4_CACHE_DIR, else ~/.cache/pp4)")
     ap.add_argument("--wheel-dir", type=Path, help="take the pinned wheels from this directory instead of pip (they are hash-checked)")
-    ap.add_argument("--arch", action="append", default=[], help="compute capability for the probe compile, e.g. 9.0 (repeatable)")
+    ap.add_argument("--arch", action="append", default=[], help="compute capability for the probe compile, e.g. 9.0 (repeatable, or a list: 8.0,9.0+PTX)")
     ap.add_argument("--deep", action="store_true", help="check: rehash every file instead of comparing size and mtime")
     ap.add_argument("--no-torch-headers", action="store_true", help="leave out torch's library headers (cublas_v2.h, ...)")
     args = ap.parse_args(argv)
@@ -60,12 +61,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{prefix}: {'OK' if not problems else f'{len(problems)} problem(s)'}")
             return 0 if not problems else 1
         result = provision(lock, cache_root, args.wheel_dir, with_torch_headers=not args.no_torch_headers)
-        report = compat.check(result.toolchain, archs=args.arch, cache_root=cache_root)
+        report = compat.check(result.toolchain, archs=archs.split(args.arch), cache_root=cache_root)
         print(f"toolchain: {result.toolchain.prefix}")
         print(f"  CUDA {lock.cuda}, {result.written} files written, {result.linked} hard-linked, {result.seconds:.2f} s")
         print(f"  {report.summary()}")
         return 0
-    except (LockError, WheelError, ToolchainError, TorchError, CompatError) as e:
+    except (LockError, WheelError, ToolchainError, TorchError, CompatError, archs.ArchError) as e:
         print(f"pp4.toolchain: error: {e}", file=sys.stderr)
         return 2
 

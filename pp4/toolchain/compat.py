@@ -21,6 +21,7 @@ from pathlib import Path
 import attrs
 
 from pp4 import paths
+from pp4.toolchain import archs as arch_names
 from pp4.toolchain.compilerenv import process_env
 from pp4.toolchain.provision import Toolchain
 from pp4.toolchain.torchenv import torch_cuda_version, torch_version
@@ -100,11 +101,12 @@ def probe_compile(nvcc: Path, version: str, arch: str, tmp: Path, cache_root: Pa
     stamp = paths.toolchains_dir(cache_root) / "probes" / f"{_probe_key(nvcc, version, arch, ccbin, env)}.ok"
     if stamp.is_file():
         return True
-    cc = arch.replace(".", "")
+    # The same -gencode flags the build passes for this --arch value (PTX too, for 9.0+PTX).
+    cc, _ = arch_names.parse(arch)
     src = tmp / "pp4_probe.cu"
     src.write_text(PROBE_SOURCE)
     cmd = [str(nvcc), *(["-ccbin", ccbin] if ccbin else []), "-c", str(src), "-o", str(tmp / "pp4_probe.o"),
-           f"-gencode=arch=compute_{cc},code=sm_{cc}"]
+           *arch_names.gencode_flags([arch])]
     proc = _run(cmd, tmp, env)
     if proc.returncode != 0:
         host = f"the host compiler {ccbin}" if ccbin else "the host compiler (gcc on PATH)"

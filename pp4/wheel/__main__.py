@@ -4,8 +4,9 @@
 
 It writes DIST_DIR/<distribution>-<version>-<tag>.whl, only when its bytes change, and STAMP
 (build/TARGET/wheel.json: the wheel's name and sha256), which is what ninja tracks since the wheel's
-name holds the source key. The wheel the stamp named before is removed when this one replaces it
-and its bytes are still the ones pp4 wrote.
+name holds the module's version key. The wheel the stamp named before is removed when this one has
+another name and its bytes are still the ones pp4 wrote, and a line says so; a wheel of the same
+name with other bytes is written over, and a line says that too.
 
 A --setup-py project's own wheel (`ninja wheel-PROJECT`, and `ninja wheel` for such a project) is
 two steps (pp4/wheel/project.py): its setup.py's bdist_wheel without the modules, while they build,
@@ -42,14 +43,34 @@ from pp4.wheel.contents import WheelError, build
 
 
 
-def replace_old(stamp: Path, new_wheel: Path) -> None:
+def replace_old(stamp: Path, new_wheel: Path, new_version: str) -> str | None:
+    """Remove the wheel this target's stamp names when the new one has another name, so that
+    `pip install dist/*.whl` finds one version of each distribution; only when its bytes are still
+    the ones pp4 wrote (a file the user changed or put there is left). Returns the line that names
+    what was removed: nothing a user may have used goes without a word."""
     try:
         old = json.loads(stamp.read_text())
         old_wheel = Path(old["wheel"])
     except (OSError, ValueError, KeyError, TypeError):
-        return
+        return None
     if old_wheel != new_wheel and old_wheel.is_file() and sha256_file(old_wheel) == old.get("sha256"):
         old_wheel.unlink()
+        return (f"removed {old_wheel}, this target's wheel of version {old.get('version')}, which version "
+                f"{new_version} replaces (copy it elsewhere before `ninja wheel` to keep both)")
+    return None
+
+
+def replacing_same_name(path: Path, data: bytes) -> str | None:
+    """A wheel of this name with other bytes (for a module's wheel: the same module, torch pin and
+    loader, as its version says, and another certificate inside). Said, since it is written over."""
+    try:
+        if path.stat().st_size == len(data) and path.read_bytes() == data:
+            return None
+        before = sha256_file(path)
+    except OSError:
+        return None
+    return (f"replaced {path} (sha256 {before}), a wheel of the same name and version with other bytes "
+            "(for a module's wheel: the same module, another record of what it was built from)")
 
 
 def pack(config: Path, actions: Path, target: str, dist_dir: Path, stamp: Path, setup_py: Path | None = None,
@@ -65,7 +86,9 @@ def pack(config: Path, actions: Path, target: str, dist_dir: Path, stamp: Path, 
         print(f"pp4.wheel: error: {e}", file=sys.stderr)
         return 1
     path = dist_dir / wheel.filename
-    replace_old(stamp, path)
+    for said in (replace_old(stamp, path, wheel.version), replacing_same_name(path, wheel.data)):
+        if said:
+            print(f"pp4.wheel: {said}")
     written = write_if_changed(path, wheel.data)
     digest = hashlib.sha256(wheel.data).hexdigest()
     write_if_changed(stamp, json.dumps({"target": target, "wheel": str(path), "sha256": digest, "size": len(wheel.data),

@@ -14,9 +14,9 @@ creation time, no word of how an object was obtained, and objects named as the f
 them. So one build packed twice, two checkouts in other folders, and a cold build against one
 restored from the store all give the same bytes.
 
-The version is the sources' release where pp4 knows one (exllamav3's, for EXL3), else 0, with
-that certificate's hash as its local part: two builds from other sources, flags or toolchain never
-share a version. The metadata pins torch's distribution version, and the loader checks the running
+The version is the sources' release where pp4 knows one (exllamav3's, for EXL3), else 0, with a
+hash of what the wheel runs as its local part (version_key: the module's bytes, the torch pin, the
+loader): one module packed twice always has one version, a module with other bytes another. The metadata pins torch's distribution version, and the loader checks the running
 torch's version, CUDA version and git revision.
 """
 
@@ -34,6 +34,7 @@ import attrs
 
 from pp4.build import config as buildconfig
 from pp4.certify import certificate
+from pp4.files import canonical_json
 from pp4.toolchain import torchenv
 from pp4.wheel.archive import Entry, wheel_bytes
 from pp4.wheel.runtime import CERTIFICATE, INIT, LOADER, RECORD
@@ -94,6 +95,16 @@ def torch_requirement() -> str:
     return f"torch=={torchenv.torch_version()}"
 
 
+def version_key(module_sha256: str, torch_pin: str, loader: bytes) -> str:
+    """The local version's 12 hex digits: a hash of what the wheel runs (the module's bytes, the
+    torch it requires, the loader that checks it), never of when or how it was packed, nor of the
+    certificate, a record of observations that two builds of one module may write differently (issue
+    55: one module, packed twice 18 minutes apart, got two versions)."""
+    what = canonical_json({"module_sha256": module_sha256, "requires": torch_pin, "init": INIT,
+                           "loader_sha256": hashlib.sha256(loader).hexdigest()})
+    return hashlib.sha256(what).hexdigest()[:12]
+
+
 def build(config_path: Path, actions_path: Path, builddir: Path, target: str) -> Wheel:
     plan = read_plan(builddir, target)
     module = Path(plan["output_abs"])
@@ -102,13 +113,13 @@ def build(config_path: Path, actions_path: Path, builddir: Path, target: str) ->
         raise WheelError(f"{module.name} is not a module for this Python (suffix {suffix}): run configure.py and "
                          "ninja with the Python the wheel is for")
     raw, doc, record = shipped_certificate(config_path, actions_path, builddir, {target})
-    digest = record["certificate"]["sha256"]
     record["certificate"]["file"] = CERTIFICATE
     (entry,) = doc["modules"]
     package = plan["module"]
     distribution = package.replace("_", "-").lower()
-    version = f"{release(plan.get('provenance') or {})}+pp4.{digest[:12]}"
     pin = torch_requirement()
+    loader = RUNTIME.read_bytes()
+    version = f"{release(plan.get('provenance') or {})}+pp4.{version_key(entry['sha256'], pin, loader)}"
     record["wheel"] = {"target": target, "module": package, "file": module.name, "distribution": distribution,
                        "version": version, "torch": torchenv.torch_version_fields(), "torch_requirement": pin}
     so = module.read_bytes()
@@ -126,7 +137,7 @@ def build(config_path: Path, actions_path: Path, builddir: Path, target: str) ->
     wheel_file = "\n".join(["Wheel-Version: 1.0", "Generator: pp4", "Root-Is-Purelib: false", f"Tag: {tag}", ""])
     entries = [
         Entry(f"{package}/__init__.py", INIT.encode()),
-        Entry(f"{package}/{LOADER}", RUNTIME.read_bytes()),
+        Entry(f"{package}/{LOADER}", loader),
         Entry(f"{package}/{module.name}", so, executable=True),
         Entry(f"{package}/{CERTIFICATE}", gzip.compress(raw, mtime=0)),
         Entry(f"{package}/{RECORD}", (json.dumps(record, indent=1, sort_keys=True) + "\n").encode()),
