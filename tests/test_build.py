@@ -190,13 +190,14 @@ def test_pin_mismatch_is_refused(fixture_build):
 def test_the_link_launcher_applies_limits(fixture_build, tmp_path):
     """The launcher links run under really applies affinity, nice and the address-space cap."""
     work, _, _ = fixture_build
-    limits = json.loads((work / "build" / "pp4.json").read_text())["limits"]
+    config = json.loads((work / "build" / "pp4.json").read_text())
+    limits = config["limits"]
     probe = tmp_path / "probe.sh"
     probe.write_text("#!/bin/sh\ngrep -E 'Cpus_allowed_list' /proc/self/status\nulimit -v\nnice\necho GPU=[$CUDA_VISIBLE_DEVICES]\n")
     probe.chmod(0o755)
     custom = dict(limits, cpus=[0], nice=7, address_space=8 << 30)
     lf = tmp_path / "pp4.json"
-    lf.write_text(json.dumps({"limits": custom}))
+    lf.write_text(json.dumps(dict(config, limits=custom)))
     ran = run([sys.executable, "-m", "pp4.reuse.link", str(lf), "--env", "PATH=/usr/bin:/bin", "--", str(probe)], REPO)
     out = ran.stdout + ran.stderr  # a command's stdout goes where its stderr does (pp4/execution/run.py)
     assert re.search(r"Cpus_allowed_list:\s+0$", out, re.M)

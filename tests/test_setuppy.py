@@ -130,7 +130,7 @@ def test_configure_reads_it_and_writes_the_spec(tmp_path):
     assert "basic_cpu._C (cpp, 1 sources), basic_cuda (cuda, 2 sources)" in proc.stdout
     # What building one of them costs, for `ninja basic_cuda` or `ninja wheel-basic_cuda` alone.
     line = re.search(r"^configure: by target, cold: (.*)$", proc.stdout, re.M)
-    assert line and sorted(re.findall(r"(\S+) about \d+ s of CPU", line.group(1))) == ["basic_cpu._C", "basic_cuda"], \
+    assert line and sorted(re.findall(r"(\S+) about [\d.]+ s of CPU", line.group(1))) == ["basic_cpu._C", "basic_cuda"], \
         proc.stdout
     assert (tmp_path / "specs" / "basic.toml").is_file()
     assert "build build/basic_cpu._C/_C" in (tmp_path / "build.ninja").read_text()
