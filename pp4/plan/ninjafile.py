@@ -89,9 +89,24 @@ def _build(w: ninja_syntax.Writer, outputs, rule: str, inputs=None, implicit=Non
         return [_escape_path(p) for p in ([] if x is None else [x] if isinstance(x, str) else x)]
 
     ins = paths(inputs) + (["|", *paths(implicit)] if implicit else []) + (["||", *paths(order_only)] if order_only else [])
-    w._line("build %s: %s" % (" ".join(paths(outputs)), " ".join([rule, *ins])))
+    w.output.write(_wrapped(["build", *paths(outputs)[:-1], paths(outputs)[-1] + ":", rule, *ins], w.width))
     for key, val in (variables or {}).items():
         w.variable(key, val, indent=1)
+
+
+def _wrapped(words: list[str], width: int) -> str:
+    """One statement, its words (escaped already) joined by spaces and continued with ` $` on new
+    lines, indented, where the next word would pass width: ninja_syntax's layout, through the
+    writer's public output (its own line writer is private)."""
+    lines, line = [], words[0]
+    for word in words[1:]:
+        if len(line) + 1 + len(word) + 2 > width and line.strip():
+            lines.append(line + " $")
+            line = "    " + word
+        else:
+            line += " " + word
+    lines.append(line)
+    return "\n".join(lines) + "\n"
 
 
 def _path(p) -> str:
