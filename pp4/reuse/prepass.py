@@ -90,14 +90,15 @@ def prepass(cfg: ReuseConfig, actions_file: Path, stamp: Path, on_miss=None, aft
     # ninja, run by hand at the same time, may have just written one).
     events.collect(cfg.state_dir, {doc["output"] for doc in actions}, batch)
     inputsets.collect(reuser.state_sets, named, older_than_s=STATE_SETS_GRACE_S)
-    if after is not None:  # the link, pin and certificate edges where nothing is left before them
-        after(reuser, planned, put, t0, {tier: sum(e.tier == tier for e in hits) for tier in ("local", "remote")})
     stamp.parent.mkdir(parents=True, exist_ok=True)
     depfile.write(str(stamp) + ".d", str(stamp), sorted(deps))
     cpu = time.process_time() - cpu0
     stamp.write_text(json.dumps({"checked": checked, "restored": restored,
                                  "seconds": round(time.monotonic() - t0, 3), "cpu_seconds": round(cpu, 3),
                                  "input_sets": reuser.sets.loaded()}) + "\n")
+    if after is not None:  # the link, pin and certificate edges where nothing is left before them (last,
+        # so that the build's last line, which it writes, counts the whole prepass)
+        after(reuser, planned, put, t0, {tier: sum(e.tier == tier for e in hits) for tier in ("local", "remote")})
     if checked:
         remote = sum(e.tier == "remote" for e in hits)
         print(f"pp4.reuse: {restored} of {checked} missing objects restored from the store"
