@@ -32,19 +32,12 @@ class BuildConfig:
     path: Path = attrs.field(eq=False)
 
     @property
-    def builddir(self) -> Path:
-        return self.path.parent
-
-    @property
     def state_dir(self) -> str:
         return self.reuse["state_dir"]
 
     @property
     def store(self) -> str | None:
         return self.reuse.get("store")
-
-    def as_dict(self) -> dict:
-        return {"format": FORMAT, "limits": self.limits, "reuse": self.reuse, "compile": self.compile}
 
 
 def config_path(builddir: str | Path) -> Path:

@@ -45,11 +45,11 @@ def ahead(config_path: Path, actions_path: Path, reuser, doc: dict, restored: se
         return  # run by hand: no edge of a ninja run to claim these
     asked = ninjarun.requested_targets()
     cfg = reuser.cfg
+    root = Root.make(os.getcwd(), cfg.places, build=cfg.builddir())  # every link's, as the link edge makes it
     done = 0
     for link in links:
         if not link["objects"] or not all(o in restored for o in link["objects"]) or os.path.exists(link["output"]):
             continue
-        root = Root.make(os.getcwd(), cfg.places, build=cfg.builddir())
         linker = Linker.for_reuser(reuser, root, link["argv"], link["env"], link["output"])
         if linker is None or not linker.restore():
             continue

@@ -46,9 +46,9 @@ def encode_by_folder(pairs: list[list[str]]) -> dict[str, bytes]:
 
 
 def write_canonical(directory: str | Path, sid: str, data: bytes) -> None:
-    """Store a set's canonical bytes, as read from another directory: a restore copies the store's
-    sets into the build's state directory without encoding 1,400 entries again. The bytes must hash
-    to the name (ValueError otherwise)."""
+    """Store a set's canonical bytes, encoded once (encode_by_folder) for every directory that keeps
+    it. The bytes must hash to the name (ValueError otherwise). A restore links the store's file
+    instead (SetChecker.copy)."""
     hashed.write(directory, sid, data)
 
 
