@@ -124,13 +124,18 @@ def test_a_wheel_is_the_same_bytes_when_made_again(built):
     assert "+pp4." in wheels["pp4_p2p"].name
 
 
-def test_a_changed_source_makes_a_new_wheel_in_place_of_the_old(built, tmp_path):
-    work, wheels = built
-    scratch = tmp_path / "tree"
+def wheel_in_another_folder(work: Path, scratch: Path) -> Path:
+    """The fixture's sources copied to scratch, configured there with work's store, and `ninja wheel` run."""
     shutil.copytree(work / "src", scratch / "src")
     run([sys.executable, REPO / "configure.py", "--arch", "9.0", "--ext-spec", "src/ext.toml",
          "--store", work / "store"], scratch)
     run([ninja_bin(), "wheel"], scratch)
+    return scratch
+
+
+def test_a_changed_source_makes_a_new_wheel_in_place_of_the_old(built, tmp_path):
+    work, wheels = built
+    scratch = wheel_in_another_folder(work, tmp_path / "tree")
     (old,) = (scratch / "dist").glob("*.whl")
     assert old.read_bytes() == wheels["pp4_fixture"].read_bytes(), "restored in another folder: another wheel"
     ops = scratch / "src" / "src" / "ops.cpp"
@@ -155,11 +160,7 @@ def test_the_same_module_packed_again_keeps_its_version(built, tmp_path):
     deleted. A comment added to a source changes what the build observed (the certificate) and not
     the module's bytes: the version stays, and the wheel written over is named."""
     work, wheels = built
-    scratch = tmp_path / "tree"
-    shutil.copytree(work / "src", scratch / "src")
-    run([sys.executable, REPO / "configure.py", "--arch", "9.0", "--ext-spec", "src/ext.toml",
-         "--store", work / "store"], scratch)
-    run([ninja_bin(), "wheel"], scratch)
+    scratch = wheel_in_another_folder(work, tmp_path / "tree")
     (first,) = (scratch / "dist").glob("*.whl")
     first_bytes = first.read_bytes()
     kept = tmp_path / "first.whl"  # a copy: the wheel at its path is written over
