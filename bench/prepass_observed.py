@@ -32,7 +32,7 @@ sys.path.insert(0, str(REPO))
 from pp4.execution.root import Root  # noqa: E402
 from pp4.build import events
 from pp4.reuse import inputsets, prepass, recheck  # noqa: E402
-from pp4.store import signing  # noqa: E402
+from pp4.store import hashed, packs, signing  # noqa: E402
 from pp4.reuse import wrapper as reuse  # noqa: E402
 from pp4.reuse.actionkey import parse_compile  # noqa: E402
 
@@ -57,8 +57,9 @@ def main() -> int:
     # sources and build folder are the template's, and the units here have their own.
     mapping = Root.from_mounts(ev.mounts) if ev.mounts else None
     own = tuple(str(Path(r).resolve()) + "/" for r in [*tconf["reuse"]["roots"], str(args.template.resolve())])
+    template_sets = inputsets.SetChecker(None)
     template = [p for sid in ev.input_sets
-                for p in inputsets.read(Path(tconf["reuse"]["state_dir"]) / "inputsets", sid)
+                for p in template_sets.load(inputsets.directory(tconf["reuse"]["state_dir"]), ev.sets_pack, sid)
                 if not ((mapping.real(p[0]) if mapping else p[0]) or "").startswith(own)]
     work = Path(tempfile.mkdtemp(prefix="prepass-observed-", dir=args.template))
     src, build = work / "src", work / "build"
@@ -122,10 +123,11 @@ def main() -> int:
         if any(not Path(a["output"]).exists() for a in actions):
             sys.exit("the check removed objects whose observations all hold")
     warm = runs[1:]
-    sets = sum(1 for _ in (work / "store" / "inputsets").rglob("*.json"))
-    size = sum(p.stat().st_size for p in (work / "store" / "inputsets").rglob("*.json"))
+    packed = list(hashed.named_files(inputsets.directory(work / "store")))
+    sets = len({sid for p in packed for sid in packs.unpack(p.read_bytes())})
+    size = sum(p.stat().st_size for p in packed)
     print(f"{args.units} units, {len(template)} observations each from {action['source']}, {sets} distinct sets "
-          f"({size / 1e6:.1f} MB) in the store: prepass median {statistics.median(c for c, _ in warm):.3f} CPU-s, "
+          f"(packed, {size / 1e6:.1f} MB) in the store: prepass median {statistics.median(c for c, _ in warm):.3f} CPU-s, "
           f"{statistics.median(w for _, w in warm):.3f} s wall (cold {runs[0][0]:.3f} CPU-s); the check before ninja "
           f"decides, every object there: median {statistics.median(c for c, _ in checks):.3f} CPU-s, "
           f"{statistics.median(w for _, w in checks):.3f} s wall")

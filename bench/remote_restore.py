@@ -80,7 +80,8 @@ def kept(port: int, work: Path, objects: int) -> dict:
     """What each tool keeps for the same objects: keys and bytes in Redis (pp4 database 0, ccache
     database 1), bytes on disk in the first restoring clone's local store. pp4 also keeps the
     modules its links made, which ccache does not (it links every time): those keys and bytes are
-    counted apart (a group whose records are a link's, and the object they name)."""
+    counted apart (in Redis, a group whose records are a link's, and the object they name; on disk,
+    a link's record, object, manifest and set pack)."""
     import zstandard
 
     def redis_values(db: int) -> dict[str, bytes]:
@@ -91,6 +92,21 @@ def kept(port: int, work: Path, objects: int) -> dict:
 
     def disk(folder: Path) -> int:
         return sum(p.lstat().st_blocks * 512 for p in folder.rglob("*") if p.is_file())
+
+    def module_files(store: Path) -> list[Path]:
+        """A local store's files that keep the modules its links made: each link's record, object,
+        manifest and set pack."""
+        found = []
+        for record_path in store.glob("actions/*/*.json"):
+            record = json.loads(record_path.read_bytes())
+            payload = record.get("payload", {})
+            if not payload.get("link"):
+                continue
+            sha, mkey = record["object_sha256"], payload["manifest_key"]
+            found += [record_path, store / "objects" / sha[:2] / sha, store / "manifests" / mkey[:2] / f"{mkey}.json"]
+            manifest = json.loads(found[-1].read_bytes()) if found[-1].exists() else {"entries": []}
+            found += [store / "setpacks" / e["pack"][:2] / e["pack"] for e in manifest["entries"] if e.get("pack")]
+        return [p for p in found if p.exists()]
 
     out = {}
     for tool, db, local in (("pp4", 0, work / "store-2"), ("ccache", 1, work / "ccache-2")):
@@ -104,11 +120,12 @@ def kept(port: int, work: Path, objects: int) -> dict:
                     links.add(key)
                     links.update(f"pp4:obj/{r['object_sha256']}" for r in records)
         kept_keys = [k for k in values if k not in links]
+        module_disk = sum(p.lstat().st_blocks * 512 for p in set(module_files(local))) if tool == "pp4" else 0
         out[tool] = {"objects": objects, "redis_keys": len(kept_keys),
                      "keys_per_object": round(len(kept_keys) / max(1, objects), 2),
                      "redis_bytes": sum(len(values[k]) for k in kept_keys),
                      "module_keys": len(links), "module_bytes": sum(len(values[k]) for k in links if k in values),
-                     "local_disk_bytes": disk(local)}
+                     "local_disk_bytes": disk(local) - module_disk, "local_module_disk_bytes": module_disk}
     return out
 
 

@@ -3,8 +3,8 @@
 
     python bench/store_compression.py STORE [--levels 1,3,6,9,19]
 
-For every object and every observation set in a local store (STORE/objects, STORE/inputsets), each
-level's ratio (all bytes in, all bytes out), compression speed and expansion speed (CPU time of this
+For every object and every observation set in a local store (STORE/objects, STORE/setpacks: both kept
+compressed, expanded here first), each level's ratio (all bytes in, all bytes out), compression speed and expansion speed (CPU time of this
 process, expansion averaged over five passes), objects and sets apart.
 """
 
@@ -16,6 +16,9 @@ import time
 from pathlib import Path
 
 import zstandard
+
+from pp4.store import hashed, packs
+from pp4.store.layout import SETS_FOLDER
 
 
 def table(name: str, blobs: list[bytes], levels: list[int]) -> None:
@@ -43,10 +46,13 @@ def main() -> int:
     ap.add_argument("--levels", default="1,3,6,9,19")
     args = ap.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
-    for name, folder in (("objects", "objects"), ("observation sets", "inputsets")):
-        files = [p for p in (args.store / folder).rglob("*") if p.is_file()]
-        if files:
-            table(name, [p.read_bytes() for p in files], levels)
+    d = zstandard.ZstdDecompressor()
+    objects = [d.decompress(p.read_bytes()) for p in (args.store / "objects").glob("*/*")]
+    sets = [data for p in hashed.named_files(args.store / SETS_FOLDER) for data in packs.unpack(p.read_bytes()).values()]
+    for name, blobs in (("objects", objects), ("observation sets", sets), ("packs (a compile's sets together)",
+                        [d.decompress(p.read_bytes()) for p in hashed.named_files(args.store / SETS_FOLDER)])):
+        if blobs:
+            table(name, blobs, levels)
     return 0
 
 

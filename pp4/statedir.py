@@ -3,7 +3,7 @@ here and nowhere else; each writer gets its path from `part()`.
 
     events/              one event per compile edge (how its object was made)   pp4/build/events.py
     prepass-events.json  the prepass's events, one batch                         pp4/build/events.py
-    inputsets/           the observation sets the build's events name            pp4/reuse/inputsets.py
+    setpacks/            the set packs the build's events name                   pp4/reuse/inputsets.py
                          (named as the store's own: inputsets.directory)
     notices/             which ninja run printed the build's notices             pp4/reuse/wrapper.py
     compilers.json       the compilers' identities, by file stamp                pp4/toolchain/compilers.py

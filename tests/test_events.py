@@ -183,12 +183,13 @@ def test_the_prepass_keeps_the_build_state_bounded(tmp_path, toolchain):
     batch[gone] = dict(next(iter(batch.values())), output=gone)
     events.batch_path(str(s.state)).write_text(json.dumps({"events": batch}))
     sets = inputsets.directory(s.state)
-    old_set, young_set = (hashed_write(sets, json.dumps([[f"/x/{n}.h", None]]).encode()) for n in ("old", "young"))
+    old_set, young_set = (pack_write(sets, json.dumps([[f"/x/{n}.h", None]]).encode()) for n in ("old", "young"))
     hour_ago = time.time() - 2 * prepass.STATE_SETS_GRACE_S
     os.utime(hashed.path_of(sets, old_set), (hour_ago, hour_ago))
-    named = {sid for o in s.outputs() for sid in events.Events(str(s.state)).get(o).input_sets}
-    for sid in named:  # as old as the stale one: kept because events name them
-        os.utime(hashed.path_of(sets, sid), (hour_ago, hour_ago))
+    named = {events.Events(str(s.state)).get(o).sets_pack for o in s.outputs()}
+    assert None not in named
+    for name in named:  # as old as the stale one: kept because events name them
+        os.utime(hashed.path_of(sets, name), (hour_ago, hour_ago))
 
     Path(s.outputs()[0]).unlink()
     Path(s.outputs()[0] + reuse.MARKER_SUFFIX).unlink(missing_ok=True)
@@ -199,12 +200,13 @@ def test_the_prepass_keeps_the_build_state_bounded(tmp_path, toolchain):
     assert all(events.Events(str(s.state)).get(o) is not None for o in s.outputs())
     assert hashed.read(sets, old_set) is None
     assert hashed.read(sets, young_set) is not None
-    assert all(hashed.read(sets, sid) is not None for sid in named)
+    assert all(hashed.read(sets, name) is not None for name in named)
 
 
-def hashed_write(folder: Path, data: bytes) -> str:
+def pack_write(folder: Path, data: bytes) -> str:
+    """A pack of one set, kept in folder; its name."""
     import hashlib
 
-    sid = hashlib.sha256(data).hexdigest()
-    hashed.write(folder, sid, data)
-    return sid
+    pack = inputsets.pack({hashlib.sha256(data).hexdigest(): data})
+    inputsets.write_pack(folder, pack)
+    return pack.name

@@ -12,13 +12,14 @@ import subprocess
 import time
 
 import pytest
+import zstandard
 
 from pp4.execution import observe
 from pp4.execution.root import Root
 from pp4.execution.run import run
 from pp4.reuse import inputsets, observed
 from pp4.reuse.actionkey import FileHasher
-from pp4.store import hashed
+from pp4.store import hashed, packs
 from pp4.toolchain.limits import Limits
 
 LOG = """\
@@ -245,25 +246,41 @@ def test_a_set_is_named_by_its_content_and_checked_against_the_machine(tmp_path)
     d = tmp_path / "sets"
     sid, data = inputsets.encode(pairs)
     assert sid == inputsets.set_id(list(reversed(pairs)))
-    inputsets.write_canonical(d, sid, data)
-    assert inputsets.SetChecker(observed.States(FileHasher())).matches(d, sid, None)
+    pack = inputsets.pack({sid: data})
+    inputsets.write_pack(d, pack)
+    assert inputsets.SetChecker(observed.States(FileHasher())).matches(d, pack.name, sid, None)
     probe.write_text("appeared")
     fresh = inputsets.SetChecker(observed.States(FileHasher()))
-    assert not fresh.matches(d, sid, None), "a file appearing where the compile looked"
+    assert not fresh.matches(d, pack.name, sid, None), "a file appearing where the compile looked"
     assert any("absent when compiled" in line for line in observed.differences(pairs, lambda p: p, fresh.states))
-    assert not fresh.matches(d, "0" * 64, None), "a missing set never matches"
+    assert not fresh.matches(d, pack.name, "0" * 64, None), "a set its pack lacks never matches"
+    assert not fresh.matches(d, "0" * 64, sid, None), "a missing pack never matches"
 
 
-def test_a_damaged_set_is_never_read_and_verify_removes_it(tmp_path):
+def test_a_damaged_or_forged_pack_is_never_read_and_verify_removes_it(tmp_path):
     d = tmp_path / "sets"
     sid, data = inputsets.encode([["/x", observed.ABSENT]])
-    inputsets.write_canonical(d, sid, data)
-    path = next(d.rglob("*.json"))
+    pack = inputsets.pack({sid: data})
+    inputsets.write_pack(d, pack)
+    path = hashed.path_of(d, pack.name)
     raw = bytearray(path.read_bytes())
-    raw[3] ^= 0x01
+    raw[-3] ^= 0x01
     path.write_bytes(bytes(raw))
-    assert inputsets.read(d, sid) is None
-    assert hashed.verify(d, repair=True)[0][2] is True and not path.exists(), "what `pp4.store verify` runs"
+    checker = inputsets.SetChecker(observed.States(FileHasher()))
+    assert checker.load(d, pack.name, sid) is None
+    assert packs.verify(d, repair=True)[0][2] is True and not path.exists(), "what `pp4.store verify` runs"
+
+    # Forged: a pack named by its own bytes, whose set is not the one its name says. Only the set's
+    # own check can tell.
+    other, other_data = inputsets.encode([["/x", observed.ABSENT], ["/y", observed.ABSENT]])
+    body = f"{sid} {len(other_data)}\n".encode() + other_data
+    forged_frame = zstandard.ZstdCompressor().compress(body)
+    forged = packs.SetPack(hashlib.sha256(forged_frame).hexdigest(), forged_frame)
+    packs.write(d, forged)
+    assert checker.load(d, forged.name, sid) is None
+    assert not checker.matches(d, forged.name, sid, None)
+    damage = packs.verify(d, repair=False)
+    assert [(p, "hash to its name" in why) for p, why, _ in damage] == [(str(hashed.path_of(d, forged.name)), True)]
 
 
 def test_commands_are_mapped_into_the_root_except_what_the_user_wrote(tmp_path):

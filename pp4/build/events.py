@@ -43,6 +43,7 @@ class CompileEvent:
     mounts: dict | None = attrs.field(hash=False)  # the fixed root's mounts; None: it ran where it is
     action_key: str | None = None  # None: compiled and not stored
     input_sets: tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    sets_pack: str | None = None  # the pack in the build's state folder that holds them (pp4/store/packs.py)
     not_stored: str | None = None  # why a compiled object was not stored
     missed: str | None = None  # why the newest stored entry of the command did not hold
     not_shared: str | None = None  # why another variant's stored object was not proven to be this one

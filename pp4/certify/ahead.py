@@ -67,7 +67,7 @@ def ahead(config_path: Path, actions_path: Path, reuser, doc: dict, restored: se
         # the sets as this process read them from the store, each checked against its name, which
         # is also its name in the build's state folder
         certificate.write(config_path, actions_path, Path(doc["certificate"]), say=said.append,
-                          read_set=lambda sid: reuser.sets.load(reuser.state_sets, sid))
+                          read_set=lambda pack, sid: reuser.sets.load(reuser.state_sets, pack, sid))
         mark(doc["certificate"], ninja_pid, [*said, summary(restored, restored_by_tier, done, started)])
 
 

@@ -23,6 +23,7 @@ import hashlib
 import json
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import attrs
@@ -89,11 +90,13 @@ def document(config_path: Path, actions_path: Path, builddir: Path, targets: set
              read_set=None) -> dict:
     """The certificate's document for every object of ``targets`` (None: all): what each event
     recorded, checked against the object's bytes now. CertificateError lists what cannot be certified.
-    read_set(sid): a set from the build's state folder, where the caller has them read already."""
+    read_set(pack, sid): a set from the build's state folder, where the caller has them read already."""
     state_dir = buildconfig.load(config_path).state_dir
     actions = [a for a in json.loads(actions_path.read_text())["actions"] if targets is None or a["target"] in targets]
     objects, problems, sets = [], [], {}
     sets_dir = inputsets.directory(state_dir)
+    if read_set is None:
+        read_set = partial(inputsets.SetChecker(None).load, sets_dir)
     known = events.Events(state_dir)
     for action in actions:
         ev = known.get(action["output"])
@@ -110,7 +113,7 @@ def document(config_path: Path, actions_path: Path, builddir: Path, targets: set
                                          object_size=size, event=ev).to_json())
         for sid in ev.input_sets:
             if sid not in sets:
-                sets[sid] = read_set(sid) if read_set is not None else inputsets.read(sets_dir, sid)
+                sets[sid] = read_set(ev.sets_pack, sid)
                 if sets[sid] is None:
                     problems.append(f"{action['output']}: its input set {sid} is missing or damaged in "
                                     f"{sets_dir}: rebuild it (delete the object first)")

@@ -1,11 +1,12 @@
-"""Observation sets: what one compile observed (pp4/reuse/observed.py), stored once by hash.
+"""Observation sets: what one compile observed (pp4/reuse/observed.py), one set per folder.
 
 An EXL3 unit observes about 5,000 paths: 1,400 headers read, the places its include search looked
 and found nothing, the compilers' programs and libraries. Each set is named by the sha256 of its
-canonical text, written once into the store (for manifests) and into the build's state folder (for
-events and the certificate), and read and checked once per process. An action key hashes the set's
-name, which is the hash of its content, which holds every path's state. A set whose bytes do not
-hash to its name is never used.
+canonical text; a compile's sets are kept together in one pack (pp4/store/packs.py), written into
+the store (named by its manifest entry) and into the build's state folder (named by its event),
+and each set is read and checked once per process. An action key hashes the sets' names, each the
+hash of its content, which holds every path's state. A set whose bytes do not hash to its name is
+never used.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ from pathlib import Path
 from pp4.execution.depfile import depfile_body
 from pp4.files import canonical_json
 from pp4.reuse.observed import States, by_folder, holds, is_file
-from pp4.store import hashed
+from pp4.store import packs
 from pp4.store.layout import SETS_FOLDER
+from pp4.store.packs import SetPack
 
 def canonical(shared: list[list[str]]) -> bytes:
     return canonical_json(sorted(map(list, shared)))
@@ -29,7 +31,7 @@ def set_id(shared: list[list[str]]) -> str:
 
 
 def directory(root: str | Path) -> Path:
-    """Where the sets of a store or of a build's state directory live."""
+    """Where the set packs of a store or of a build's state directory live."""
     return Path(root) / SETS_FOLDER
 
 
@@ -45,31 +47,26 @@ def encode_by_folder(pairs: list[list[str]]) -> dict[str, bytes]:
     return dict(encode(part) for part in by_folder(pairs))
 
 
-def write_canonical(directory: str | Path, sid: str, data: bytes) -> None:
-    """Store a set's canonical bytes, encoded once (encode_by_folder) for every directory that keeps
-    it. The bytes must hash to the name (ValueError otherwise). A restore links the store's file
-    instead (SetChecker.copy)."""
-    hashed.write(directory, sid, data)
+def pack(encoded: dict[str, bytes]) -> SetPack:
+    """A compile's sets (encode_by_folder) in the pack every folder that keeps them is given."""
+    return packs.pack(encoded)
 
 
-def read(directory: str | Path, sid: str) -> list[list[str]] | None:
-    """The set, or None when it is missing or its bytes do not hash to its name."""
-    return _read(directory, sid)[1]
+def write_pack(directory: str | Path, found: SetPack) -> None:
+    """Keep a pack in a directory (the build's state folder; the store's through its front)."""
+    packs.write(directory, found)
 
 
-def _read(directory: str | Path, sid: str) -> tuple[bytes | None, list[list[str]] | None]:
-    """(canonical bytes, set), or (None, None) when it is missing or its bytes do not hash to its name."""
-    data = hashed.read(directory, sid)
-    if data is None:
-        return None, None
+def _parse(data: bytes) -> list[list[str]] | None:
+    """A set's (path, state) pairs from its canonical bytes; None when they are not a set."""
     try:
         doc = json.loads(data)
     except ValueError:
-        return None, None
+        return None
     if not (isinstance(doc, list) and all(isinstance(e, list) and len(e) == 2 and isinstance(e[0], str)
                                           and (e[1] is None or isinstance(e[1], str)) for e in doc)):
-        return None, None
-    return data, doc
+        return None
+    return doc
 
 
 class SetChecker:
@@ -79,43 +76,62 @@ class SetChecker:
     def __init__(self, states: States):
         self.states = states
         self._sets: dict[str, list[list[str]] | None] = {}
-        self._bytes: dict[str, bytes | None] = {}
+        self._opened: dict[tuple[str, str], SetPack] = {}  # (directory, pack name) -> the pack, checked
         self._match: dict[object, dict[str, bool]] = {}  # mapping -> set name -> verdict
         self._files: dict[tuple[str, object], list[str]] = {}
         self._bodies: dict[tuple[str, object], str] = {}
 
-    def load(self, directory: str | Path, sid: str) -> list[list[str]] | None:
-        """The set's (path as observed, state) pairs. A missing set is looked for again next time:
-        the store may fetch it from its remote tier meanwhile."""
+    def open(self, directory: str | Path, name: str | None) -> SetPack | None:
+        """A pack, its sets this process had not met checked against their names and kept; None
+        when it is missing or damaged (looked for again next time: the store may fetch it from its
+        remote tier meanwhile)."""
+        if name is None:
+            return None
+        key = (str(directory), name)
+        found = self._opened.get(key)
+        if found is None:
+            found = packs.read(directory, name)
+            if found is None:
+                return None
+            try:
+                fresh = packs.checked_sets(found.frame, known=self._sets.keys())
+            except packs.NotAPack:
+                return None
+            for sid, data in fresh.items():
+                self._sets[sid] = _parse(data)
+            self._opened[key] = found
+        return found
+
+    def load(self, directory: str | Path, name: str | None, sid: str) -> list[list[str]] | None:
+        """A set's (path as observed, state) pairs, from the pack it is in; None when neither this
+        process nor the pack has it."""
         if self._sets.get(sid) is None:
-            data, entries = _read(directory, sid)
-            self._bytes[sid] = data
-            self._sets[sid] = entries
-        return self._sets[sid]
+            self.open(directory, name)
+        return self._sets.get(sid)
 
-    def copy(self, directory: str | Path, sid: str, to: str | Path) -> None:
-        """Write a set this process read from directory into another directory, as the bytes read."""
-        self.load(directory, sid)
-        data = self._bytes[sid]
-        if data is None:
-            raise ValueError(f"input set {sid} is missing or damaged in {directory}")
-        hashed.link(to, sid, hashed.path_of(directory, sid), data)
+    def keep(self, directory: str | Path, name: str, to: str | Path) -> None:
+        """Keep a pack this process read from directory in another directory too, as the bytes read."""
+        found = self.open(directory, name)
+        if found is None:
+            raise ValueError(f"set pack {name} is missing or damaged in {directory}")
+        packs.link(to, found, directory)
 
-    def matches(self, directory: str | Path, sid: str, mapping) -> bool:
+    def matches(self, directory: str | Path, name: str | None, sid: str, mapping) -> bool:
         """mapping: a hashable object with real(path) (pp4.execution.root.Root), or None when the
         paths are this machine's."""
-        return self.all_match(directory, (sid,), mapping)
+        return self.all_match(directory, name, (sid,), mapping)
 
-    def all_match(self, directory: str | Path, sids, mapping) -> bool:
-        """Whether every observation of every named set holds, at the mapping's paths. (A restore
-        asks this of 200-300 sets per unit, most of them shared by every unit of a build.)"""
+    def all_match(self, directory: str | Path, name: str | None, sids, mapping) -> bool:
+        """Whether every observation of every named set (in the pack name) holds, at the mapping's
+        paths. (A restore asks this of 200-300 sets per unit, most of them shared by every unit of
+        a build.)"""
         verdicts = self._match.get(mapping)
         if verdicts is None:
             verdicts = self._match[mapping] = {}
         for sid in sids:
             verdict = verdicts.get(sid)
             if verdict is None:
-                entries = self.load(directory, sid)
+                entries = self.load(directory, name, sid)
                 if entries is None:
                     return False  # not remembered: the set may be fetched meanwhile
                 to_real = mapping.real if mapping is not None else (lambda p: p)
@@ -128,14 +144,14 @@ class SetChecker:
         """How many distinct sets this process has read."""
         return len(self._sets)
 
-    def files(self, directory: str | Path, sid: str, mapping) -> list[str]:
+    def files(self, directory: str | Path, name: str | None, sid: str, mapping) -> list[str]:
         """The regular files of a set, where they are on this machine: a dependency file's list."""
         key = (sid, mapping)
         found = self._files.get(key)
         if found is None:
             to_real = mapping.real if mapping is not None else (lambda p: p)
             found = []
-            for path, state in self.load(directory, sid) or []:
+            for path, state in self.load(directory, name, sid) or []:
                 real = to_real(path)
                 if real is not None and is_file(state):
                     found.append(real)
@@ -143,16 +159,16 @@ class SetChecker:
         return found
 
 
-    def depfile_body(self, directory: str | Path, sid: str, mapping) -> str:
+    def depfile_body(self, directory: str | Path, name: str | None, sid: str, mapping) -> str:
         """The set's files, escaped for a dependency file: every restored object of a build that
         shares the set writes the same names (5,500 a unit that includes torch/extension.h)."""
         key = (sid, mapping)
         found = self._bodies.get(key)
         if found is None:
-            found = self._bodies[key] = depfile_body(self.files(directory, sid, mapping))
+            found = self._bodies[key] = depfile_body(self.files(directory, name, sid, mapping))
         return found
 
 
 def collect(directory: str | Path, keep: set[str], older_than_s: float) -> int:
-    """Remove the sets nothing names (not in keep) once they are older_than_s: how many went."""
-    return hashed.collect(directory, keep, older_than_s)
+    """Remove the packs nothing names (not in keep) once they are older_than_s: how many went."""
+    return packs.collect(directory, keep, older_than_s)

@@ -163,7 +163,7 @@ class Linker:
 
         reuser = self.reuser
         found = reuser.front.find(self.mkey, lambda e: sound_entry(self.mkey, e),
-                                  lambda e: reuser.sets.all_match(reuser.store_sets, e.input_sets, self.root))
+                                  lambda e: reuser.sets.all_match(reuser.store_sets, e.pack, e.input_sets, self.root))
         reuser.note_refusals()
         if found is None:
             return False
@@ -175,10 +175,11 @@ class Linker:
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(out, 0o777 & ~umask)  # what the linker gives a module it writes
-        sids = found.entry.input_sets  # one folder each: no file is in two
+        entry = found.entry
+        sids = entry.input_sets  # one folder each: no file is in two
         depfile.write(self.out + ".d", self.out,
-                      bodies=[reuser.sets.depfile_body(reuser.store_sets, sid, self.root) for sid in sids])
-        pairs = [pair for sid in sids for pair in reuser.sets.load(reuser.store_sets, sid) or []]
+                      bodies=[reuser.sets.depfile_body(reuser.store_sets, entry.pack, sid, self.root) for sid in sids])
+        pairs = [pair for sid in sids for pair in reuser.sets.load(reuser.store_sets, entry.pack, sid) or []]
         write(reuser.cfg.state_dir, LinkRecord(os.path.abspath(self.out), self.command, self.root.mounts, sorted(pairs),
                                                None, {"action_key": found.entry.action_key, "tier": found.tier,
                                                       "signers": list(found.signers)}))
@@ -193,12 +194,13 @@ class Linker:
 
         encoded = inputsets.encode_by_folder(pairs)
         sids = sorted(encoded)
+        pack = inputsets.pack(encoded)
         akey = action_key(self.mkey, sids)
         payload = {"manifest_key": self.mkey, "command": list(self.command), "input_sets": sids, "env": self.env,
                    "in_root": True, "link": True, "compiled_for": {"output": os.path.abspath(self.out), "cwd": os.getcwd()},
                    "duration_s": round(seconds, 3)}
-        kept = self.reuser.front.keep(self.mkey, ManifestEntry(akey, sids), encoded, self.out, sha256_file(self.out),
-                                      payload, sound=lambda e: sound_entry(self.mkey, e))
+        kept = self.reuser.front.keep(self.mkey, ManifestEntry(akey, sids, pack.name), encoded, pack, self.out,
+                                      sha256_file(self.out), payload, sound=lambda e: sound_entry(self.mkey, e))
         return akey if kept.record is not None else None
 
 

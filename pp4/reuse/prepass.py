@@ -73,18 +73,22 @@ def prepass(cfg: ReuseConfig, actions_file: Path, stamp: Path, on_miss=None, aft
     batch = events.write_batch(cfg.state_dir, hits)
     # The stamp's dependencies: every file every compile seen so far read, so that an edit of any
     # of them runs the prepass again before the compiles that ninja will then find out of date.
-    seen: set[tuple[str, Root | None]] = set()  # most sets are every unit's: each read once
+    # (set, mapping) -> a pack that holds it: most sets are every unit's, each read once
+    seen: dict[tuple[str, Root | None], str | None] = {}
+    named: set[str] = set()  # the packs the events name
     known = events.Events(cfg.state_dir, batch)
     for doc in actions:
         ev = known.get(doc["output"])
         if ev is None:
             continue
         mapping = Root.from_mounts(ev.mounts) if ev.mounts else None
-        seen.update((sid, mapping) for sid in ev.input_sets)
+        if ev.sets_pack is not None:
+            named.add(ev.sets_pack)
+        for sid in ev.input_sets:
+            seen.setdefault((sid, mapping), ev.sets_pack)
     deps: set[str] = set()
-    for sid, mapping in seen:
-        deps.update(reuser.sets.files(reuser.state_sets, sid, mapping))
-    named = {sid for sid, _ in seen}
+    for (sid, mapping), pack in seen.items():
+        deps.update(reuser.sets.files(reuser.state_sets, pack, sid, mapping))
     # The build's state stays bounded: no compile edge runs before this prepass ends, so what no
     # configured output's event names now is no one's (sets get an hour: a build folder's other
     # ninja, run by hand at the same time, may have just written one).

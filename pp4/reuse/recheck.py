@@ -87,14 +87,14 @@ def recheck(cfg, actions_file: Path, stamp: Path) -> int:
         to_real = mapping.real if mapping is not None else (lambda p: p)
         checked += 1
         for sid in ev.input_sets:
-            pairs = checker.load(sets_dir, sid)
+            pairs = checker.load(sets_dir, ev.sets_pack, sid)
             if pairs is None:
                 stale.append((out, f"its observation set {sid[:16]} is missing"))
                 break
             if (sid, mapping) not in watched_sets:  # a set most units share: its folders once
                 watched_sets.add((sid, mapping))
                 _watch(pairs, to_real, watched, folders)
-            if not checker.matches(sets_dir, sid, mapping):
+            if not checker.matches(sets_dir, ev.sets_pack, sid, mapping):
                 changed = observed.differences(pairs, to_real, states)
                 stale.append((out, changed[0] if changed else "an observation no longer holds"))
                 break

@@ -42,6 +42,7 @@ from pp4.build import events
 from pp4.reuse import inputsets, observed, variants
 from pp4.reuse.notices import notify_once
 from pp4.reuse.actionkey import CompileArgs, FileHasher
+from pp4.store import packs
 from pp4.store.front import Found, StoreFront
 from pp4.store.manifests import ManifestEntry
 from pp4.store.records import ActionRecord, StoreError
@@ -143,7 +144,7 @@ class Reuser:
         self.states = observed.States(self.hasher)
         self.sets = inputsets.SetChecker(self.states)
         self.state_sets = inputsets.directory(cfg.state_dir)
-        self._in_state: set[str] = set()  # sets this process made sure the build's state dir holds
+        self._in_state: set[str] = set()  # packs this process made sure the build's state dir holds
         self.store_problem: str | None = None  # why a configured store cannot be used
         self.key_problem: str | None = None  # why this builder cannot sign (then nothing is stored)
         self.front: StoreFront | None = None
@@ -285,7 +286,7 @@ class Reuser:
 
     def observations_hold(self, entry: ManifestEntry, action: Action) -> bool:
         """Whether every observation of the entry's input sets holds now, at this compile's paths."""
-        return self.sets.all_match(self.store_sets, entry.input_sets, action.root)
+        return self.sets.all_match(self.store_sets, entry.pack, entry.input_sets, action.root)
 
     def lookup_variant(self, action: Action) -> Found | None:
         """Another variant's object for this unit, where this compile is proven to give the same
@@ -330,12 +331,15 @@ class Reuser:
         it without a proof. Its record."""
         sids = list(hit.entry.input_sets)
         akey = action_key(action.mkey, sids)
-        sets = {sid: data for sid in sids if (data := self.front.set_bytes(sid)) is not None}
+        pack = self.front.pack(hit.entry.pack)
+        if pack is None:
+            return None
+        sets = packs.unpack(pack.frame)  # checked against their names when the hit was found
         payload = {**hit.record.payload, "manifest_key": action.mkey, "command": list(action.command),
                    "env": action.env, "in_root": action.root is not None,
                    "shared_from": {"manifest_key": hit.record.payload.get("manifest_key"),
                                    "compiled_for": hit.record.payload.get("compiled_for")}}
-        kept = self.front.keep(action.mkey, ManifestEntry(akey, sids), sets, action.args.output,
+        kept = self.front.keep(action.mkey, ManifestEntry(akey, sids, pack.name), sets, pack, action.args.output,
                                hit.record.object_sha256, payload, sound=lambda e: sound_entry(action.mkey, e),
                                group=self.group(action))
         return kept.record if kept.record is not None and kept.record.object_sha256 == hit.record.object_sha256 else None
@@ -350,7 +354,7 @@ class Reuser:
         """The first observation of an entry that does not hold here, and how many more."""
         to_real = action.root.real if action.root is not None else (lambda p: p)
         for sid in entry.input_sets:
-            pairs = self.sets.load(self.store_sets, sid)
+            pairs = self.sets.load(self.store_sets, entry.pack, sid)
             if pairs is None:
                 return f"its newest stored entry names an observation set the store lacks ({sid[:16]})"
             changed = observed.differences(pairs, to_real, self.states)
@@ -367,12 +371,12 @@ class Reuser:
         if problem is not None:
             print(f"pp4.reuse: warning: {problem}; compiling {args.output} instead", file=sys.stderr)
             return False
-        bodies = []
-        for sid in hit.entry.input_sets:  # one folder each: no file is in two
-            bodies.append(self.sets.depfile_body(self.store_sets, sid, action.root))
-            if sid not in self._in_state:  # the build's own copy, for its events and certificate
-                self.sets.copy(self.store_sets, sid, self.state_sets)
-                self._in_state.add(sid)
+        entry = hit.entry
+        # one folder each: no file is in two
+        bodies = [self.sets.depfile_body(self.store_sets, entry.pack, sid, action.root) for sid in entry.input_sets]
+        if entry.pack not in self._in_state:  # the build's own copy, for its events and certificate
+            self.sets.keep(self.store_sets, entry.pack, self.state_sets)
+            self._in_state.add(entry.pack)
         depfile.write(args.depfile, args.output, bodies=bodies)
         warnings = hit.record.payload.get("warnings")
         if isinstance(warnings, str) and warnings:
@@ -411,15 +415,16 @@ class Reuser:
         action key (None when not stored, with the reason), the observation set, the object's sha256."""
         args = action.args
         sha, _ = sha256_and_size(args.output)
-        result = {"action_key": None, "input_sets": [], "object_sha256": sha, "not_stored": None, "env": action.env,
-                  "command": list(action.command), "mounts": action.root.mounts if action.root else None}
+        result = {"action_key": None, "input_sets": [], "sets_pack": None, "object_sha256": sha, "not_stored": None,
+                  "env": action.env, "command": list(action.command),
+                  "mounts": action.root.mounts if action.root else None}
         if problem is not None:
             return dict(result, not_stored=problem)
         encoded = inputsets.encode_by_folder(pairs)
         sids = sorted(encoded)
-        for sid, data in encoded.items():
-            inputsets.write_canonical(self.state_sets, sid, data)
-        result["input_sets"] = sids
+        pack = inputsets.pack(encoded)
+        inputsets.write_pack(self.state_sets, pack)
+        result.update(input_sets=sids, sets_pack=pack.name)
         if self.front is None:
             return dict(result, not_stored=self.store_problem or "reuse is off")
         akey = action_key(action.mkey, sids)
@@ -435,13 +440,14 @@ class Reuser:
                 f"[pp4: {len(warnings) - WARNINGS_KEPT} more bytes of the compiler's messages were not kept]\n"
                 if len(warnings) > WARNINGS_KEPT else "")
         nkey = self.name_free_key(action)
-        kept = self.front.keep(action.mkey, ManifestEntry(akey, sids), encoded, args.output, sha, payload,
+        entry = ManifestEntry(akey, sids, pack.name)
+        kept = self.front.keep(action.mkey, entry, encoded, pack, args.output, sha, payload,
                                sound=lambda e: sound_entry(action.mkey, e), group=nkey or action.mkey)
         if kept.record is None:
             return dict(result, not_stored=kept.problem)
         result.update(signatures=list(kept.record.signatures), signed_payload=signed_part(kept.record.payload))
         if nkey is not None:  # where other variants of this unit look (pp4/reuse/variants.py)
-            self.front.index(nkey, ManifestEntry(akey, sids))
+            self.front.index(nkey, entry)
         return dict(result, action_key=akey, remote=kept.remote)
 
     @contextmanager
@@ -474,7 +480,7 @@ class Reuser:
                                signed_payload=signed_part(payload),
                                fetched_from=payload.get("fetched_from") if hit.tier == "remote" else None,
                                action_key=hit.entry.action_key, object_sha256=hit.record.object_sha256,
-                               input_sets=hit.entry.input_sets, command=action.command,
+                               input_sets=hit.entry.input_sets, sets_pack=hit.entry.pack, command=action.command,
                                mounts=action.root.mounts if action.root else None,
                                reused_from=payload.get("compiled_for"), compile_duration_s=payload.get("duration_s"),
                                restore_duration_s=round(seconds, 4), env=action.env)

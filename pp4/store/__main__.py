@@ -14,7 +14,7 @@ from pathlib import Path
 
 from pp4 import interrupt
 from pp4.sizes import human_bytes, parse_size
-from pp4.store import hashed
+from pp4.store import packs
 from pp4.store.layout import SETS_FOLDER
 from pp4.store.local import Store, default_store_dir
 from pp4.store.manifests import Manifests
@@ -202,7 +202,7 @@ def format_gc(result: GcResult) -> str:
             f"  removed {result.invalid_records_removed} invalid records, {result.orphan_objects_removed} orphaned objects, "
             f"{result.tmp_files_removed} stale staging files",
             f"  removed {result.manifest_entries_removed} manifest entries of evicted actions, "
-            f"{result.manifests_removed} empty manifests, {result.input_sets_removed} input sets no entry names",
+            f"{result.manifests_removed} empty manifests, {result.input_sets_removed} set packs no entry names",
         ]
     )
 
@@ -249,14 +249,14 @@ def main(argv: list[str] | None = None) -> int:
             return EXIT_OK
         report = store.verify(repair=args.repair)
         print(format_verify(report))
-        # The reuse rule's manifests (an index from commands to actions) and the input sets they
+        # The reuse rule's manifests (an index from commands to actions) and the set packs they
         # name live in the store too; the store checks their bytes, never their meaning.
         manifest_damage = Manifests(root).verify(args.repair)
         for path, detail, repaired in manifest_damage:
             print(f"  DAMAGE manifest-invalid: {path}: {detail} [{'repaired' if repaired else 'left in place'}]")
-        set_damage = hashed.verify(root / SETS_FOLDER, args.repair)
+        set_damage = packs.verify(root / SETS_FOLDER, args.repair)
         for path, detail, repaired in set_damage:
-            print(f"  DAMAGE inputset-invalid: {path}: {detail} [{'removed' if repaired else 'left in place'}]")
+            print(f"  DAMAGE setpack-invalid: {path}: {detail} [{'removed' if repaired else 'left in place'}]")
         return EXIT_OK if report.ok and not manifest_damage and not set_damage else EXIT_DAMAGE
     except StoreError as exc:
         print(f"pp4.store: error: {exc}", file=sys.stderr)

@@ -4,13 +4,13 @@ lives here and nowhere else.
     find(mkey, sound, holds[, fits, group])
                                the local store's entries for a command, newest first; then the
                                remote tier's (its group: pp4/store/remote/tier.py), whose input
-                               sets are put (checked) into the local set folder first, and whose
+                               sets are packed (checked) into the local store first, and whose
                                object, once an entry holds, is checked and put into the local
                                store, which then serves it; `fits`, when given, must accept the
                                action record too, and the remote group's entries of every command
                                are candidates
-    keep(mkey, entry, sets, object, payload[, group])
-                               the input sets, the object, the manifest entry, in that order (an
+    keep(mkey, entry, sets, pack, object, payload[, group])
+                               the set pack, the object, the manifest entry, in that order (an
                                entry never names what is not there); then the remote tier
     index(key, entry)          a kept entry named under a second key as well (the remote tier
                                names it through its group)
@@ -37,7 +37,7 @@ from typing import Callable, Iterator
 
 import attrs
 
-from pp4.store import hashed, signing
+from pp4.store import packs, signing
 from pp4.store.layout import SETS_FOLDER
 from pp4.store.local import Store
 from pp4.store.manifests import MANIFEST_ENTRIES, ManifestEntry, Manifests
@@ -76,8 +76,7 @@ class StoreFront:
         self.root = Path(root)
         self.local = Store(root)
         self.manifests = Manifests(root)
-        self.sets = self.root / SETS_FOLDER
-        self._sets_here: set[str] = set()  # sets this process found intact in (or fetched into) self.sets
+        self.sets = self.root / SETS_FOLDER  # the set packs (pp4/store/packs.py)
         self.prefetched: set[str] = set()  # action keys prefetch() brought from the remote tier
         self.tmpdir = tmpdir
         # Remote hits are restored through the local store, so the tier comes only with one. Its
@@ -124,7 +123,8 @@ class StoreFront:
             if not sound(entry):
                 remote.refuse(f"ent/{name}", "an entry whose action key does not follow from its observations")
                 continue
-            if not self._sets_from_remote(group, entry) or not holds(entry):
+            entry = self._sets_from_remote(group, entry)
+            if entry is None or not holds(entry):
                 continue
             try:
                 record = self.local.lookup(entry.action_key)
@@ -138,10 +138,10 @@ class StoreFront:
                 verdict = self.verdict(entry, record)
                 if not verdict.ok:
                     continue
-                blob = remote.object_of(record)
-                if blob is None:
+                frame = remote.object_of(record)
+                if frame is None:
                     continue
-                record = self._fill_local(record, blob)
+                record = self._fill_local(record, frame)
                 if record is None:
                     return None
             verdict = self.verdict(entry, record)
@@ -179,17 +179,18 @@ class StoreFront:
                 if not sound(entry):
                     remote.refuse(f"ent/{name}", "an entry whose action key does not follow from its observations")
                     continue
-                if not self._sets_from_remote(group, entry) or not holds(entry):
+                entry = self._sets_from_remote(group, entry)
+                if entry is None or not holds(entry):
                     continue
                 record = remote.record_in(group, entry.action_key)
                 if record is not None and self.verdict(entry, record).ok:
                     trusted.append((mkey, entry, sound, record))
                 break  # the newest entry that holds, as find() takes
-        blobs = remote.objects_of([r for _, _, _, r in trusted])
+        frames = remote.objects_of([r for _, _, _, r in trusted])
         kept = 0
         for mkey, entry, sound, record in trusted:
-            blob = blobs.get(record.object_sha256)
-            if blob is None or self._fill_local(record, blob) is None:
+            frame = frames.get(record.object_sha256)
+            if frame is None or self._fill_local(record, frame) is None:
                 continue
             self.add_entry(mkey, entry, sound)
             self.prefetched.add(entry.action_key)
@@ -210,55 +211,54 @@ class StoreFront:
             self.refused.append((record.action_key, verdict.why or "not trusted"))
         return verdict
 
-    def _sets_from_remote(self, group, entry: ManifestEntry) -> bool:
-        """Put the entry's input sets the local folder lacks there, as the remote group holds them
-        (checked against their names); False when one is missing there too. Each set is checked
-        once per process: a prepass meets the same few dozen sets in hundreds of entries."""
+    def _sets_from_remote(self, group, entry: ManifestEntry) -> ManifestEntry | None:
+        """The entry as the local store keeps it: its input sets, as the remote group holds them
+        (checked against their names), in a pack there. None when one is missing there too."""
+        sets = {}
         for sid in entry.input_sets:
-            if sid in self._sets_here:
-                continue
-            if hashed.read(self.sets, sid) is None:
-                data = self.remote.set_in(group, sid)
-                if data is None:
-                    return False
-                hashed.write(self.sets, sid, data)
-            self._sets_here.add(sid)
-        return True
-
-    def set_bytes(self, sid: str) -> bytes | None:
-        """An observation set as the local store holds it (checked against its name)."""
-        return hashed.read(self.sets, sid)
-
-    def _fill_local(self, record: ActionRecord, blob: bytes) -> ActionRecord | None:
-        self.tmpdir.mkdir(parents=True, exist_ok=True)
-        staged = self.tmpdir / f"remote-{record.object_sha256[:16]}-{os.getpid()}.o"
+            data = self.remote.set_in(group, sid)
+            if data is None:
+                return None
+            sets[sid] = data
+        found = packs.pack(sets)
         try:
-            staged.write_bytes(blob)
-            kept = self.local.put(record.action_key, staged, dict(record.payload, fetched_from=self.remote.describe()),
-                                  signatures=record.signatures)
+            packs.write(self.sets, found)
+        except OSError as e:
+            print(f"pp4.reuse: warning: {self.local.os_error(e, 'writing an observation set pack')} "
+                  "(compiling instead)", file=sys.stderr)
+            return None
+        return attrs.evolve(entry, pack=found.name)
+
+    def pack(self, name: str | None) -> "packs.SetPack | None":
+        """A set pack as the local store holds it (checked against its name)."""
+        return packs.read(self.sets, name) if name is not None else None
+
+    def _fill_local(self, record: ActionRecord, frame: bytes) -> ActionRecord | None:
+        """Keep an object the remote tier sent (its frame, checked against the record) locally."""
+        try:
+            kept = self.local.put_frame(record.action_key, frame, record.object_sha256, record.object_size,
+                                        dict(record.payload, fetched_from=self.remote.describe()),
+                                        signatures=record.signatures)
             return self.local.amend(attrs.evolve(kept, disputes=record.disputes)) if record.disputes else kept
         except (OSError, StoreError) as e:
             print(f"pp4.reuse: warning: cannot keep the remote store's object in the local store ({e}); "
                   "compiling instead", file=sys.stderr)
             return None
-        finally:
-            staged.unlink(missing_ok=True)
 
     def materialize(self, found: Found, out: Path) -> str | None:
         """Put the object at out, checked again; None, or why it could not be (then: compile)."""
         try:
-            # A copy, not a hard link: a later compile writing to the output in place must never
-            # reach the stored object through a shared inode.
-            self.local.materialize(found.record, out, allow_link=False)
+            self.local.materialize(found.record, out)
             return None
         except (CorruptObject, ObjectMissing) as e:
             return str(e)
 
     # -- keeping ------------------------------------------------------------------------------
 
-    def keep(self, mkey: str, entry: ManifestEntry, sets: dict[str, bytes], object_path: str, sha256: str,
-             payload: dict, sound: Check, group: str | None = None) -> Kept:
-        """sha256: the object's digest as its compile left it; a store that read other bytes adds no
+    def keep(self, mkey: str, entry: ManifestEntry, sets: dict[str, bytes], pack: "packs.SetPack",
+             object_path: str, sha256: str, payload: dict, sound: Check, group: str | None = None) -> Kept:
+        """sets: the entry's input sets by name, and pack: the same in their pack, which the entry
+        names. sha256: the object's digest as its compile left it; a store that read other bytes adds no
         entry. The entry is signed with this builder's key. When a tier holds the action already,
         the same object gains this builder's signature there, and another object is disputed
         (signed: this builder's compile gave other bytes) and never restored again. group: the
@@ -267,6 +267,12 @@ class StoreFront:
         if self.signer is None:
             return Kept(None, "this builder has no signing key, so nothing it compiles is stored "
                               "(python -m pp4.store keys new)")
+        try:  # the sets first: an entry or record never names a set the store lacks
+            packs.write(self.sets, pack)
+        except OSError as e:  # a full or read-only store: said as the store says it for objects
+            problem = str(self.local.os_error(e, "writing an observation set pack"))
+            print(f"pp4.reuse: warning: {problem} (the object was built; it is just not stored)", file=sys.stderr)
+            return Kept(None, problem)
         existing = self.local.lookup(entry.action_key)
         if existing is not None:
             # The same action, stored by an earlier compile (whose entry the manifest may lack:
@@ -277,13 +283,6 @@ class StoreFront:
             self.add_entry(mkey, entry, sound)
             return Kept(existing, existed=True,
                         remote=self._publish(group, mkey, entry, sets, existing, object_path, sound))
-        try:
-            for sid, data in sets.items():  # the sets first: an entry or record never names a set the store lacks
-                hashed.write(self.sets, sid, data)
-        except OSError as e:  # a full or read-only store: said as the store says it for objects
-            problem = str(self.local.os_error(e, "writing an observation set"))
-            print(f"pp4.reuse: warning: {problem} (the object was built; it is just not stored)", file=sys.stderr)
-            return Kept(None, problem)
         try:
             size = os.stat(object_path).st_size
             signature = self._signature(entry.action_key, sha256, size, entry, payload)
@@ -350,7 +349,9 @@ class StoreFront:
         remote's); a remote record of other bytes is disputed, not replaced."""
         if self.remote is None or not self.remote.writes:
             return None
-        published = self.remote.publish(group, mkey, entry, sets, record, object_path, keep=sound)
+        # The remote group holds the sets themselves; the pack is a local file's name.
+        published = self.remote.publish(group, mkey, attrs.evolve(entry, pack=None), sets, record, object_path,
+                                        keep=sound)
         if published is None:
             return None
         if published.object_sha256 != record.object_sha256:

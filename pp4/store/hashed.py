@@ -1,7 +1,7 @@
-"""Folders of small files named by the sha256 of their bytes (`<folder>/<2 hex>/<sha256>.json`).
+"""Folders of files named by the sha256 of their bytes (`<folder>/<2 hex>/<sha256>`).
 
-The store keeps the reuse rule's input sets this way, and a build keeps its own copies in its
-state folder. What the bytes mean is the writer's business; this module makes sure a file is
+The store keeps the reuse rule's set packs this way (pp4/store/packs.py), and a build keeps its own
+copies in its state folder. What the bytes mean is the writer's business; this module makes sure a file is
 never used, or written, under a name its bytes do not hash to, so verify needs no knowledge of
 the content.
 """
@@ -16,8 +16,13 @@ from pathlib import Path
 from pp4.files import write_whole
 
 
+def named_files(folder: str | Path):
+    """The files kept under a name (staging files of write_whole start with a dot and are not)."""
+    return (p for p in Path(folder).glob("*/*") if not p.name.startswith("."))
+
+
 def path_of(folder: str | Path, name: str) -> Path:
-    return Path(folder) / name[:2] / f"{name}.json"
+    return Path(folder) / name[:2] / name
 
 
 def write(folder: str | Path, name: str, data: bytes) -> None:
@@ -38,8 +43,8 @@ def write(folder: str | Path, name: str, data: bytes) -> None:
 def link(folder: str | Path, name: str, source: str | Path, data: bytes) -> None:
     """Keep under its name in folder the file source (in another such folder), whose bytes data
     were just read and checked against the name: a hard link where the two folders share a
-    filesystem (a restore keeps 200-400 of them a build; nothing ever writes such a file in place,
-    and a store's gc only unlinks its own name), a copy elsewhere."""
+    filesystem (nothing ever writes such a file in place, and a store's gc only unlinks its own
+    name), a copy elsewhere."""
     if hashlib.sha256(data).hexdigest() != name:
         raise ValueError(f"bytes do not hash to {name}")
     path = path_of(folder, name)
@@ -77,8 +82,8 @@ def verify(folder: str | Path, repair: bool) -> list[tuple[str, str, bool]]:
     """Damaged files: (path, what is wrong, removed). Removing one only turns what names it into
     a miss."""
     damage = []
-    for path in sorted(Path(folder).glob("*/*.json")):
-        if read(folder, path.stem) is None:
+    for path in sorted(named_files(folder)):
+        if read(folder, path.name) is None:
             if repair:
                 path.unlink(missing_ok=True)
             damage.append((str(path), "its bytes do not hash to its name", repair))
@@ -90,8 +95,8 @@ def collect(folder: str | Path, keep: set[str], older_than_s: float) -> int:
     older_than_s ago: a writer names a file only after writing it. Returns how many went."""
     limit = time.time() - older_than_s
     removed = 0
-    for path in Path(folder).glob("*/*.json"):
-        if path.stem in keep:
+    for path in named_files(folder):
+        if path.name in keep:
             continue
         try:
             if path.stat().st_mtime < limit:

@@ -8,9 +8,9 @@ import os
 from pathlib import Path
 from typing import Iterator
 
-# Where a store, and a build's state folder, keep input sets (pp4/store/hashed.py files, written by
-# pp4/reuse/inputsets.py); the store's gc removes the ones no manifest entry names.
-SETS_FOLDER = "inputsets"
+# Where a store, and a build's state folder, keep set packs (pp4/store/packs.py); the store's gc
+# removes the ones no manifest entry names, a build's prepass the ones no event names.
+SETS_FOLDER = "setpacks"
 
 
 def write_all(fd: int, data: bytes | memoryview) -> None:

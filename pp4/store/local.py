@@ -5,20 +5,25 @@ action (the action key) been run before, and if so, give me its output".
 
 Layout under the root (see docs/store.md for the full argument):
 
-    objects/<2 hex>/<sha256>          object bytes, mode 0o444, never rewritten
+    format                            this layout's number (FORMAT); a store of another is refused
+    objects/<2 hex>/<sha256>          the object as one zstd frame (its content's sha256 names it),
+                                      mode 0o444, never rewritten
     actions/<2 hex>/<action_key>.json one ActionRecord, checksummed JSON, mode 0o444
     tmp/                              staging; every file is born here and renamed out
     lock                              flock: put holds it shared, gc and repair exclusive
     gc.lock                           flock: at most one automatic eviction at a time
     usage, usage.log                  size estimate: total at the last gc + bytes added since
-    manifests/, inputsets/, locks/    the reuse rule's index, observation sets and compile locks
-                                      (pp4/store/manifests.py, hashed.py); gc keeps them in step
+    manifests/, setpacks/, locks/     the reuse rule's index, observation sets and compile locks
+                                      (pp4/store/manifests.py, packs.py); gc keeps them in step
 
 Crash safety rests on two rules: every file becomes visible by one atomic
 rename/link from tmp/, and an object is published (and its directory entry
 fsynced) before any record that names it.  So a process killed at any instant
 leaves at worst a stale tmp file or an unreferenced object, both invisible to
 lookups and removed by gc.
+
+Objects are kept compressed (pp4/store/compressed.py: about 4x on compiled objects, at ccache's
+bytes) and checked against their sha256 each time they are expanded, so a damaged frame is a miss.
 
 This module is POSIX only (fcntl.flock, hard links, atomic rename).
 """
@@ -31,14 +36,14 @@ import fcntl
 import hashlib
 import json
 import os
-import shutil
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator, NoReturn
+from typing import TYPE_CHECKING, Iterator
 
 from pp4 import paths
-from pp4.files import canonical_json, fsync_dir, sha256_and_size
+from pp4.files import canonical_json, fsync_dir, write_whole
 from pp4.sizes import parse_size
+from pp4.store import compressed
 from pp4.store.layout import unlink_quietly, write_all
 from pp4.store.records import (
     ACTION_KEY_RE, ActionRecord, CorruptObject, ObjectMissing, StoreError, InvalidRecord, decode_record, encode_record
@@ -51,7 +56,10 @@ __all__ = ["Store", "default_max_bytes", "default_store_dir"]
 
 
 DEFAULT_MAX_BYTES = 20 * 1024**3
-HASH_CHUNK_BYTES = 1 << 20
+# The layout this module writes: 2 keeps objects as zstd frames and observation sets in packs. A
+# store of layout 1 (no format file) holds neither in the form this code reads.
+FORMAT = 2
+FORMAT_FILE = "format"
 
 TEST_PAUSE_ENV = "PP4_STORE_TEST_PAUSE"
 TEST_PAUSE_MARKER_ENV = "PP4_STORE_TEST_PAUSE_MARKER"
@@ -59,7 +67,7 @@ PUT_STEPS = ("object-tmp-written", "object-placed", "record-tmp-written", "recor
 
 _DISK_FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT}
 _NOT_WRITABLE_ERRNOS = {errno.EACCES, errno.EPERM, errno.EROFS}
-# A hard link can fail for reasons that a plain copy does not share.
+# A hard link can fail for reasons that a plain rename does not share.
 _NO_HARDLINK_ERRNOS = {
     errno.EXDEV,
     errno.EPERM,
@@ -136,13 +144,14 @@ class Store:
         self.max_bytes = default_max_bytes() if max_bytes is None else int(max_bytes)
         if self.max_bytes <= 0:
             raise ValueError(f"max_bytes must be positive, got {self.max_bytes}")
-        self._objects_dir = self.root / "objects"
-        self._actions_dir = self.root / "actions"
-        self._tmp_dir = self.root / "tmp"
+        # The store's folders and files, for its usage and verify modules too.
+        self.objects_dir = self.root / "objects"
+        self.actions_dir = self.root / "actions"
+        self.tmp_dir = self.root / "tmp"
         self.lock_path = self.root / "lock"
         self.gc_lock_path = self.root / "gc.lock"
-        self._usage_path = self.root / "usage"
-        self._usage_log_path = self.root / "usage.log"
+        self.usage_path = self.root / "usage"
+        self.usage_log_path = self.root / "usage.log"
         self._ensure_layout()
 
     def __repr__(self) -> str:
@@ -151,28 +160,49 @@ class Store:
     # ------------------------------------------------------------ paths
 
     def object_path(self, sha256: str) -> Path:
-        return self._objects_dir / sha256[:2] / sha256
+        return self.objects_dir / sha256[:2] / sha256
 
     def record_path(self, action_key: str) -> Path:
         _require_action_key(action_key)
-        return self._actions_dir / action_key[:2] / f"{action_key}.json"
+        return self.actions_dir / action_key[:2] / f"{action_key}.json"
 
     # ------------------------------------------------------------ setup and errors
 
     def _ensure_layout(self) -> None:
         if self.root.exists() and not self.root.is_dir():
             raise StoreError(f"the pp4 store path {self.root} exists but is not a directory; remove it or {ANOTHER_STORE}")
-        for directory in (self._objects_dir, self._actions_dir, self._tmp_dir):
+        self._check_format()
+        for directory in (self.objects_dir, self.actions_dir, self.tmp_dir):
             if directory.is_dir():
                 continue
             try:
                 directory.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
                 raise self.os_error(exc, "creating the store layout") from exc
+        format_file = self.root / FORMAT_FILE
+        if not format_file.exists():
+            with contextlib.suppress(OSError):  # a read-only store: checked again by every open
+                write_whole(format_file, f"{FORMAT}\n")
         # A read-only but complete store still serves lookups, so a lock file we cannot create is not fatal here.
         if not self.lock_path.exists():
             with contextlib.suppress(OSError):
                 os.close(os.open(self.lock_path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
+
+    def _check_format(self) -> None:
+        """StoreError for a store written in another layout: its objects would read as damage."""
+        try:
+            text = (self.root / FORMAT_FILE).read_text().strip()
+        except FileNotFoundError:
+            if not self.objects_dir.is_dir() or not any(self.objects_dir.iterdir()):
+                return  # new or empty: this layout's from now on
+            text = "1"
+        except OSError as exc:
+            raise self.os_error(exc, "reading the store's format") from exc
+        if text != str(FORMAT):
+            raise StoreError(
+                f"the pp4 store at {self.root} has layout {text}, and this pp4 reads layout {FORMAT} "
+                f"(compressed objects, packed observation sets). Its entries cannot be read: remove it "
+                f"(`rm -r {self.root}`; it is a cache, and the next build fills it again) or {ANOTHER_STORE}.")
 
     def os_error(self, exc: OSError, doing: str) -> StoreError:
         where = exc.filename or self.root
@@ -228,7 +258,7 @@ class Store:
 
     def new_tmp_file(self, suffix: str) -> tuple[int, Path]:
         # pid + random: unique across processes, and O_EXCL makes sure.
-        path = self._tmp_dir / f"{os.getpid()}-{os.urandom(8).hex()}{suffix}"
+        path = self.tmp_dir / f"{os.getpid()}-{os.urandom(8).hex()}{suffix}"
         with self.store_writes("creating a staging file"):
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         return fd, path
@@ -258,8 +288,8 @@ class Store:
             record = decode_record(data, expected_key=action_key)
         except InvalidRecord:
             return None  # never trust it; verify removes it
-        if _size_or_none(self.object_path(record.object_sha256)) != record.object_size:
-            return None
+        if not _size_or_none(self.object_path(record.object_sha256)):
+            return None  # a frame's bytes are checked when it is expanded
         # The record's mtime is its last use, which is what gc's LRU order reads. One syscall.
         with contextlib.suppress(OSError):
             os.utime(path)
@@ -288,18 +318,30 @@ class Store:
         """Store the file at object_path as the output of action_key; returns the published record.
 
         Steps, each made visible by one atomic operation (see docs/store.md):
-        stage object in tmp/ -> link into objects/ -> stage record in tmp/ -> rename into actions/.
+        stage the object's frame in tmp/ -> link into objects/ -> stage record in tmp/ -> rename
+        into actions/.
         """
+        _require_action_key(action_key)
+        _json_roundtrip(payload)  # reject non-JSON payloads before the work of compressing
+        # Read outside store_writes: a bad source path is the caller's error, not the store's.
+        data = Path(object_path).read_bytes()
+        return self.put_frame(action_key, compressed.compress(data), hashlib.sha256(data).hexdigest(), len(data),
+                              payload, signatures)
+
+    def put_frame(self, action_key: str, frame: bytes, sha256: str, size: int, payload: dict,
+                  signatures=()) -> ActionRecord:
+        """Store an object given as its zstd frame (what the remote tier sends), whose content the
+        caller has checked against sha256 and size."""
         from pp4.store import usage  # here, not at the top: a compile edge that restores never needs it
 
         _require_action_key(action_key)
-        payload = _json_roundtrip(payload)  # reject non-JSON payloads before touching the disk
-        staged_object, sha256, size = self._stage_object(Path(object_path))
+        payload = _json_roundtrip(payload)
+        staged_object = self._stage_bytes(frame, ".obj", durable=True)
         staged_record: Path | None = None
         try:
             self._pause_for_test("object-tmp-written")
             with self.flock(self.lock_path, fcntl.LOCK_SH):
-                added_bytes = self._place_object(staged_object, sha256, size)
+                added_bytes = self._place_object(staged_object, sha256, len(frame))
                 staged_object = None  # _place_object linked-and-unlinked or renamed it
                 self._pause_for_test("object-placed")
                 record = ActionRecord(action_key, sha256, size, payload, time.time(), tuple(signatures))
@@ -320,37 +362,16 @@ class Store:
         usage.evict_if_over_bound(self)
         return record
 
-    def _stage_object(self, source: Path) -> tuple[Path, str, int]:
-        """Copy source into tmp/ while hashing it; the copy is fsynced and read-only."""
-        hasher = hashlib.sha256()
-        size = 0
-        buffer = bytearray(HASH_CHUNK_BYTES)
-        view = memoryview(buffer)
-        # Opened first and outside store_writes: a bad source path is the caller's error, not the store's.
-        with open(source, "rb", buffering=0) as src:
-            fd, staged = self.new_tmp_file(".obj")
-            try:
-                with self.store_writes("writing an object"):
-                    while n := src.readinto(buffer):
-                        hasher.update(view[:n])
-                        write_all(fd, view[:n])
-                        size += n
-                    os.fsync(fd)
-                    os.fchmod(fd, 0o444)
-            except BaseException:
-                os.close(fd)
-                unlink_quietly(staged)
-                raise
-            os.close(fd)
-        return staged, hasher.hexdigest(), size
-
-    def _stage_bytes(self, data: bytes, suffix: str) -> Path:
+    def _stage_bytes(self, data: bytes, suffix: str, durable: bool = False) -> Path:
+        """durable: fsynced (an object, which records name). A record is not: one torn by power
+        loss fails its checksum and is a miss, so durability would buy nothing but a few
+        milliseconds per put."""
         fd, staged = self.new_tmp_file(suffix)
         try:
-            with self.store_writes("writing an action record"):
+            with self.store_writes("writing an object" if durable else "writing an action record"):
                 write_all(fd, data)
-                # No fsync: a record torn by power loss fails its checksum and is a miss, so
-                # durability here would buy nothing but a few milliseconds per put.
+                if durable:
+                    os.fsync(fd)
                 os.fchmod(fd, 0o444)
         except BaseException:
             os.close(fd)
@@ -360,7 +381,8 @@ class Store:
         return staged
 
     def _place_object(self, staged: Path, sha256: str, size: int) -> int:
-        """Publish a staged object under its hash unless an intact copy is there; returns bytes added."""
+        """Publish a staged object (a frame of size bytes) under its hash unless a copy of that size
+        is there; returns bytes added."""
         destination = self.object_path(sha256)
         with self.store_writes("publishing an object"):
             destination.parent.mkdir(exist_ok=True)
@@ -387,86 +409,56 @@ class Store:
 
     # ------------------------------------------------------------ materialize
 
-    def materialize(self, record: ActionRecord, dest: str | os.PathLike, *, allow_link: bool = True) -> Path:
-        """Put the record's object at dest, verified, replacing dest atomically.
-
-        Hard-links when possible (same filesystem), else copies.  A hard link shares
-        the stored inode: never write into dest in place; unlink it before compiling
-        to that path again.  dest's mtime is set to now, as a fresh compile would.
-        Raises CorruptObject (entry removed) or ObjectMissing; both mean: recompile.
-        """
+    def materialize(self, record: ActionRecord, dest: str | os.PathLike) -> Path:
+        """Put the record's object at dest, expanded and checked against its sha256, replacing dest
+        atomically (a new inode: a later compile writing to dest in place never reaches the store).
+        Raises CorruptObject (entry removed) or ObjectMissing; both mean: recompile."""
         dest = Path(dest)
-        source = self.object_path(record.object_sha256)
+        data = self.object_bytes(record)
         staged = dest.with_name(f".{dest.name}.{os.getpid()}-{os.urandom(6).hex()}.pp4tmp")
         try:
-            linked = allow_link and self._link_fresh(source, staged)
-            if linked:
-                source_inode = os.stat(staged).st_ino
-            else:
-                source_inode = self._copy_object(source, staged)
-            digest, _ = sha256_and_size(staged)
-            if digest != record.object_sha256:
-                self._reject_corrupt(record, source, dest, staged, digest, source_inode, linked)
+            fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+            try:
+                write_all(fd, data)
+            finally:
+                os.close(fd)
             os.replace(staged, dest)
             staged = None
         finally:
             unlink_quietly(staged)
         return dest
 
-    def _link_fresh(self, source: Path, staged: Path) -> bool:
-        """Hard-link source to staged and give it a fresh mtime; False when a copy is needed instead."""
+    def object_bytes(self, record: ActionRecord) -> bytes:
+        """The record's object, expanded and checked against its sha256 and size. CorruptObject
+        (the entry is removed) or ObjectMissing otherwise."""
+        source = self.object_path(record.object_sha256)
         try:
-            os.link(source, staged)
-        except FileNotFoundError:
-            if not staged.parent.is_dir():
-                raise
-            raise ObjectMissing(f"object {source} disappeared (a concurrent gc or repair removed it); recompile") from None
-        except OSError as exc:
-            if exc.errno in _NO_HARDLINK_ERRNOS:
-                return False
-            raise
-        try:
-            # ninja compares output and input mtimes; the stored inode may be weeks old.
-            os.utime(staged)
-        except PermissionError:
-            # Shared store owned by another user: we may link but not touch. Copy instead.
-            os.unlink(staged)
-            return False
-        return True
-
-    def _copy_object(self, source: Path, staged: Path) -> int:
-        try:
-            src = open(source, "rb")
+            with open(source, "rb") as f:
+                source_inode = os.fstat(f.fileno()).st_ino
+                frame = f.read()
         except FileNotFoundError:
             raise ObjectMissing(f"object {source} disappeared (a concurrent gc or repair removed it); recompile") from None
-        with src:
-            source_inode = os.fstat(src.fileno()).st_ino
-            fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
-            with open(fd, "wb") as out:
-                shutil.copyfileobj(src, out, HASH_CHUNK_BYTES)
-        return source_inode
-
-    def _reject_corrupt(
-        self, record: ActionRecord, source: Path, dest: Path, staged: Path, digest: str, source_inode: int, linked: bool
-    ) -> NoReturn:
-        unlink_quietly(staged)
-        stored_is_bad = linked
-        if not linked:
-            try:
-                stored_is_bad = sha256_and_size(source)[0] != record.object_sha256
-            except FileNotFoundError:
-                stored_is_bad = True
-        if not stored_is_bad:
-            raise CorruptObject(
-                f"copying {source} to {dest} produced bytes hashing to {digest}, not {record.object_sha256}; "
-                f"the stored object itself verified fine and was kept. Check the destination filesystem."
-            )
+        try:
+            data = compressed.decompress(frame, record.object_size)
+            digest = hashlib.sha256(data).hexdigest()
+            wrong = None if digest == record.object_sha256 else f"its bytes hash to {digest}"
+        except compressed.NotAFrame as e:
+            data, wrong = b"", str(e)
+        if wrong is None:
+            return data
         self._discard_corrupt_entry(record, source, source_inode)
         raise CorruptObject(
             f"stored object {source} for action {record.action_key} is corrupt: expected sha256 "
-            f"{record.object_sha256}, its bytes hash to {digest}. Removed it and its record; "
-            f"this action is now a miss (recompile). Run `python -m pp4.store verify` to check the rest of the store."
+            f"{record.object_sha256}, {wrong}. Removed it and its record; this action is now a miss "
+            f"(recompile). Run `python -m pp4.store verify` to check the rest of the store."
         )
+
+    def object_frame(self, sha256: str) -> bytes | None:
+        """An object's frame as kept (unchecked: the remote tier's reader checks what it expands)."""
+        try:
+            return self.object_path(sha256).read_bytes()
+        except FileNotFoundError:
+            return None
 
     def _discard_corrupt_entry(self, record: ActionRecord, source: Path, source_inode: int) -> None:
         # Best effort: if the store is read-only the corruption is still reported by the raise.

@@ -5,8 +5,9 @@ the per-key locks that let the same unit of two variants compile once.
     <store>/locks/<2 hex>/<manifest key>            flock'd while a compile of that key runs
 
 The store owns these files. An entry (ManifestEntry) is {"action_key": <key of an action record>,
-"input_sets": [<names of input sets under <store>/inputsets>]}: gc keeps the entries whose action record is
-still there, and the sets they name. Whether an entry may stand in for a compile is pp4.reuse's
+"input_sets": [<names of its observation sets>], "pack": <the set pack under <store>/setpacks that
+holds them>} (a remote group's entries have no pack: the group holds their sets): gc keeps the
+entries whose action record is still there, and the packs they name. Whether an entry may stand in for a compile is pp4.reuse's
 question (which also checks, on every lookup, that an entry's action key follows from its inputs). Each manifest carries the sha256 of
 its canonical content, so `pp4.store verify` finds a changed byte on its own. A manifest that is
 missing or unreadable reads as no entries: a miss, never a wrong object.
@@ -36,19 +37,24 @@ class ManifestEntry:
     Whether it may stand in for a compile is pp4.reuse's question (its predicates)."""
     action_key: str
     input_sets: tuple[str, ...] = attrs.field(converter=tuple)
+    pack: str | None = None  # the set pack (pp4/store/packs.py) that holds the sets, in the local store
 
     @classmethod
     def parse(cls, doc) -> "ManifestEntry | None":
         """An entry as JSON holds it; None when it is not one (read as no entry: a miss)."""
         if not isinstance(doc, dict):
             return None
-        key, sets = doc.get("action_key"), doc.get("input_sets")
-        if not (isinstance(key, str) and isinstance(sets, list) and all(isinstance(s, str) for s in sets)):
+        key, sets, pack = doc.get("action_key"), doc.get("input_sets"), doc.get("pack")
+        if not (isinstance(key, str) and isinstance(sets, list) and all(isinstance(s, str) for s in sets)
+                and (pack is None or isinstance(pack, str))):
             return None
-        return cls(key, sets)
+        return cls(key, sets, pack)
 
     def to_json(self) -> dict:
-        return {"action_key": self.action_key, "input_sets": list(self.input_sets)}
+        doc = {"action_key": self.action_key, "input_sets": list(self.input_sets)}
+        if self.pack is not None:
+            doc["pack"] = self.pack
+        return doc
 
 
 def parse_entries(docs) -> list[ManifestEntry]:
@@ -144,7 +150,7 @@ class Manifests:
     def collect(self, alive: Callable[[str], bool]) -> tuple[int, int, set[str]]:
         """Drop the entries whose action record is gone (alive(action_key) is False), and the
         manifests left empty. Returns (entries removed, manifests removed, the input sets the
-        remaining entries name). Run under the store's exclusive lock, so no record is published
+        remaining entries' packs). Run under the store's exclusive lock, so no record is published
         meanwhile; a manifest added to at this moment may lose that one entry (a future miss)."""
         entries_removed = manifests_removed = 0
         named: set[str] = set()
@@ -161,7 +167,8 @@ class Manifests:
             if len(keep) < len(entries):
                 self._write(path.stem, keep)
             for e in keep:
-                named.update(sid for sid in e.get("input_sets") or [] if isinstance(sid, str))
+                if isinstance(e.get("pack"), str):
+                    named.add(e["pack"])
         return entries_removed, manifests_removed, named
 
     def collect_locks(self) -> int:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import attrs
 
-from pp4.store import hashed
+from pp4.store import packs
 from pp4.store.layout import SETS_FOLDER, iter_shard_files, unlink_quietly, write_all
 from pp4.store.manifests import Manifests
 from pp4.store.records import ACTION_KEY_RE, ActionRecord, StoreError, InvalidRecord, decode_record
@@ -48,7 +48,7 @@ class _LiveRecord:
 def note_usage(store: Store, nbytes: int) -> None:
     # One O_APPEND write per put: atomic, lock-free between puts; gc folds it into `usage`.
     with contextlib.suppress(OSError):
-        fd = os.open(store._usage_log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd = os.open(store.usage_log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
             os.write(fd, f"{nbytes}\n".encode())
         finally:
@@ -57,11 +57,11 @@ def note_usage(store: Store, nbytes: int) -> None:
 def _usage_estimate(store: Store) -> tuple[int | None, int]:
     """(estimated store bytes or None if unknown, size of usage.log)."""
     try:
-        base = int(store._usage_path.read_text())
+        base = int(store.usage_path.read_text())
     except (OSError, ValueError):
         base = None
     try:
-        log_text = store._usage_log_path.read_bytes()
+        log_text = store.usage_log_path.read_bytes()
     except OSError:
         log_text = b""
     added = sum(int(line) for line in log_text.split() if line.isdigit())
@@ -100,13 +100,13 @@ def _collect(store: Store, trigger_bytes: int, target_bytes: int) -> GcResult:
         # Lock-free removers still exist (materialize discarding a corrupt entry), so
         # every stat and unlink here tolerates a file that has just gone.
         objects: dict[str, tuple[str, int]] = {}
-        for entry in iter_shard_files(store._objects_dir):
+        for entry in iter_shard_files(store.objects_dir):
             with contextlib.suppress(FileNotFoundError):
                 objects[entry.name] = (entry.path, entry.stat(follow_symlinks=False).st_size)
         live: list[_LiveRecord] = []
         invalid_removed = 0
         bytes_before = sum(size for _, size in objects.values())
-        for entry in iter_shard_files(store._actions_dir):
+        for entry in iter_shard_files(store.actions_dir):
             try:
                 st = entry.stat(follow_symlinks=False)
             except FileNotFoundError:
@@ -114,7 +114,7 @@ def _collect(store: Store, trigger_bytes: int, target_bytes: int) -> GcResult:
             bytes_before += st.st_size
             record = _read_record_entry(store, entry)
             obj = objects.get(record.object_sha256) if record else None
-            if record is None or obj is None or obj[1] != record.object_size:
+            if record is None or obj is None or not obj[1]:
                 unlink_quietly(Path(entry.path))  # a miss either way; stop it costing space
                 invalid_removed += 1
                 continue
@@ -147,7 +147,7 @@ def _collect(store: Store, trigger_bytes: int, target_bytes: int) -> GcResult:
                     objects_evicted += 1
         alive = {Path(r.path).name[: -len(".json")] for r in live if r.path not in evicted}
         entries_removed, manifests_removed, named = Manifests(store.root).collect(alive.__contains__)
-        sets_removed = hashed.collect(store.root / SETS_FOLDER, named, STALE_TMP_SECONDS)
+        sets_removed = packs.collect(store.root / SETS_FOLDER, named, STALE_TMP_SECONDS)
         _reset_usage(store, total)
     return GcResult(
         root=str(store.root),
@@ -183,7 +183,7 @@ def _remove_stale_tmp(store: Store, older_than: float) -> int:
 def stale_tmp_entries(store: Store, older_than: float) -> list[os.DirEntry]:
     stale = []
     with contextlib.suppress(FileNotFoundError):
-        for entry in os.scandir(store._tmp_dir):
+        for entry in os.scandir(store.tmp_dir):
             with contextlib.suppress(FileNotFoundError):
                 if entry.stat(follow_symlinks=False).st_mtime < older_than:
                     stale.append(entry)
@@ -198,8 +198,8 @@ def _reset_usage(store: Store, total: int) -> None:
         os.fchmod(fd, 0o644)
     finally:
         os.close(fd)
-    os.replace(staged, store._usage_path)
-    with open(store._usage_log_path, "wb"):
+    os.replace(staged, store.usage_path)
+    with open(store.usage_log_path, "wb"):
         pass
 
 # ------------------------------------------------------------ stats
@@ -207,16 +207,16 @@ def _reset_usage(store: Store, total: int) -> None:
 def stats(store: Store) -> StoreStats:
     """Counts and sizes from a directory scan; no lock, no hashing."""
     entries = objects = total = 0
-    for entry in iter_shard_files(store._actions_dir):
+    for entry in iter_shard_files(store.actions_dir):
         with contextlib.suppress(FileNotFoundError):
             total += entry.stat(follow_symlinks=False).st_size
             entries += 1
-    for entry in iter_shard_files(store._objects_dir):
+    for entry in iter_shard_files(store.objects_dir):
         with contextlib.suppress(FileNotFoundError):
             total += entry.stat(follow_symlinks=False).st_size
             objects += 1
     try:
-        tmp_files = sum(1 for _ in os.scandir(store._tmp_dir))
+        tmp_files = sum(1 for _ in os.scandir(store.tmp_dir))
     except FileNotFoundError:
         tmp_files = 0
     return StoreStats(str(store.root), entries, objects, total, store.max_bytes, tmp_files)

@@ -181,7 +181,8 @@ class RemoteTier:
         return data
 
     def objects_of(self, records: list[ActionRecord]) -> dict[str, bytes]:
-        """The objects several records name, each checked, in a round trip per OBJECT_BYTES_PER_TRIP."""
+        """The objects several records name, as their zstd frames (what the local store keeps), each
+        checked, in a round trip per OBJECT_BYTES_PER_TRIP."""
         found: dict[str, bytes] = {}
         wanted = list({r.object_sha256: r for r in records}.values())
         start = 0
@@ -192,30 +193,29 @@ class RemoteTier:
                 end += 1
             chunk = wanted[start:end]
             for record, frame in zip(chunk, self._get_many([f"obj/{r.object_sha256}" for r in chunk])):
-                blob = self._object(record, frame)
-                if blob is not None:
-                    found[record.object_sha256] = blob
+                if self._checked(record, frame):
+                    found[record.object_sha256] = frame
             start = end
         return found
 
     def object_of(self, record: ActionRecord) -> bytes | None:
-        """The object a record names, checked against its sha256 and size, or None."""
+        """The object a record names, its frame checked against its sha256 and size, or None."""
         return self.objects_of([record]).get(record.object_sha256)
 
-    def _object(self, record: ActionRecord, frame: bytes | None) -> bytes | None:
+    def _checked(self, record: ActionRecord, frame: bytes | None) -> bool:
         if frame is None:
-            return None  # evicted: a miss
+            return False  # evicted: a miss
         try:
             blob = compressed.decompress(frame, record.object_size)
         except compressed.NotAFrame as e:
             self.refuse(f"obj/{record.object_sha256}", f"not the object the record of action "
                         f"{record.action_key[:16]} names ({e})")
-            return None
+            return False
         if len(blob) != record.object_size or hashlib.sha256(blob).hexdigest() != record.object_sha256:
             self.refuse(f"obj/{record.object_sha256}", f"{len(blob)} bytes that do not hash to the sha256 "
                         f"the record of action {record.action_key[:16]} names")
-            return None
-        return blob
+            return False
+        return True
 
     # -- writing ---------------------------------------------------------------------------
 
