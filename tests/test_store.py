@@ -20,7 +20,9 @@ import zstandard
 
 from pp4.sizes import parse_size
 from pp4.store.local import PUT_STEPS, Store, default_max_bytes, default_store_dir
-from pp4.store.records import ActionRecord, CorruptObject, ObjectMissing, StoreError, decode_record
+from pp4.store.records import (
+    ActionRecord, CorruptObject, ObjectMissing, StoreError, decode_record_file, encode_record
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -72,7 +74,7 @@ def object_files(store: Store) -> list[Path]:
 
 def assert_every_record_has_its_object(store: Store) -> None:
     for path in record_files(store):
-        record = decode_record(path.read_bytes(), expected_key=path.stem)
+        record = decode_record_file(path.read_bytes(), expected_key=path.stem)
         obj = store.object_path(record.object_sha256)
         assert obj.exists(), f"{path} names missing object {obj}"
         assert hashlib.sha256(stored(obj)).hexdigest() == record.object_sha256
@@ -252,7 +254,10 @@ def test_verify_reports_and_repairs_corrupt_object(store: Store, tmp_path: Path)
 def test_flipped_byte_in_record_is_a_miss(store: Store, tmp_path: Path) -> None:
     store.put(key("a"), write_object(tmp_path / "a.o", b"a" * 100), {"command": "nvcc -c kernel.cu"})
     path = store.record_path(key("a"))
-    flip_byte(path, path.read_bytes().index(b"kernel.cu"))  # still valid JSON: only the checksum can tell
+    text = bytearray(encode_record(store.lookup(key("a"))))
+    text[text.index(b"kernel.cu")] ^= 0x01  # still valid JSON, in a valid frame: only the checksum can tell
+    path.chmod(0o644)
+    path.write_bytes(zstandard.ZstdCompressor().compress(bytes(text)))
 
     assert store.lookup(key("a")) is None
 
@@ -273,7 +278,7 @@ def test_truncated_record_is_a_miss(store: Store, tmp_path: Path) -> None:
     path.chmod(0o644)
     os.truncate(path, 40)
     assert store.lookup(key("a")) is None
-    assert "not valid JSON" in store.verify().damage[0].detail
+    assert "not a record file" in store.verify().damage[0].detail
 
 
 # ---------------------------------------------------------------- eviction

@@ -3,12 +3,11 @@ without knowing what an entry means (pp4.reuse does)."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import time
 
-from pp4.store import hashed
+from pp4.store import hashed, manifests
 from pp4.store.manifests import ManifestEntry, Manifests
 
 MKEY = "ab" + "0" * 62
@@ -20,9 +19,9 @@ def test_verify_names_a_manifest_whose_content_changed(tmp_path):
     assert m.read(MKEY) == [ManifestEntry("1" * 64, ("a" * 64,))]
     assert m.verify(repair=False) == []
     path = m.path(MKEY)
-    doc = json.loads(path.read_text())
-    doc["entries"][0]["action_key"] = "2" * 64  # still valid JSON, another action
-    path.write_text(json.dumps(doc))
+    doc = manifests.decode(path.read_bytes())
+    doc["entries"][0]["action_key"] = "2" * 64  # still a manifest, of another action
+    path.write_bytes(manifests.encode(doc))
     assert m.verify(repair=False) == [(str(path), "its content does not match its checksum", False)]
     assert path.exists()
     assert m.verify(repair=True)[0][2] is True and not path.exists()
@@ -39,10 +38,10 @@ def test_entries_are_kept_newest_last_and_filtered(tmp_path):
 def test_entries_that_are_not_entries_read_as_none(tmp_path):
     m = Manifests(tmp_path)
     m.add(MKEY, ManifestEntry("1" * 64, ["a" * 64]), keep=16, still_good=lambda e: True)
-    doc = json.loads(m.path(MKEY).read_text())
+    doc = manifests.decode(m.path(MKEY).read_bytes())
     doc["entries"] = [{"action_key": 7, "input_sets": []}, "x", {"action_key": "2" * 64, "input_sets": "a"},
                       *doc["entries"]]
-    m.path(MKEY).write_text(json.dumps(doc))
+    m.path(MKEY).write_bytes(manifests.encode(doc))
     assert m.read(MKEY) == [ManifestEntry("1" * 64, ("a" * 64,))]
 
 

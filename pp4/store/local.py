@@ -46,7 +46,7 @@ from pp4.sizes import parse_size
 from pp4.store import compressed
 from pp4.store.layout import unlink_quietly, write_all
 from pp4.store.records import (
-    ACTION_KEY_RE, ActionRecord, CorruptObject, ObjectMissing, StoreError, InvalidRecord, decode_record, encode_record
+    ACTION_KEY_RE, ActionRecord, CorruptObject, ObjectMissing, StoreError, InvalidRecord, decode_record_file, encode_record_file
 )
 
 if TYPE_CHECKING:
@@ -285,7 +285,7 @@ class Store:
         except OSError as exc:
             raise StoreError(f"cannot read action record {path}: {exc}. Check permissions, or {ANOTHER_STORE}.") from exc
         try:
-            record = decode_record(data, expected_key=action_key)
+            record = decode_record_file(data, expected_key=action_key)
         except InvalidRecord:
             return None  # never trust it; verify removes it
         if not _size_or_none(self.object_path(record.object_sha256)):
@@ -302,7 +302,7 @@ class Store:
         disputes (the object is not touched); returns it. Written whole and renamed into place, so a
         reader sees the old record or the new, each complete."""
         _require_action_key(record.action_key)
-        data = encode_record(record)
+        data = encode_record_file(record)
         staged = self._stage_bytes(data, ".json")
         try:
             with self.flock(self.lock_path, fcntl.LOCK_SH), self.store_writes("publishing an action record"):
@@ -345,7 +345,7 @@ class Store:
                 staged_object = None  # _place_object linked-and-unlinked or renamed it
                 self._pause_for_test("object-placed")
                 record = ActionRecord(action_key, sha256, size, payload, time.time(), tuple(signatures))
-                data = encode_record(record)
+                data = encode_record_file(record)
                 staged_record = self._stage_bytes(data, ".json")
                 self._pause_for_test("record-tmp-written")
                 destination = self.record_path(action_key)
@@ -469,7 +469,7 @@ class Store:
         record_path = self.record_path(record.action_key)
         with contextlib.suppress(OSError):
             try:
-                current = decode_record(record_path.read_bytes(), expected_key=record.action_key)
+                current = decode_record_file(record_path.read_bytes(), expected_key=record.action_key)
             except InvalidRecord:
                 current = None
             if current is None or current.object_sha256 == record.object_sha256:

@@ -1,7 +1,7 @@
 """The store's index from a manifest key to the entries of earlier compiles of that command, and
 the per-key locks that let the same unit of two variants compile once.
 
-    <store>/manifests/<2 hex>/<manifest key>.json   {"manifest_key", "entries", "sha256"}
+    <store>/manifests/<2 hex>/<manifest key>.json   {"manifest_key", "entries", "sha256"}, as a zstd frame
     <store>/locks/<2 hex>/<manifest key>            flock'd while a compile of that key runs
 
 The store owns these files. An entry (ManifestEntry) is {"action_key": <key of an action record>,
@@ -26,9 +26,12 @@ from typing import Callable, Iterator
 import attrs
 
 from pp4.files import canonical_json, write_whole
+from pp4.store import compressed
 
 
 MANIFEST_ENTRIES = 16  # the most recent observation sets kept per command, locally and remotely
+# The most a manifest may expand to: 16 entries of 1,400 set names each are about 1.5 MB.
+MANIFEST_LIMIT = 64 * 1024 * 1024
 
 
 @attrs.frozen
@@ -65,6 +68,17 @@ def _checksum(mkey: str, entries: list) -> str:
     return hashlib.sha256(canonical_json({"manifest_key": mkey, "entries": entries})).hexdigest()
 
 
+def encode(doc: dict) -> bytes:
+    """A manifest's file: its JSON as a zstd frame (the entries' set names are hex, half of which
+    is redundancy)."""
+    return compressed.compress(json.dumps(doc).encode(), compressed.SETS_LEVEL)
+
+
+def decode(data: bytes) -> dict:
+    """A manifest file's document; ValueError when it is not one."""
+    return json.loads(compressed.decompress(data, MANIFEST_LIMIT))
+
+
 class Manifests:
     def __init__(self, store_root: str | Path):
         self.folder = Path(store_root) / "manifests"
@@ -90,13 +104,13 @@ class Manifests:
 
     def _write(self, mkey: str, entries: list[dict]) -> None:
         doc = {"manifest_key": mkey, "entries": entries, "sha256": _checksum(mkey, entries)}
-        write_whole(self.path(mkey), json.dumps(doc))
+        write_whole(self.path(mkey), encode(doc))
 
     @staticmethod
     def _load(path: Path, mkey: str, check_sum: bool = True) -> tuple[list | None, str | None]:
         """(entries, None), or (None, what is wrong)."""
         try:
-            doc = json.loads(path.read_text())
+            doc = decode(path.read_bytes())
             entries = doc["entries"]
             if doc.get("manifest_key") != mkey or not isinstance(entries, list):
                 return None, "its manifest key or entry list is wrong"
@@ -105,7 +119,7 @@ class Manifests:
             return entries, None
         except FileNotFoundError:
             return None, "missing"
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:  # NotAFrame is a ValueError
             return None, f"unreadable ({e})"
 
     def verify(self, repair: bool) -> list[tuple[str, str, bool]]:

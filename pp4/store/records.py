@@ -11,6 +11,7 @@ from typing import Any
 import attrs
 
 from pp4.files import canonical_json
+from pp4.store import compressed
 
 RECORD_FORMAT = 2  # 2: signatures and disputes (pp4/store/signing.py); 1 reads as unsigned
 ACTION_KEY_RE = re.compile(r"[0-9a-f]{16,128}")
@@ -115,3 +116,22 @@ def decode_record(data: bytes, expected_key: str | None = None) -> ActionRecord:
     if not (isinstance(created, (int, float)) and not isinstance(created, bool)):
         raise InvalidRecord(f"bad created {created!r}")
     return ActionRecord(key, sha, size, payload, float(created), tuple(signatures), tuple(disputes))
+
+
+# The most a record file may expand to (a record names up to 1,400 sets and carries 1 MiB of warnings).
+RECORD_FILE_LIMIT = 64 * 1024 * 1024
+
+
+def encode_record_file(record: ActionRecord) -> bytes:
+    """A record as the local store keeps it: encode_record's bytes as a zstd frame (the set names in
+    its payload are hex, half of which is redundancy)."""
+    return compressed.compress(encode_record(record), compressed.SETS_LEVEL)
+
+
+def decode_record_file(data: bytes, expected_key: str | None = None) -> ActionRecord:
+    """decode_record of a record file's frame; InvalidRecord for anything not trustworthy."""
+    try:
+        text = compressed.decompress(data, RECORD_FILE_LIMIT)
+    except compressed.NotAFrame as exc:
+        raise InvalidRecord(f"not a record file ({exc})") from None
+    return decode_record(text, expected_key)

@@ -21,7 +21,7 @@ import attrs
 from pp4.store import packs
 from pp4.store.layout import SETS_FOLDER, iter_shard_files, unlink_quietly, write_all
 from pp4.store.manifests import Manifests
-from pp4.store.records import ACTION_KEY_RE, ActionRecord, StoreError, InvalidRecord, decode_record
+from pp4.store.records import ACTION_KEY_RE, ActionRecord, StoreError, InvalidRecord, decode_record_file
 from pp4.store.reports import GcResult, StoreStats
 
 if TYPE_CHECKING:
@@ -169,7 +169,7 @@ def _read_record_entry(store: Store, entry: os.DirEntry) -> ActionRecord | None:
     if key is None or not ACTION_KEY_RE.fullmatch(key) or Path(entry.path).parent.name != key[:2]:
         return None
     try:
-        return decode_record(Path(entry.path).read_bytes(), expected_key=key)
+        return decode_record_file(Path(entry.path).read_bytes(), expected_key=key)
     except (InvalidRecord, FileNotFoundError):
         return None
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Iterator
 
 from pp4.store import compressed
 from pp4.store.layout import iter_shard_files, unlink_quietly
-from pp4.store.records import ACTION_KEY_RE, SHA256_RE, ActionRecord, StoreError, InvalidRecord, decode_record
+from pp4.store.records import ACTION_KEY_RE, SHA256_RE, ActionRecord, StoreError, InvalidRecord, decode_record_file
 from pp4.store.reports import Damage, VerifyReport
 from pp4.store.usage import STALE_TMP_SECONDS, stale_tmp_entries
 
@@ -102,7 +102,7 @@ def _record_problem(
     if not (ACTION_KEY_RE.fullmatch(key) and shard == key[:2]):
         return ("stray-file", "not named <action key>.json in its <2 hex> shard"), None
     try:
-        record = decode_record(data, expected_key=key)
+        record = decode_record_file(data, expected_key=key)
     except InvalidRecord as exc:
         return ("record-invalid", str(exc)), None
     object_file = store.object_path(record.object_sha256)
