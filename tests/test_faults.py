@@ -27,6 +27,7 @@ from test_build import FIXTURE, ninja_bin, run
 from pp4.certify import audit
 from pp4.execution.root import Root
 from pp4.reuse import actionkey, observed
+from pp4.store import manifests
 from pp4.store.local import Store
 from pp4.toolchain import compilerenv
 
@@ -368,7 +369,8 @@ def _flip(path: Path, offset: int | None = None) -> None:
 
 
 def _manifest_of(store: Path, action_key: str) -> Path:
-    return next(p for p in (store / "manifests").rglob("*.json") if action_key in p.read_text())
+    return next(p for p in (store / "manifests").rglob("*.json")
+                if action_key in json.dumps(manifests.decode(p.read_bytes())))
 
 
 @pytest.mark.parametrize("where", ["object", "record", "manifest-byte", "manifest-other-action"])
@@ -381,12 +383,11 @@ def test_flipped_bytes_are_never_used(seed, tmp_path, where):
     elif where == "record":
         _flip(Store(store).record_path(scale_key))
     elif where == "manifest-byte":
+        _flip(_manifest_of(store, scale_key))  # the file is a zstd frame: it no longer reads as one
+    else:  # still a valid manifest, but the entry now names another unit's (intact) action
         m = _manifest_of(store, scale_key)
-        text = m.read_text()
-        _flip(m, text.index(scale_key) + 5)  # one hex digit of the entry's action key
-    else:  # still valid JSON, but the entry now names another unit's (intact) action
-        m = _manifest_of(store, scale_key)
-        m.write_text(m.read_text().replace(scale_key, shift_key))
+        doc = json.loads(json.dumps(manifests.decode(m.read_bytes())).replace(scale_key, shift_key))
+        m.write_bytes(manifests.encode(doc))
     report = verify(store, repair=False)
     if where == "object":
         assert report.returncode == 1

@@ -36,7 +36,7 @@ from pp4.execution.run import run
 from pp4.reuse import inputsets, observed
 from pp4.reuse.actionkey import FileHasher
 from pp4.store.local import Store
-from pp4.store.records import StoreError
+from pp4.store.records import CorruptObject, ObjectMissing, StoreError
 from pp4.toolchain.limits import Limits
 
 
@@ -219,7 +219,11 @@ class Audit:
                 self.fail(f"{obj['output']}: recompiling failed:\n{ran.stderr.decode(errors='replace')[-2000:]}")
                 continue
             out = scratch / "recompiled.o"
-            stored = self.store.object_path(record.object_sha256).read_bytes()
+            try:
+                stored = self.store.object_bytes(record)
+            except (CorruptObject, ObjectMissing) as e:
+                self.fail(f"{obj['output']}: the stored object cannot be read to compare: {e}")
+                continue
             diff = differing_bytes(stored, out.read_bytes())
             verdict = "identical, byte for byte" if not diff else f"DIFFERS at bytes {diff}"
             if diff:
