@@ -1,4 +1,4 @@
-# Sourced by the bench/h200_*.sh scripts that run on the device machine: REPO (this checkout),
+# Sourced by the bench/device/*.sh scripts that run on the device machine (bench/device/session.sh once): REPO (this checkout),
 # OUT (what comes back; /tmp/out when unset), unbuffered Python, and device_wheels.
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -9,6 +9,8 @@ export PYTHONUNBUFFERED=1
 # NINJA to the ninja binary of the ninja wheel among them. PYTHONPATH is the caller's to set
 # (/tmp/site first).
 device_wheels() {
+  # bench/device/session.sh installed every carried wheel once: nothing to do.
+  if [ "${PP4_DEVICE_READY:-}" = 1 ] && [ -x "${NINJA:-}" ]; then return 0; fi
   local wheels=() name
   for name in "$@" cryptography cffi pycparser zstandard; do wheels+=("$REPO"/.whl/"$name"-*.whl); done
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
