@@ -13,7 +13,7 @@
 # Default VARIANTS: 'triton:--backend triton|torch:--backend torch'.
 # Writes $OUT/ab.txt (each variant's median per cell, the ratio of each to the first, each one's
 # ratio to the weight-read floor, and which variants' gate digests agree in every cell) and $OUT/worker-ab.tar.gz: one folder per variant with the
-# files worker_gpu.sh writes (one archive, because the device tool returns at most 8 files).
+# files gated_session.sh writes (one archive, because the device tool returns at most 8 files).
 # Each run measures its own copy bandwidth, so each ratio to the floor stands on its own as well.
 set -u
 START=$SECONDS
