@@ -11,7 +11,7 @@
 # A PURPOSE is a script of bench/device by name (exl3_restore_latency, worker_decode_fused, ...), its
 # arguments after a colon, comma-separated (exl3_cold_vs_old:1, compile_server_exl3:served), or
 # `checks`: `pytest tests/gpu` (the GPU correctness checks; PP4_GPU_BUILD and PP4_GPU_CHECKPOINT name
-# their inputs, tests/gpu/conftest.py). Fetch the wheels here first: bash bench/device/fetch_wheels.sh.
+# their inputs, tests/gpu/gpu_inputs.py). Fetch the wheels here first: bash bench/device/fetch_wheels.sh.
 #
 # SESSION_DRY=1: no wheels installed, this machine's ninja and Python (a check of the session off
 # the device: `SESSION_DRY=1 OUT=/tmp/s bash bench/device/session.sh checks` skips every GPU test).

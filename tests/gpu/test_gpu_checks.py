@@ -1,5 +1,6 @@
 """The GPU correctness checks as tests: each skips, saying what it needs, where there is no CUDA
-device or its inputs are missing (conftest.py). What each checks is the script's own check, run in
+device or its inputs are missing (gpu_inputs.py: not a conftest.py, which would shadow tests/conftest.py
+for the modules that import from it). What each checks is the script's own check, run in
 this process; the scripts stay runnable alone for the device scripts that keep their figures."""
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from gpu_inputs import built, checkpoint, cuda  # noqa: F401  (the fixtures)
 
 HERE = Path(__file__).resolve().parent
 

@@ -1,4 +1,4 @@
-"""GPU correctness checks: what they need and why a run skips them.
+"""GPU correctness checks: what they need and why a run skips them (the fixtures of test_gpu_checks.py).
 
 `pytest tests/gpu` on the device machine runs every check whose inputs are there; on a machine
 without a CUDA device every test here skips at once, without importing torch (the CPU suite
