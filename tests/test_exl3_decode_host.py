@@ -5,7 +5,7 @@ program (tests/fixtures/exl3_decode_host) runs every warp lane's decode of each 
 weights where the lane's tensor-core fragments put them. Its output must equal the plain-torch
 decode (pp4/worker/model/exl3_reference.py), which tests/test_worker_exl3_checkpoint.py checks
 against upstream's packing, tile permutation and codebook. What stays for the GPU: the
-intrinsics themselves, the MMA, the pipeline and the transforms (bench/exl3_decode_check.py).
+intrinsics themselves, the MMA, the pipeline and the transforms (tests/gpu/exl3_decode_check.py).
 """
 import subprocess
 from pathlib import Path

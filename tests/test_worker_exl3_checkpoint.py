@@ -4,7 +4,7 @@ Oracles are upstream's own code where it runs without a GPU, read from the pinne
 its pure-torch mul1 codebook (exl3_lib/ngram_codec.py), its tile permutation (tensor_core_perm in
 exl3_lib/quantize.py) and its codebook scale constant. The trellis packing is written here as
 upstream's pack_trellis kernel (exllamav3_ext/quant/pack.cu) packs it, symbol by symbol.
-A checkpoint converted by exllamav3 itself needs a GPU: bench/h200_exl3_decode.sh makes one there.
+A checkpoint converted by exllamav3 itself needs a GPU: bench/device/exl3_decode_checks.sh makes one there.
 """
 import ast
 import importlib.util
@@ -92,7 +92,7 @@ def test_the_mul1_codebook_is_upstreams_bit_for_bit(upstream):
 def test_the_3inst_and_mcg_codebooks_have_upstreams_scale(upstream, codebook):
     """Their spread is the constant upstream scales weights to before quantizing (codebook_scale,
     fitted to 3inst; mcg's is 3e-4 wider). A weak check: a wrong multiplier could keep the spread.
-    Bit for bit against upstream's decoder these run on the GPU (bench/exl3_decode_check.py)."""
+    Bit for bit against upstream's decoder these run on the GPU (tests/gpu/exl3_decode_check.py)."""
     _, source = upstream
     scale = float(re.search(r"^codebook_scale\s*=\s*([0-9.]+)", source, re.M).group(1))
     values = exl3_reference.codebook_values(codebook).double()

@@ -6,7 +6,7 @@ make); the backend's other steps are its Triton kernels under Triton's interpret
 test is the backend's plumbing: which linear each norm transforms for, the transformed input
 reaching that linear and no other, the head's last positions, the MLP's fused path, chunks of at
 most 32 rows, and the fallback where a linear's parts differ in bit width. The kernels themselves
-are checked against the same semantics on the GPU (bench/exl3_fused_check.py).
+are checked against the same semantics on the GPU (tests/gpu/exl3_fused_check.py).
 """
 import os
 

@@ -12,7 +12,7 @@ import attrs
 import torch
 
 # Programs per launch the plan aims for: about two strips for each of an H200's 132 SMs.
-# bench/gemm_shapes.py on the H200 (revision 6): down (K 7168) is fastest at 2 splits (256
+# bench/worker/gemm_shapes.py on the H200 (revision 6): down (K 7168) is fastest at 2 splits (256
 # programs, 0.93x cuBLAS's time over 1-20 rows), qkv (K 4096) at 4 (384, 0.94x); aiming at
 # 384 put down at 4 splits, 1.33x cuBLAS at 20 rows.
 TARGET_PROGRAMS = 256
@@ -40,7 +40,7 @@ class SkinnyTiles:
 
 
 # A matrix this many columns wide (the head: 64,128 per rank) has thousands of strips without a
-# split; bench/gemm_shapes.py on the H200 (revision 6) had 64-column, 256-deep tiles at 3
+# split; bench/worker/gemm_shapes.py on the H200 (revision 6) had 64-column, 256-deep tiles at 3
 # stages fastest there over 1-4 rows (123 us, 4.27 TB/s, 0.88x cuBLAS's time).
 WIDE_N = 32768
 WIDE_TILES = SkinnyTiles(64, 256, 1, 4, 3)

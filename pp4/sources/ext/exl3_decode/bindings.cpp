@@ -39,7 +39,7 @@ int bits_of(const torch::Tensor& trellis) {
 // and, once there are blocks for one round, no more than keeps the partial sums' traffic (written
 // once, read once, fp32) within an eighth of the trellis's own bytes: the head at 20 rows loses
 // more to its partial sums than it gains from a third round, while the small matrices need their
-// splits for blocks at all. Fitted to `bench/exl3_gemm_sweep.py` on an H100 (every split of every
+// splits for blocks at all. Fitted to `bench/worker/exl3_gemm_sweep.py` on an H100 (every split of every
 // worker matrix at 1 to 20 rows).
 int choose_splits(int n_blocks, int k_tiles, int rows, int n, int64_t trellis_bytes, int requested) {
   if (requested > 0) return std::min(requested, k_tiles / 4);

@@ -58,7 +58,7 @@ constexpr int kTilesPerStage = 4;
 // exactly an A fragment of the transposed tile) and x the B operand, 8 rows an MMA: one MMA per
 // tile for up to 8 rows, where x as a 16-row A would waste half of two. x's slice of each stage is
 // copied once per block, not loaded by every warp; the copies' shared addresses are worked out
-// once and their sources move on by a step each (bench/exl3_decode_sass.py counts the loop).
+// once and their sources move on by a step each (bench/worker/exl3_decode_sass.py counts the loop).
 template <int BITS, int CB, int NB>
 __global__ __launch_bounds__(kWarps * 32) void decode_gemm_kernel(const half* __restrict__ xh,
                                                                  const uint32_t* __restrict__ trellis,
