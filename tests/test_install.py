@@ -109,7 +109,7 @@ def test_an_installed_pp4_configures_and_builds_a_spec_project_without_the_check
     assert "configure = -m pp4.configure" in text, "build.ninja's regeneration edge must re-run the module"
     assert f"{REPO}/pp4/" not in text and str(REPO / "configure.py") not in text, "build.ninja names the checkout"
     query = run([ninja_bin(), "-t", "query", "build.ninja"], work, env).stdout
-    assert str(site / "pp4" / "configure" / "__main__.py") in query, "the installed configure is no input of build.ninja"
+    assert str(site / "pp4" / "configure" / "__main__.py") in query, "the installed configure is not an input"
 
     built = run([ninja_bin()], work, env)
     assert compiled(built.stdout) == ["build/pp4_installed/obj/installed.cpp.o"], built.stdout

@@ -32,7 +32,7 @@ RULES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "build.ninja.in
 @attrs.frozen
 class BuildSettings:
     python: list[str]  # the interpreter, with PYTHONPATH when pp4 is not installed
-    configure: tuple[str, ...]  # how configure was started after the interpreter: -m pp4.configure, or configure.py's path
+    configure: tuple[str, ...]  # how configure was started, after the interpreter: -m pp4.configure, or a script
     configure_args: tuple[str, ...]
     ninja: str
     nvcc: str
