@@ -10,6 +10,8 @@ the interpreter is `started`, the module's two words or the script's path."""
 
 from __future__ import annotations
 
+import shlex
+
 MODULE = ("-m", "pp4.configure")
 
 
@@ -25,6 +27,4 @@ def name_of(started: tuple[str, ...]) -> str:
 
 def rerun_of(started: tuple[str, ...]) -> str:
     """The command line that runs this configure again, before its options."""
-    import shlex
-
     return "python " + shlex.join(started)
