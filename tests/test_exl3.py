@@ -12,7 +12,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import content_snapshot
+from conftest import REPO, content_snapshot
 
 from pp4 import paths
 from pp4.plan import modules as plan
@@ -267,7 +267,7 @@ def test_the_default_configuration_survives_a_deleted_build_folder(tmp_path, too
     from test_specs_build import ninja_bin, run
 
     # The pinned wheel comes from the shared cache (cached_wheel), as on a second configure.
-    run([sys.executable, str(paths.REPO_ROOT / "configure.py"), "--arch", "9.0", "--store", str(tmp_path / "store")],
+    run([sys.executable, str(REPO / "configure.py"), "--arch", "9.0", "--store", str(tmp_path / "store")],
         tmp_path)
     facc = tmp_path / "build" / "exl3-src" / "facc" / exl3.EXT_DIR_NAME
     assert facc.is_dir()

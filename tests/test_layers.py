@@ -130,6 +130,9 @@ def test_no_private_name_is_taken_from_another_module():
 
 
 def test_configure_py_is_a_short_script_over_its_package():
+    """configure.py and `python -m pp4.configure` (an installed pp4 has no checkout) run one main."""
     text = (REPO / "configure.py").read_text()
     assert len(text.splitlines()) < 60
-    assert "from pp4.configure.steps import main" in text
+    assert "from pp4.configure.command import main" in text
+    assert "from pp4.configure.command import main" in (REPO / "pp4" / "configure" / "__main__.py").read_text()
+    assert "steps.main" in (REPO / "pp4" / "configure" / "command.py").read_text()
