@@ -218,7 +218,7 @@ def test_extension_records(stock_root, sources_dir, toolchain):
     assert stock.cuda_flags == ("-O3", "--use_fast_math", "-Xcudafe", "--diag_suppress=177",
                                 "-Xcudafe", "--diag_suppress=20012", "--compress-mode=size")
     assert stock.ld_flags == facc.ld_flags == ()
-    extensions.validate([extensions.p2p(), stock, facc])
+    extensions.validate([extensions.from_spec(extensions.BUILTIN_SPECS["p2p"])[0], stock, facc])
     assert stock.provenance["exllamav3"] == "1.6.5" and stock.provenance["origin"] == "pinned"
     assert facc.provenance["patch"] == "pp4/sources/patches/exl3-facc.patch"
     assert facc.provenance["pybind11_internals"] == "PYBIND11_STDLIB=_pp4_exl3_facc"
@@ -387,7 +387,8 @@ def _internals_id(compiler: list[str], flags: tuple[str, ...], tmp_path: Path, s
 def test_facc_has_pybind_internals_of_its_own(stock_root, sources_dir, toolchain, tmp_path):
     """Both compilers, with each module's exact flags, expand the internals key; only facc's is its own."""
     ids = {}
-    for ext in (extensions.p2p(), exl3.exl3_extension("stock", stock_root, nvcc=toolchain.nvcc),
+    p2p = extensions.from_spec(extensions.BUILTIN_SPECS["p2p"])[0]
+    for ext in (p2p, exl3.exl3_extension("stock", stock_root, nvcc=toolchain.nvcc),
                 exl3.exl3_extension("facc", stock_root, work_dir=sources_dir, nvcc=toolchain.nvcc)):
         p = _plan(ext, toolchain, tmp_path)
         cxx = _internals_id(["c++"], p.cxx_flags, tmp_path, ".cpp")

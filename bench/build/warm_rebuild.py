@@ -4,7 +4,7 @@ the same units under ccache and under sccache.
 
     python bench/build/warm_rebuild.py [--ext p2p] [--rounds 3] [--work DIR] [--out FILE.json]
 
-The units: pp4's P2P extension (pp4/sources/ext/p2p: one .cu, one .cpp, linked against torch).
+The units: pp4's P2P extension (pp4_worker/ext/p2p: one .cu, one .cpp, linked against torch).
 Each tool builds once cold (pp4 into its own store; torch.utils.cpp_extension.load() with the
 compilers wrapped by ccache or sccache, each with its own empty cache), then ROUNDS times into a
 fresh folder, the tools alternating (pp4, ccache, sccache, pp4, ...): pp4 configures (timed apart)
@@ -39,7 +39,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))  # the checkout: pp4, and bench.common for the helpers
 from bench.common import accounting  # noqa: E402
 
-P2P = REPO / "pp4" / "sources" / "ext" / "p2p"
+P2P = REPO / "pp4_worker" / "ext" / "p2p"
 
 
 def ninja() -> str:

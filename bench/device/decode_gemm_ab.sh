@@ -10,7 +10,7 @@
 #
 # TREES: other commits' whole trees, each made here by
 #   mkdir -p .carry/NAME && git archive REV | tar -x -C .carry/NAME
-# A tree whose pp4/sources/ext/exl3_decode equals one before it (this tree first) shares that
+# A tree whose pp4_worker/ext/exl3_decode equals one before it (this tree first) shares that
 # tree's module, so a tree that changes only Python costs no build. The sweep's table is against
 # the build of the tree named base (else the first other build).
 # ORDER: the worker variants in the order they run, this tree's being "new" (default: new, the
@@ -32,10 +32,14 @@ done
 # One build per distinct set of GEMM sources: build_of[i] is tree i's build folder; builds[k] is
 # built from build_trees[k] and named build_names[k].
 build_of=() builds=() build_names=() build_trees=()
+# The GEMM's sources: pp4_worker/ext/exl3_decode, or pp4/sources/ext/exl3_decode in a tree of a commit
+# before the worker had its own package.
+decode_sources() { if [ -d "$1/pp4_worker/ext/exl3_decode" ]; then echo "$1/pp4_worker/ext/exl3_decode";
+                   else echo "$1/pp4/sources/ext/exl3_decode"; fi; }
 for i in "${!names[@]}"; do
-  src=${dirs[$i]}/pp4/sources/ext/exl3_decode
+  src=$(decode_sources "${dirs[$i]}")
   for j in $(seq 0 $((i - 1))); do
-    if diff -rq "$src" "${dirs[$j]}/pp4/sources/ext/exl3_decode" > /dev/null; then build_of[$i]=${build_of[$j]}; break; fi
+    if diff -rq "$src" "$(decode_sources "${dirs[$j]}")" > /dev/null; then build_of[$i]=${build_of[$j]}; break; fi
   done
   if [ -z "${build_of[$i]:-}" ]; then
     build_of[$i]=/tmp/ab-${names[$i]}

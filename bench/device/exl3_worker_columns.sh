@@ -23,7 +23,7 @@ cd "$REPO"
 python3 tests/gpu/exl3_worker_exactness.py --checkpoint "$TINY/exl3" --reference "$TINY/reference.safetensors" \
   --exl3-build "$BUILD" --json "$OUT/exactness.json" 2>&1 | tee "$OUT/exactness.log"
 for backend in exl3-decode exl3; do
-  python3 -m pp4.worker --backend "$backend" --exl3-build "$BUILD" --weights "$TINY/exl3" --gate-only \
+  python3 -m pp4_worker --backend "$backend" --exl3-build "$BUILD" --weights "$TINY/exl3" --gate-only \
     --context 256 --json "$OUT/gate-$backend.json" > "$OUT/gate-$backend.log" 2>&1
   echo "gate on the checkpoint, $backend: rc $?"; tail -4 "$OUT/gate-$backend.log"
 done

@@ -5,7 +5,7 @@
 # the first variant (full session: states, gate, timing, profile, re-check) and the other variants
 # after it, each gated and timed in its own process on the same machine.
 #
-#   OUT=/some/dir [MODULE=stock|facc] [VARIANTS=...] [LIMIT=seconds] bash bench/device/worker_exl3_backend.sh [extra pp4.worker arguments]
+#   OUT=/some/dir [MODULE=stock|facc] [VARIANTS=...] [LIMIT=seconds] bash bench/device/worker_exl3_backend.sh [extra pp4_worker arguments]
 #
 # A module already built in $WORK (a warm machine's earlier call) is reused. LIMIT (default 570)
 # bounds the whole script: no worker variant starts past it minus 90 s.

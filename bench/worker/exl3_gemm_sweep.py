@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: pp
 from bench.common.exl3_gemm import SHAPES, graph_time, hadamard, random_linear  # noqa: E402
 
 from pp4.certify.loader import load_target  # noqa: E402
-from pp4.worker.harness.timing import measure_copy_bandwidth  # noqa: E402
+from pp4_worker.harness.timing import measure_copy_bandwidth  # noqa: E402
 
 SPLITS = (1, 2, 3, 4, 5, 6, 8, 12, 14, 16)
 CODEBOOK = 2  # mul1, as the worker's default checkpoint

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# One GPU session of pp4.worker: capture states, gate + time every cell, then re-check the
+# One GPU session of pp4_worker: capture states, gate + time every cell, then re-check the
 # digests in a fresh process that loads the states from files.
 #
-#   OUT=/some/dir bash bench/worker/gated_session.sh [extra pp4.worker arguments]
+#   OUT=/some/dir bash bench/worker/gated_session.sh [extra pp4_worker arguments]
 #
 # Writes to $OUT (default ./worker-out): run.log, worker.json, worker.png, reference.json,
 # profile.txt, recheck.log, nvidia-smi.txt (run-failed.log if the first attempt failed).  States go to $STATES (default /tmp/pp4-worker-states):
@@ -20,7 +20,7 @@ nvidia-smi --query-gpu=name,uuid,driver_version,power.limit,power.default_limit,
 $PY -c 'import torch; print("torch", torch.__version__, "CUDA", torch.version.cuda)'
 
 run() {  # run NAME ARGS...: full gate + timing
-  $PY -m pp4.worker --capture-states "$STATES" --write-reference "$OUT/reference.json" \
+  $PY -m pp4_worker --capture-states "$STATES" --write-reference "$OUT/reference.json" \
     --json "$OUT/worker.json" --plot "$OUT/worker.png" --profile "$OUT/profile.txt" "$@" 2>&1 | tee "$OUT/run.log"
 }
 
@@ -38,7 +38,7 @@ if [ "$rc" -ne 0 ]; then
   rc=$?
 fi
 if [ "$rc" -eq 0 ]; then
-  $PY -m pp4.worker --states "$STATES" --reference "$OUT/reference.json" --gate-only "${ARGS[@]}" 2>&1 \
+  $PY -m pp4_worker --states "$STATES" --reference "$OUT/reference.json" --gate-only "${ARGS[@]}" 2>&1 \
     | tee "$OUT/recheck.log"
 fi
 exit "$rc"

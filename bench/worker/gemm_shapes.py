@@ -39,7 +39,7 @@ REPLAYS = 15
 
 
 def tile_choices(n: int, k: int):
-    from pp4.worker.kernels.skinny_gemm import WIDE_N, SkinnyTiles
+    from pp4_worker.kernels.skinny_gemm import WIDE_N, SkinnyTiles
     wide = n >= WIDE_N  # the head: thousands of column blocks already, so no splits
     for block_n, block_k, splits, warps, stages in itertools.product(
             (16, 32, 64, 128), (64, 128, 256), (1,) if wide else (1, 2, 4, 8), (4, 8), (3, 4, 5)):
@@ -55,8 +55,8 @@ def cases(shapes, rows_list):
 
 def _compile_some(batch):
     """Run each case once on a small weight: fills Triton's disk cache for the timing process."""
-    from pp4.worker.kernels import triton_kernels
-    from pp4.worker.kernels.skinny_gemm import SkinnyGemm
+    from pp4_worker.kernels import triton_kernels
+    from pp4_worker.kernels.skinny_gemm import SkinnyGemm
     gemm = SkinnyGemm(triton_kernels, torch.device("cuda"))
     failed = []
     for case in batch:
@@ -106,8 +106,8 @@ def main(argv=None) -> int:
     shapes = [known[name] for name in args.shapes.split(",")]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    from pp4.worker.kernels import triton_kernels
-    from pp4.worker.kernels.skinny_gemm import SkinnyGemm, plan
+    from pp4_worker.kernels import triton_kernels
+    from pp4_worker.kernels.skinny_gemm import SkinnyGemm, plan
 
     all_cases = list(cases(shapes, rows_list))
     # One compile per Triton specialization: cases that share it go to the same process.

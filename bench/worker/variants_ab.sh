@@ -3,7 +3,7 @@
 # the full session of bench/worker/gated_session.sh (states, gate, timing, profile, re-check in a fresh
 # process); every other variant its own states, gate and timing, on the same machine.
 #
-#   OUT=/some/dir [VARIANTS='name:args|name:args'] [DEADLINE=seconds] bash bench/worker/variants_ab.sh [extra pp4.worker arguments for all]
+#   OUT=/some/dir [VARIANTS='name:args|name:args'] [DEADLINE=seconds] bash bench/worker/variants_ab.sh [extra pp4_worker arguments for all]
 #
 # FIRST_FULL=0: the first variant runs like the others (no profile, no re-check): a shorter call.
 # TREES='name=DIR ...': the variant of that name runs the worker of the pp4 tree in DIR (another
@@ -44,6 +44,8 @@ for i in "${!LIST[@]}"; do
   else
     tree=$REPO
     for entry in ${TREES:-}; do [ "${entry%%=*}" = "$name" ] && tree=${entry#*=}; done
+    # pp4.worker, not pp4_worker: a tree of a commit before the worker had its own package has
+    # only the old name, and every later tree forwards it (pp4/worker/__main__.py).
     (cd "$tree" && PYTHONPATH="$tree${PYTHONPATH:+:$PYTHONPATH}" $PY -m pp4.worker --capture-states "/tmp/pp4-states-$name" \
       --json "$OUT/$name/worker.json" --plot "$OUT/$name/worker.png" "${vargs[@]}" "$@") 2>&1 | tee "$OUT/$name/run.log"
     rc=${PIPESTATUS[0]}

@@ -79,11 +79,8 @@ def select_extensions(args, builddir: Path, tc: toolchain.Toolchain, archs: list
     exts = []
     exl3_root = None
     for name in names:
-        if name == "p2p":
-            exts.append(extensions.p2p())
-            continue
-        if name == "exl3-decode":
-            exts.append(extensions.exl3_decode())
+        if name in extensions.BUILTIN_SPECS:  # p2p, exl3-decode: the worker's spec files
+            exts += extensions.from_spec(extensions.BUILTIN_SPECS[name])
             continue
         if exl3_root is None:
             # The pinned release is unpacked into the build tree; a checkout is used where it is.

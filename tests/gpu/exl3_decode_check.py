@@ -104,7 +104,7 @@ def check_reference(mine, path, device, out):
     results = []
     for key in sorted({k.rsplit(".", 1)[0] for k in t if k.endswith(".suh")}):
         ckpt_dir = Path(path).parent / "exl3"
-        from pp4.worker.model.exl3_checkpoint import Exl3Checkpoint
+        from pp4_worker.model.exl3_checkpoint import Exl3Checkpoint
 
         lin = Exl3Checkpoint(str(ckpt_dir)).linear(key)
         trellis, suh, svh = lin.trellis.to(device), lin.suh.to(device), lin.svh.to(device)

@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from exl3_decode_check import random_linear  # noqa: E402
 
 from pp4.certify.loader import load_target  # noqa: E402
-from pp4.worker.model.exl3_reference import hadamard128  # noqa: E402
+from pp4_worker.model.exl3_reference import hadamard128  # noqa: E402
 
 H, MLP, ROWS = 4096, 7168, (1, 4, 5, 20, 32)
 CODEBOOK = 2  # mul1

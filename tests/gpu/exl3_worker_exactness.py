@@ -27,9 +27,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from pp4.worker.model.config import Exl3Options, ModelSettings  # noqa: E402
-from pp4.worker.model.exl3_checkpoint import read_geometry  # noqa: E402
-from pp4.worker.model.model import TensorParallelDraft  # noqa: E402
+from pp4_worker.model.config import Exl3Options, ModelSettings  # noqa: E402
+from pp4_worker.model.exl3_checkpoint import read_geometry  # noqa: E402
+from pp4_worker.model.model import TensorParallelDraft  # noqa: E402
 
 
 @torch.inference_mode()

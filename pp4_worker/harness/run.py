@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 import time
 
-from pp4.worker.harness import guards
-from pp4.worker.model.config import MODES, QUANTIZED_BACKENDS, CellKey, Exl3Options, Geometry, ModelSettings
+from pp4_worker.harness import guards
+from pp4_worker.model.config import MODES, QUANTIZED_BACKENDS, CellKey, Exl3Options, Geometry, ModelSettings
 
 STATE_COUNT = 12  # synthetic, and again captured
 
@@ -36,7 +36,7 @@ def run(args, argv: list[str], checked, cache_dir: str, caches_late: bool, rss: 
          held: Held) -> int:
     """The run's phases, in order: model settings, device and GPU lock, model, states, exactness
     gate, timing.  Each phase adds its part to the JSON document."""
-    from pp4.worker.harness import report
+    from pp4_worker.harness import report
 
     geometry, batch_sizes, depths, max_rss, copy_bytes = checked
     t_start = time.monotonic()
@@ -52,6 +52,7 @@ def run(args, argv: list[str], checked, cache_dir: str, caches_late: bool, rss: 
     )
     if args.export_weights:
         return _export_weights(args, geometry)
+    # "pp4.worker": the name the reports already written (docs/worker-results/) carry, kept for their readers.
     doc: dict = {"tool": "pp4.worker", "format": 1, "argv": argv}
     gpu = _open_device(args, cache_dir, caches_late, held, max_rss)
     model, worker = _build_model(settings, gpu.device, doc)
@@ -79,7 +80,7 @@ def run(args, argv: list[str], checked, cache_dir: str, caches_late: bool, rss: 
 def _export_weights(args, geometry: Geometry) -> int:
     import torch
 
-    from pp4.worker.model.weights import TORCH_DTYPES, SyntheticSource, export_safetensors
+    from pp4_worker.model.weights import TORCH_DTYPES, SyntheticSource, export_safetensors
 
     src = SyntheticSource(geometry, args.weight_seed, TORCH_DTYPES[args.dtype], torch.device("cpu"))
     try:
@@ -101,7 +102,7 @@ def _open_device(args, cache_dir: str, caches_late: bool, held: Held, max_rss: i
     """The device, checked; on a GPU its lock taken (into held) and the pre-flight checks run."""
     import torch
 
-    from pp4.worker.harness import gpu_info
+    from pp4_worker.harness import gpu_info
 
     if args.device == "cuda" and not torch.cuda.is_available():
         raise EnvironmentProblem("--device cuda: no CUDA GPU is visible. On a CPU: --device cpu --geometry tiny "
@@ -117,7 +118,7 @@ def _open_device(args, cache_dir: str, caches_late: bool, held: Held, max_rss: i
         raise EnvironmentProblem(f"--gpu {args.gpu}: only {n_gpus} CUDA GPU(s) visible")
     device = torch.device("cuda", args.gpu) if args.device == "cuda" else torch.device("cpu")
     cuda = device.type == "cuda"
-    _say(f"pp4.worker: backend {args.backend} (attention {args.attention}, gemm {args.gemm}, pdl {args.pdl}, "
+    _say(f"pp4_worker: backend {args.backend} (attention {args.attention}, gemm {args.gemm}, pdl {args.pdl}, "
          f"upload {args.upload}), ranks colocated (2 logical TP ranks on one device, "
          f"{'side by side on two streams' if args.rank_streams == 'on' else 'one after the other'}), "
          f"device {device}, {'CUDA graphs' if cuda else 'eager (CPU: no graphs, host clock)'}")
@@ -145,9 +146,9 @@ def _open_device(args, cache_dir: str, caches_late: bool, held: Held, max_rss: i
 
 
 def _build_model(settings: ModelSettings, device, doc: dict):
-    from pp4.worker.model.backends import BackendUnavailable
-    from pp4.worker.model.draft import DraftWorker
-    from pp4.worker.model.model import TensorParallelDraft
+    from pp4_worker.model.backends import BackendUnavailable
+    from pp4_worker.model.draft import DraftWorker
+    from pp4_worker.model.model import TensorParallelDraft
 
     g = settings.geometry
     t0 = time.monotonic()
@@ -179,7 +180,7 @@ def _build_model(settings: ModelSettings, device, doc: dict):
 def _states(args, worker, model, cache_dir: str, doc: dict):
     """(captured states, all states, their digest): synthetic ones and ones captured from eager
     worker runs (loaded from --states, captured now into --capture-states, or privately)."""
-    from pp4.worker.model import states as state_io
+    from pp4_worker.model import states as state_io
 
     synthetic = state_io.synthetic_states(worker, STATE_COUNT, args.state_seed)
     captured_dir = args.states
@@ -212,8 +213,8 @@ def _gate(args, worker, model, gpu: _Device, cells, all_states, states_digest: s
           doc: dict):
     """(the runners to time, whether the exactness gate passed): graphs captured on a GPU, every
     cell checked against the eager path and, with --reference, against stored digests."""
-    from pp4.worker.harness import gate
-    from pp4.worker.model.graphs import build_runners
+    from pp4_worker.harness import gate
+    from pp4_worker.model.graphs import build_runners
 
     t0 = time.monotonic()
     eager = build_runners(worker, cells, graphs=False)
@@ -258,7 +259,7 @@ def _gate(args, worker, model, gpu: _Device, cells, all_states, states_digest: s
 
 def _time(args, worker, model, gpu: _Device, runners, cells, captured, copy_bytes: int, doc: dict):
     """Every cell timed against its weight-read floor; the diagnostics and clocks beside them."""
-    from pp4.worker.harness import gpu_info, report, timing
+    from pp4_worker.harness import gpu_info, report, timing
 
     device, cuda, uuid, clocks_before = gpu.device, gpu.cuda, gpu.uuid, gpu.clocks_before
     wbytes = model.weight_bytes_per_pass()
@@ -291,7 +292,7 @@ def _time(args, worker, model, gpu: _Device, runners, cells, captured, copy_byte
     # After the timing, never before: the profiler (CUPTI) leaves the process with slower launches;
     # a profiled process timed up to 4% slower on the H200 (docs/worker.md, Timing).
     if args.profile and cuda:
-        from pp4.worker.harness import profiling
+        from pp4_worker.harness import profiling
 
         wanted = [c for c in cells if c.name in ("B1-D4-greedy", "B4-D4-greedy", "B4-D4-sampled", "B4-D4-switch")]
         try:
@@ -329,7 +330,7 @@ def _time(args, worker, model, gpu: _Device, runners, cells, captured, copy_byte
 
 
 def _finish(args, doc: dict, rss: guards.RssGuard, timings) -> None:
-    from pp4.worker.harness import report
+    from pp4_worker.harness import report
 
     doc.setdefault("guards", {})["peak_rss_bytes"] = rss.peak
     if args.json:
@@ -337,7 +338,7 @@ def _finish(args, doc: dict, rss: guards.RssGuard, timings) -> None:
         _say(f"JSON written to {args.json}")
     if args.plot:
         if timings:
-            title = f"pp4.worker {doc.get('backend')} on {doc.get('gate', {}).get('runtime', {}).get('gpu')}"
+            title = f"pp4_worker {doc.get('backend')} on {doc.get('gate', {}).get('runtime', {}).get('gpu')}"
             _say(report.write_plot(args.plot, timings, title))
         else:
             _say("plot skipped: no timing in this run")

@@ -1,6 +1,6 @@
 """EXL3-quantized linears as the EXL3 backends hold them, and their synthetic weights.
 
-Exl3Linear and Exl3Group hold a checkpoint's linears too (pp4/worker/model/exl3_checkpoint.py).
+Exl3Linear and Exl3Group hold a checkpoint's linears too (pp4_worker/model/exl3_checkpoint.py).
 An EXL3 linear of K inputs and N outputs is held as exllamav3 holds it:
 
 * ``trellis`` int16 [K/16, N/16, 16*bits]: one 16x16 tile per (k, n) tile pair, ``bits``
@@ -29,8 +29,8 @@ import math
 import attrs
 import torch
 
-from pp4.worker.model import hashing
-from pp4.worker.model.config import EXL3_BITS as BITS
+from pp4_worker.model import hashing
+from pp4_worker.model.config import EXL3_BITS as BITS
 
 TILE = 16
 HADAMARD = 128

@@ -13,11 +13,11 @@ import math
 import attrs
 import torch
 
-from pp4.worker.model import exl3, exl3_checkpoint, sampling
-from pp4.worker.model.backends import TorchBackend
-from pp4.worker.model.factory import make_backend
-from pp4.worker.model.config import DEPTHS, MAX_BATCH, QUERY_BLOCK, TP_RANKS, Geometry, ModelSettings
-from pp4.worker.model.weights import TORCH_DTYPES, RankWeights, SafetensorsSource, SyntheticSource, shard_weights
+from pp4_worker.model import exl3, exl3_checkpoint, sampling
+from pp4_worker.model.backends import TorchBackend
+from pp4_worker.model.factory import make_backend
+from pp4_worker.model.config import DEPTHS, MAX_BATCH, QUERY_BLOCK, TP_RANKS, Geometry, ModelSettings
+from pp4_worker.model.weights import TORCH_DTYPES, RankWeights, SafetensorsSource, SyntheticSource, shard_weights
 
 
 # ============================================================================ per-call geometry

@@ -21,9 +21,9 @@ import os
 
 import torch
 
-from pp4.worker.model import safetensors_dir
-from pp4.worker.model.config import TP_RANKS, Geometry
-from pp4.worker.model.exl3 import HADAMARD, TILE, Exl3Group, Exl3Linear
+from pp4_worker.model import safetensors_dir
+from pp4_worker.model.config import TP_RANKS, Geometry
+from pp4_worker.model.exl3 import HADAMARD, TILE, Exl3Group, Exl3Linear
 
 CODEBOOKS = {"3inst": 0, "mcg": 1, "mul1": 2}
 
@@ -167,7 +167,7 @@ def single(t: QuantizedTensor, device) -> Exl3Linear:
 
 def shard_checkpoint(ckpt: Exl3Checkpoint, g: Geometry, rank: int, dtype, device):
     """Rank ``rank``'s RankWeights from the checkpoint (16-bit tensors in ``dtype``)."""
-    from pp4.worker.model.weights import LayerShard, RankWeights, vocab_shard
+    from pp4_worker.model.weights import LayerShard, RankWeights, vocab_shard
 
     hq, hkv, d, m, vs, H = g.rank_heads, g.rank_kv_heads, g.head_dim, g.rank_mlp, g.rank_vocab, g.hidden
 

@@ -15,9 +15,9 @@ import time
 import attrs
 import torch
 
-from pp4.worker.model import sampling
-from pp4.worker.model.config import QUERY_BLOCK, CellKey
-from pp4.worker.model.draft import DraftWorker, StaticInputs
+from pp4_worker.model import sampling
+from pp4_worker.model.config import QUERY_BLOCK, CellKey
+from pp4_worker.model.draft import DraftWorker, StaticInputs
 
 
 @attrs.define

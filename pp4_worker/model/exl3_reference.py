@@ -16,7 +16,7 @@ import functools
 
 import torch
 
-from pp4.worker.model.exl3 import HADAMARD, TILE, Exl3Group
+from pp4_worker.model.exl3 import HADAMARD, TILE, Exl3Group
 
 MASK32 = 0xFFFFFFFF
 

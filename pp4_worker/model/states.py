@@ -21,10 +21,11 @@ import os
 import attrs
 import torch
 
-from pp4.worker.model import hashing
-from pp4.worker.model.config import GREEDY, QUERY_BLOCK, SAMPLED, CellKey
-from pp4.worker.model.draft import CellOutputs, DraftWorker, run_prefill
+from pp4_worker.model import hashing
+from pp4_worker.model.config import GREEDY, QUERY_BLOCK, SAMPLED, CellKey
+from pp4_worker.model.draft import CellOutputs, DraftWorker, run_prefill
 
+# The format keeps the name it had before the package became pp4_worker: saved states still load.
 STATE_FORMAT = "pp4.worker.states/1"
 CAPTURE_CALLS = 3
 

@@ -1,27 +1,42 @@
-"""``python -m pp4.worker``: guards, build, exactness gate, then timing and reports.
+"""``python -m pp4_worker``: guards, build, exactness gate, then timing and reports.
 
-torch is imported only inside ``run.run`` (pp4/worker/harness/run.py), after the private cache
+torch is imported only inside ``run.run`` (pp4_worker/harness/run.py), after the private cache
 directories are in the environment.
 """
 from __future__ import annotations
 
 import argparse
+import re
 import shutil
 import sys
 import warnings
 
-from pp4 import interrupt
-from pp4.sizes import parse_size
-from pp4.worker.harness import guards
-from pp4.worker.harness.run import EnvironmentProblem, Held, run
-from pp4.worker.model.config import (
+from pp4_worker.harness import guards
+from pp4_worker.harness.run import EnvironmentProblem, Held, run
+from pp4_worker.model.config import (
     BACKENDS, BATCH_SIZES, DEFAULT_ATTENTION, DEFAULT_GEMM, DEFAULT_GEOMETRY, DEPTHS, DTYPES, EXL3_BITS,
     QUANTIZED_BACKENDS, TINY_GEOMETRY, Exl3Options, Geometry, ModelSettings
 )
 
 
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports it and as pp4's own commands end
+# The worker reads sizes as pp4.sizes does, with its own few lines: it needs pp4 only through the
+# loader and the pin (tests/test_layers.py).
+_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmgtp]?)(?:i?b)?\s*", re.IGNORECASE)
+
+
 class UsageError(Exception):
     pass
+
+
+def parse_size(text: str) -> int:
+    """Bytes from "48G", "512M", "1.5GiB" or "1048576" (powers of 1024); exact for whole numbers."""
+    match = _SIZE.fullmatch(str(text))
+    if not match:
+        raise ValueError(f"not a size: {text!r} (use a byte count or a number with K, M, G, T or P, e.g. 48G)")
+    number, unit = match.groups()
+    scale = 1024 ** ("KMGTP".index(unit.upper()) + 1) if unit else 1
+    return int(float(number) * scale) if "." in number else int(number) * scale
 
 
 def _int_list(text: str, flag: str) -> list[int]:
@@ -36,7 +51,7 @@ def _int_list(text: str, flag: str) -> list[int]:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m pp4.worker",
+        prog="python -m pp4_worker",
         description="Time one whole TP2 speculative-decoding draft-worker call per cell on one GPU, "
                     "after an exactness gate.",
     )
@@ -206,7 +221,7 @@ def validate(args) -> tuple[Geometry, list[int], list[int], int, int]:
     if args.exl3_fuse != "on" and args.backend != "exl3-decode":
         raise UsageError("--exl3-fuse needs --backend exl3-decode (the fused kernels are pp4's decode GEMM's)")
     if args.weights and args.backend in QUANTIZED_BACKENDS:
-        from pp4.worker.model import exl3_checkpoint
+        from pp4_worker.model import exl3_checkpoint
 
         try:
             geometry = exl3_checkpoint.read_geometry(args.weights)
@@ -229,8 +244,17 @@ def validate(args) -> tuple[Geometry, list[int], list[int], int, int]:
     return geometry, batch_sizes, depths, max_rss, copy_bytes
 
 
-@interrupt.command("pp4.worker")
 def main(argv: list[str] | None = None) -> int:
+    """Ctrl-C ends the run with one line and 130, no traceback; the `finally` blocks below still
+    release the GPU lock and remove the private caches on the way out."""
+    try:
+        return run_command(argv)
+    except KeyboardInterrupt:
+        print("pp4_worker: interrupted", file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
+
+
+def run_command(argv: list[str] | None) -> int:
     # torch warns at import when NumPy is missing or built for another ABI; the worker never uses NumPy.
     warnings.filterwarnings("ignore", message=r"Failed to initiali[sz]e NumPy", category=UserWarning)
     parser = build_parser()
@@ -238,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         checked = validate(args)
     except UsageError as exc:
-        parser.error(str(exc))  # exits 2 with "python -m pp4.worker: error: <message>"
+        parser.error(str(exc))  # exits 2 with "python -m pp4_worker: error: <message>"
     cache_dir, created = guards.setup_private_caches(args.cache_dir)
     late = guards.caches_were_late()
     rss = guards.RssGuard(checked[3])
@@ -247,10 +271,10 @@ def main(argv: list[str] | None = None) -> int:
         rss.start()  # inside the try: a trip at any point after this is handled below
         return run(args, list(sys.argv[1:] if argv is None else argv), checked, cache_dir, late, rss, held)
     except guards.GuardError as exc:  # includes RssLimitExceeded (exit 3)
-        print(f"pp4.worker: {exc}", file=sys.stderr, flush=True)
+        print(f"pp4_worker: {exc}", file=sys.stderr, flush=True)
         return exc.exit_code
     except EnvironmentProblem as exc:
-        print(f"pp4.worker: {exc}", file=sys.stderr, flush=True)
+        print(f"pp4_worker: {exc}", file=sys.stderr, flush=True)
         return guards.EXIT_ENVIRONMENT
     finally:
         rss.stop()

@@ -24,11 +24,12 @@ import json
 import attrs
 import torch
 
-from pp4.worker.model import sampling
-from pp4.worker.model.config import GREEDY, SAMPLED, SWITCH, CellKey
-from pp4.worker.model.draft import CellOutputs, DraftWorker
-from pp4.worker.model.hashing import tensor_bytes
+from pp4_worker.model import sampling
+from pp4_worker.model.config import GREEDY, SAMPLED, SWITCH, CellKey
+from pp4_worker.model.draft import CellOutputs, DraftWorker
+from pp4_worker.model.hashing import tensor_bytes
 
+# The format keeps the name it had before the package became pp4_worker: references already written still check.
 REFERENCE_FORMAT = "pp4.worker.reference/1"
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import attrs
 import torch
 
-from pp4.worker.model.backends import EXL3_NEEDS_CUDA, BackendUnavailable, TritonBackend, unfused_residual_norm
-from pp4.worker.model.exl3 import Exl3Group, Exl3Linear
+from pp4_worker.model.backends import EXL3_NEEDS_CUDA, BackendUnavailable, TritonBackend, unfused_residual_norm
+from pp4_worker.model.exl3 import Exl3Group, Exl3Linear
 
 
 class QuantizedLinears:
@@ -35,7 +35,7 @@ class QuantizedLinears:
 class Exl3Backend(QuantizedLinears, TritonBackend):
     """EXL3's kernels from a pp4-built ``exllamav3_ext`` (stock or facc) where it has them:
 
-    * every linear, the head included, is an EXL3-quantized matrix (pp4/worker/model/exl3.py) run by
+    * every linear, the head included, is an EXL3-quantized matrix (pp4_worker/model/exl3.py) run by
       ``exl3_gemm`` (its GEMV kernel for up to 8 rows at 4 bits, its cooperative GEMM otherwise),
       fp32 output for the head;
     * every rms norm is ``rms_norm``, after the all-reduce and residual add (two torch adds);
@@ -160,7 +160,7 @@ class Transformed:
 
 class Exl3DecodeBackend(QuantizedLinears, TritonBackend):
     """EXL3-quantized linears through pp4's own decode GEMM (the ``exl3-decode`` module pp4 builds:
-    pp4/sources/ext/exl3_decode), every other step the triton backend's.
+    pp4_worker/ext/exl3_decode), every other step the triton backend's.
 
     The GEMM decodes the trellis as EXL3 does, straight into tensor-core fragments, and
     accumulates in fp32: one input transform per part, one pass over the weights, then the

@@ -145,7 +145,7 @@ class Preflight:
 
 
 def preflight(uuid: str, expect_power_w: float | None, own_pid: int) -> Preflight:
-    from pp4.worker.harness import gpu_info
+    from pp4_worker.harness import gpu_info
 
     snap = gpu_info.snapshot(uuid)
     procs = gpu_info.compute_processes(uuid)
@@ -245,7 +245,7 @@ class RssGuard:
                     # blocked in sleep or I/O; the handler raises there.
                     signal.pthread_kill(threading.main_thread().ident, signal.SIGUSR1)
                     if not self._stop.wait(self.grace):
-                        sys.stderr.write(f"pp4.worker: {self.message} (hard exit)\n")
+                        sys.stderr.write(f"pp4_worker: {self.message} (hard exit)\n")
                         sys.stderr.flush()
                         os._exit(EXIT_RSS)
                 return

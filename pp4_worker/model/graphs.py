@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import torch
 
-from pp4.worker.model.config import CellKey
-from pp4.worker.model.draft import CellOutputs, DraftWorker
+from pp4_worker.model.config import CellKey
+from pp4_worker.model.draft import CellOutputs, DraftWorker
 
 
 class EagerRunner:

@@ -11,10 +11,10 @@ import os
 import torch
 import torch.nn.functional as F
 
-from pp4.worker.kernels import skinny_gemm
-from pp4.worker.kernels.skinny_gemm import SkinnyGemm
-from pp4.worker.model import sampling
-from pp4.worker.model.config import DEFAULT_ATTENTION, DEFAULT_GEMM, GREEDY, SAMPLED, SWITCH
+from pp4_worker.kernels import skinny_gemm
+from pp4_worker.kernels.skinny_gemm import SkinnyGemm
+from pp4_worker.model import sampling
+from pp4_worker.model.config import DEFAULT_ATTENTION, DEFAULT_GEMM, GREEDY, SAMPLED, SWITCH
 
 EXL3_NEEDS_CUDA = "--backend exl3 runs EXL3's CUDA kernels: it needs --device cuda"
 
@@ -42,7 +42,7 @@ class TorchBackend:
     reads_position_tables = True
     # Whether a step needs each row's first position as a packed int32 [B] (EXL3's rope).
     reads_start_positions = False
-    # Whether the linears are EXL3-quantized (pp4/worker/model/exl3.py) rather than 16-bit matrices.
+    # Whether the linears are EXL3-quantized (pp4_worker/model/exl3.py) rather than 16-bit matrices.
     quantized = False
     # Whether two ranks' steps may run at once on two streams (--rank-streams): nothing a kernel
     # keeps between launches is shared by the ranks.
@@ -206,7 +206,7 @@ class TorchBackend:
 
 class TritonBackend(TorchBackend):
     """cuBLAS GEMMs and attention as in the torch backend; every small step between them
-    fused into Triton kernels (pp4/worker/kernels/triton_kernels.py): embedding gather, all-reduce
+    fused into Triton kernels (pp4_worker/kernels/triton_kernels.py): embedding gather, all-reduce
     + residual add + rms norm, rope + K/V write + query fold, head unfold, silu*mul, and
     the Gumbel noise, the head's per-chunk statistics and cross-rank merge.
 
@@ -224,7 +224,7 @@ class TritonBackend(TorchBackend):
 
     # --gemm triton: matrices up to this size with a long enough K (qkv and down of the default
     # geometry, which cuBLAS runs with a split-K reduce kernel after them) go through
-    # pp4/worker/kernels/skinny_gemm.py; gate_up (117 MB) measured even with cuBLAS and stays there.
+    # pp4_worker/kernels/skinny_gemm.py; gate_up (117 MB) measured even with cuBLAS and stays there.
     # The head (fp32 logits) goes through it at any size: its tiles took 0.82-0.91x cuBLAS's time.
     SKINNY_MAX_BYTES = 64 << 20
     GEMMS = ("cublas", "triton")
@@ -235,7 +235,7 @@ class TritonBackend(TorchBackend):
             raise BackendUnavailable("--backend triton needs a CUDA device (or TRITON_INTERPRET=1 on a CPU, "
                                      "tests only: the interpreter is very slow)")
         try:
-            from pp4.worker.kernels import triton_kernels
+            from pp4_worker.kernels import triton_kernels
         except ImportError as exc:
             raise BackendUnavailable(f"--backend triton needs the triton package ({exc}); "
                                      "pip install triton, or use --backend torch") from exc

@@ -18,8 +18,8 @@ import math
 
 import attrs
 
-from pp4.worker.model import hashing
-from pp4.worker.model.config import GREEDY, SAMPLED, SWITCH
+from pp4_worker.model import hashing
+from pp4_worker.model.config import GREEDY, SAMPLED, SWITCH
 
 
 # ---------------------------------------------------------------------------- masks

@@ -10,7 +10,7 @@ QUERY_BLOCK = 5
 DEPTHS = (4, 5)
 MAX_BATCH = 4
 BACKENDS = ("torch", "triton", "exl3", "exl3-decode")
-QUANTIZED_BACKENDS = ("exl3", "exl3-decode")  # EXL3-quantized linears: upstream's kernels, pp4's decode GEMM  # kernel sets: pp4/worker/model/backends.py
+QUANTIZED_BACKENDS = ("exl3", "exl3-decode")  # EXL3-quantized linears: upstream's kernels, pp4's decode GEMM  # kernel sets: pp4_worker/model/backends.py
 # Each backend's attention and GEMM when none is named.  The command line, ModelSettings and
 # make_backend all read these, so a worker built from code runs what the command line runs.
 DEFAULT_ATTENTION = {"torch": "gemm", "triton": "fused", "exl3": "fused", "exl3-decode": "fused"}
@@ -166,7 +166,7 @@ class ModelSettings:
     # Chunks each vocabulary shard's row is reduced in (None: automatic; 1: one block per row).
     head_chunks: int | None = None
     # "cublas": every linear through torch.mm; "triton" (triton backend only): the smaller
-    # matrices through a skinny-GEMM Triton kernel (pp4/worker/model/backends.py says which).
+    # matrices through a skinny-GEMM Triton kernel (pp4_worker/model/backends.py says which).
     # None: the backend's DEFAULT_GEMM.
     gemm: str | None = None
     exl3: Exl3Options | None = None

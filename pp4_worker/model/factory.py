@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import torch
 
-from pp4.worker.model import exl3_backends
-from pp4.worker.model.backends import EXL3_NEEDS_CUDA, BackendUnavailable, TorchBackend, TritonBackend
-from pp4.worker.model.config import DEFAULT_ATTENTION, DEFAULT_GEMM
+from pp4_worker.model import exl3_backends
+from pp4_worker.model.backends import EXL3_NEEDS_CUDA, BackendUnavailable, TorchBackend, TritonBackend
+from pp4_worker.model.config import DEFAULT_ATTENTION, DEFAULT_GEMM
 
 
 def make_backend(name: str, device: torch.device, attention: str | None = None, gemm: str | None = None,
                  exl3=None, pdl: bool = False) -> TorchBackend:
-    """exl3: the Exl3Options of --backend exl3 (pp4/worker/model/config.py); attention and gemm
+    """exl3: the Exl3Options of --backend exl3 (pp4_worker/model/config.py); attention and gemm
     None: the backend's defaults (DEFAULT_ATTENTION, DEFAULT_GEMM)."""
     attention = attention or DEFAULT_ATTENTION.get(name, "gemm")
     gemm = gemm or DEFAULT_GEMM.get(name, "cublas")

@@ -19,8 +19,8 @@ import os
 import attrs
 import torch
 
-from pp4.worker.model import hashing, safetensors_dir, sampling
-from pp4.worker.model.config import Geometry
+from pp4_worker.model import hashing, safetensors_dir, sampling
+from pp4_worker.model.config import Geometry
 
 TORCH_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 

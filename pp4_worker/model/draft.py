@@ -24,8 +24,8 @@ import contextlib
 import attrs
 import torch
 
-from pp4.worker.model.config import MAX_BATCH, QUERY_BLOCK, SAMPLED, SWITCH, CellKey
-from pp4.worker.model.model import TensorParallelDraft
+from pp4_worker.model.config import MAX_BATCH, QUERY_BLOCK, SAMPLED, SWITCH, CellKey
+from pp4_worker.model.model import TensorParallelDraft
 
 
 @attrs.define
