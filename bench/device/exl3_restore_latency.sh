@@ -79,4 +79,10 @@ print(f"checkout 2: {len(o2)} objects ({tiers}), {same} of {len(o1)} byte-identi
       f"{mods_same} of {len(m1)}, restored: {[l.get('tier') if l else None for l in linked]}")
 print(f"Redis: {len(keys)} keys, {size / 1e6:.1f} MB for {stored} stored objects and modules "
       f"({len(keys) / stored:.2f} keys each)")
+store = Path("/tmp/l1/store")
+parts = {d: sum(p.lstat().st_blocks * 512 for p in (store / d).rglob("*") if p.is_file())
+         for d in ("objects", "setpacks", "actions", "manifests")}
+content = sum(o["object_size"] for o in o1.values()) + sum((Path("/tmp/l1") / k).stat().st_size for k in m1)
+print(f"checkout 1's local store: {sum(parts.values()) / 1e6:.1f} MB on disk ({', '.join(f'{k} {v / 1e6:.1f}' for k, v in parts.items())}) "
+      f"for {content / 1e6:.1f} MB of objects and modules")
 PY
