@@ -5,9 +5,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-# pp4 runs from its checkout (pip install -e .): the locks in toolchain/ live beside the package.
-REPO_ROOT = Path(__file__).resolve().parent.parent
-LOCK_DIR = REPO_ROOT / "toolchain"
+# pp4's own files, wherever it is: a checkout (pip install -e .) or an installed wheel, which holds
+# the package and nothing beside it. Everything pp4 reads at run time lives under here.
+PACKAGE_DIR = Path(__file__).resolve().parent
+# The locks: compiler wheels per CUDA release, the exllamav3 release (package data, pyproject.toml).
+LOCK_DIR = PACKAGE_DIR / "locks"
 
 # What an extension tree's sources and headers are named: what a pin hashes and a cluster node is sent.
 SOURCE_SUFFIXES = {".c", ".cc", ".cpp", ".cxx", ".cu", ".cuh", ".h", ".hh", ".hpp", ".hxx", ".inl", ".inc"}

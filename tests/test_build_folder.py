@@ -23,7 +23,7 @@ def test_a_build_folder_of_another_format_is_refused_with_what_to_do(tmp_path, t
         proc = subprocess.run(cmd, cwd=work, capture_output=True, text=True)
         said = proc.stdout + proc.stderr
         assert proc.returncode != 0, said
-        assert "written by another version of pp4 (format 1" in said and "python configure.py" in said, said
+        assert "written by another version of pp4 (format 1" in said and "python -m pp4.configure" in said, said
         assert "Traceback" not in said, said
 
 

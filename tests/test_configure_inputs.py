@@ -49,3 +49,28 @@ def test_every_module_configure_imported_is_an_input_of_build_ninja(tmp_path, to
         os.utime(module, ns=(saved.st_atime_ns, saved.st_mtime_ns))
     assert "CONFIGURE" in explain.stdout, explain.stdout + explain.stderr
 
+
+
+def test_the_worker_s_spec_files_are_inputs_of_build_ninja(tmp_path, toolchain):
+    """`--ext p2p --ext exl3-decode` read the worker's spec files (pp4_worker/specs/): an edit to
+    either, a flag or a source, must re-run configure as an edit to a module of pp4 does."""
+    work = tmp_path / "work"
+    work.mkdir()
+    proc = subprocess.run([sys.executable, str(REPO / "configure.py"), "--arch", "9.0", "--ext", "p2p",
+                           "--ext", "exl3-decode", "--store", str(tmp_path / "store")],
+                          cwd=work, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    query = subprocess.run([ninja_bin(), "-t", "query", "build.ninja"], cwd=work, capture_output=True, text=True)
+    inputs = {ln.strip().lstrip("| ").strip() for ln in query.stdout.splitlines()}
+    specs = [REPO / "pp4_worker" / "specs" / name for name in ("p2p.toml", "exl3-decode.toml")]
+    assert {str(s) for s in specs} <= inputs, sorted(i for i in inputs if i.endswith(".toml"))
+
+    later = os.stat(work / "build.ninja").st_mtime + 5
+    saved = os.stat(specs[0])
+    try:
+        os.utime(specs[0], (later, later))
+        explain = subprocess.run([ninja_bin(), "-n", "-d", "explain", "build.ninja"], cwd=work, capture_output=True,
+                                 text=True)
+    finally:
+        os.utime(specs[0], ns=(saved.st_atime_ns, saved.st_mtime_ns))
+    assert "CONFIGURE" in explain.stdout, explain.stdout + explain.stderr

@@ -12,7 +12,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import content_snapshot
+from conftest import REPO, content_snapshot
 
 from pp4 import paths
 from pp4.plan import modules as plan
@@ -218,7 +218,7 @@ def test_extension_records(stock_root, sources_dir, toolchain):
     assert stock.cuda_flags == ("-O3", "--use_fast_math", "-Xcudafe", "--diag_suppress=177",
                                 "-Xcudafe", "--diag_suppress=20012", "--compress-mode=size")
     assert stock.ld_flags == facc.ld_flags == ()
-    extensions.validate([extensions.p2p(), stock, facc])
+    extensions.validate([extensions.from_spec(extensions.BUILTIN_SPECS["p2p"])[0], stock, facc])
     assert stock.provenance["exllamav3"] == "1.6.5" and stock.provenance["origin"] == "pinned"
     assert facc.provenance["patch"] == "pp4/sources/patches/exl3-facc.patch"
     assert facc.provenance["pybind11_internals"] == "PYBIND11_STDLIB=_pp4_exl3_facc"
@@ -267,7 +267,7 @@ def test_the_default_configuration_survives_a_deleted_build_folder(tmp_path, too
     from test_specs_build import ninja_bin, run
 
     # The pinned wheel comes from the shared cache (cached_wheel), as on a second configure.
-    run([sys.executable, str(paths.REPO_ROOT / "configure.py"), "--arch", "9.0", "--store", str(tmp_path / "store")],
+    run([sys.executable, str(REPO / "configure.py"), "--arch", "9.0", "--store", str(tmp_path / "store")],
         tmp_path)
     facc = tmp_path / "build" / "exl3-src" / "facc" / exl3.EXT_DIR_NAME
     assert facc.is_dir()
@@ -387,7 +387,8 @@ def _internals_id(compiler: list[str], flags: tuple[str, ...], tmp_path: Path, s
 def test_facc_has_pybind_internals_of_its_own(stock_root, sources_dir, toolchain, tmp_path):
     """Both compilers, with each module's exact flags, expand the internals key; only facc's is its own."""
     ids = {}
-    for ext in (extensions.p2p(), exl3.exl3_extension("stock", stock_root, nvcc=toolchain.nvcc),
+    p2p = extensions.from_spec(extensions.BUILTIN_SPECS["p2p"])[0]
+    for ext in (p2p, exl3.exl3_extension("stock", stock_root, nvcc=toolchain.nvcc),
                 exl3.exl3_extension("facc", stock_root, work_dir=sources_dir, nvcc=toolchain.nvcc)):
         p = _plan(ext, toolchain, tmp_path)
         cxx = _internals_id(["c++"], p.cxx_flags, tmp_path, ".cpp")

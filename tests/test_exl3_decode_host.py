@@ -3,9 +3,9 @@
 decode.cuh's functions compile for the host too, with the intrinsics spelled out in C++; a small
 program (tests/fixtures/exl3_decode_host) runs every warp lane's decode of each tile and writes the
 weights where the lane's tensor-core fragments put them. Its output must equal the plain-torch
-decode (pp4/worker/model/exl3_reference.py), which tests/test_worker_exl3_checkpoint.py checks
+decode (pp4_worker/model/exl3_reference.py), which tests/test_worker_exl3_checkpoint.py checks
 against upstream's packing, tile permutation and codebook. What stays for the GPU: the
-intrinsics themselves, the MMA, the pipeline and the transforms (bench/exl3_decode_check.py).
+intrinsics themselves, the MMA, the pipeline and the transforms (tests/gpu/exl3_decode_check.py).
 """
 import subprocess
 from pathlib import Path
@@ -14,10 +14,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from pp4.worker.model import exl3_reference  # noqa: E402
+from pp4_worker.model import exl3_reference  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-HEADERS = ROOT / "pp4" / "sources" / "ext" / "exl3_decode"
+HEADERS = ROOT / "pp4_worker" / "ext" / "exl3_decode"
 HARNESS = Path(__file__).parent / "fixtures" / "exl3_decode_host" / "decode_host.cu"
 
 

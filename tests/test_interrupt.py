@@ -42,10 +42,10 @@ def test_the_worker_stops_with_one_line_and_removes_its_private_caches(tmp_path)
     out = tmp_path / "out.txt"
     with open(out, "w") as f:
         # The default geometry on a CPU: building its weights takes a minute, so SIGINT lands mid-build.
-        proc = subprocess.Popen([sys.executable, "-m", "pp4.worker", "--device", "cpu"], stdout=f,
+        proc = subprocess.Popen([sys.executable, "-m", "pp4_worker", "--device", "cpu"], stdout=f,
                                 stderr=subprocess.PIPE, text=True, cwd=tmp_path, preexec_fn=as_from_a_terminal)
         rc, err = interrupt_when(proc, lambda: "private caches:" in out.read_text())
-    assert rc == 130 and err.strip().splitlines()[-1] == "pp4.worker: interrupted" and "Traceback" not in err, err
+    assert rc == 130 and err.strip().splitlines()[-1] == "pp4_worker: interrupted" and "Traceback" not in err, err
     cache = out.read_text().split("private caches: ")[1].split()[0]
     assert not Path(cache).exists()
 

@@ -85,7 +85,7 @@ def test_flags_match_torch_cpp_extension(tmp_path, toolchain):
     # The dependency-file difference: torch's C++ rule uses -MMD, which leaves -isystem headers out.
     assert "-MMD" in theirs["rules"]["compile"]
     assert "-MD " in theirs["rules"]["cuda_compile"]
-    rules = (REPO / "build.ninja.in").read_text()
+    rules = (REPO / "pp4" / "plan" / "build.ninja.in").read_text()
     commands = [ln for ln in rules.splitlines() if ln.strip().startswith("command =")]
     assert any("$cxx -MD -MF $out.d" in c for c in commands) and any("$nvcc -MD -MF $out.d" in c for c in commands)
     assert not any("-MMD" in c for c in commands)

@@ -13,7 +13,7 @@ from conftest import REPO
 
 from pp4.plan import modules as plan
 from pp4.plan.torchflags import torch_build_flags
-from pp4.sources.extensions import ExtensionError, from_spec, validate
+from pp4.sources.extensions import BUILTIN_SPECS, ExtensionError, from_spec, validate
 
 TWO = REPO / "tests" / "fixtures" / "twomodules"
 
@@ -35,6 +35,27 @@ def test_two_modules_in_one_spec_with_every_field():
     assert answer.undef_macros == ("DROPPED",)
     assert (other.module, other.kind) == ("pp4_other", "cpp")  # no .cu source: a CppExtension
     validate([answer, other])
+
+
+@pytest.mark.parametrize("name, module, sources, cuda_flags", [
+    ("p2p", "pp4_p2p", ("p2p.cu", "bindings.cpp"), ("-O2",)),
+    ("exl3-decode", "pp4_exl3_decode", ("gemm_mul1.cu", "gemm_3inst.cu", "gemm_mcg.cu", "ops.cu", "bindings.cpp"),
+     ("-O3", "--use_fast_math")),
+])
+def test_the_worker_s_extensions_are_spec_files_it_owns(name, module, sources, cuda_flags):
+    """`--ext p2p` and `--ext exl3-decode` read the worker's spec files, and get what pp4 built when
+    they were code in pp4/sources/extensions.py: the same target, module, flags and kind, the
+    sources' own folder as the root (so objects keep their names and each compile its command in
+    the execution root), and the spec file as what re-runs configure."""
+    spec_file = REPO / "pp4_worker" / "specs" / f"{name}.toml"
+    assert BUILTIN_SPECS[name] == spec_file
+    [ext] = from_spec(spec_file)
+    assert (ext.target, ext.module, ext.kind, ext.flavor) == (name, module, "cuda", "jit")
+    assert ext.root == REPO / "pp4_worker" / "ext" / module.removeprefix("pp4_") and ext.sources == sources
+    assert (ext.cxx_flags, ext.cuda_flags, ext.ld_flags) == (("-O2",), cuda_flags, ())
+    assert (ext.include_dirs, ext.define_macros, ext.undef_macros, ext.libraries, ext.library_dirs) == ((),) * 5
+    assert ext.spec_files == (spec_file,) and ext.provenance == {}
+    validate([ext])
 
 
 def test_fields_outside_the_extension_tables_are_refused(tmp_path):

@@ -48,7 +48,7 @@ def test_cpu_only_torch_is_refused_clearly():
 
 
 def test_adding_a_release_is_adding_a_file(tmp_path):
-    shutil.copy(REPO / "toolchain" / "cuda-13.0.toml", tmp_path / "cuda-13.0.toml")
+    shutil.copy(REPO / "pp4" / "locks" / "cuda-13.0.toml", tmp_path / "cuda-13.0.toml")
     text = (tmp_path / "cuda-13.0.toml").read_text().replace('cuda = "13.0"', 'cuda = "13.9"')
     (tmp_path / "cuda-13.9.toml").write_text(text)
     assert supported_releases(tmp_path) == ["13.0", "13.9"]
@@ -75,12 +75,12 @@ def test_the_source_lock_refuses_bad_pins_by_name(tmp_path, change, message):
     from pp4.sources.exl3 import load_lock as load_source_lock
 
     bad = tmp_path / "exllamav3.toml"
-    text = (REPO / "toolchain" / "exllamav3.toml").read_text()
+    text = (REPO / "pp4" / "locks" / "exllamav3.toml").read_text()
     assert change[0] in text
     bad.write_text(text.replace(change[0], change[1], 1))
     with pytest.raises(Exl3Error, match=message):
         load_source_lock(bad)
-    assert load_source_lock(REPO / "toolchain" / "exllamav3.toml").wheel.sha256.startswith("550c0d04")
+    assert load_source_lock(REPO / "pp4" / "locks" / "exllamav3.toml").wheel.sha256.startswith("550c0d04")
 
 
 # --------------------------------------------------------------------------- wheels

@@ -10,12 +10,12 @@ os.environ["TRITON_INTERPRET"] = "1"  # before triton is imported: @triton.jit p
 
 torch = pytest.importorskip("torch")
 
-from pp4.worker.model import exl3  # noqa: E402
-from pp4.worker.model import hashing  # noqa: E402
-from pp4.worker.model.backends import BackendUnavailable  # noqa: E402
-from pp4.worker.model.factory import make_backend  # noqa: E402
-from pp4.worker.model.config import DEFAULT_GEOMETRY, TINY_GEOMETRY, Exl3Options, Geometry  # noqa: E402
-from pp4.worker.model.weights import SyntheticSource, shard_weights  # noqa: E402
+from pp4_worker.model import exl3  # noqa: E402
+from pp4_worker.model import hashing  # noqa: E402
+from pp4_worker.model.backends import BackendUnavailable  # noqa: E402
+from pp4_worker.model.factory import make_backend  # noqa: E402
+from pp4_worker.model.config import DEFAULT_GEOMETRY, TINY_GEOMETRY, Exl3Options, Geometry  # noqa: E402
+from pp4_worker.model.weights import SyntheticSource, shard_weights  # noqa: E402
 
 CPU = torch.device("cpu")
 SEED = 0x5EED
@@ -136,7 +136,7 @@ def test_backend_refuses_the_cpu(backend):
 def test_gemm_kernel_choice_is_reproducible_unless_autotune_is_asked_for(rows, bits, select, expect):
     from types import SimpleNamespace
 
-    from pp4.worker.model.exl3_backends import Exl3Backend
+    from pp4_worker.model.exl3_backends import Exl3Backend
 
     be = SimpleNamespace(GEMV_MAX_ROWS=Exl3Backend.GEMV_MAX_ROWS, select=select, num_sms=132)
     w = exl3.row_parallel("o", (256, 128), slice(0, 256), 1.0, SEED, bits, CPU)
@@ -147,7 +147,7 @@ def test_fold_kernel_takes_q_and_k_rotated_elsewhere():
     """APPLY_ROPE=False (the exl3 backend): the kernel reads q and k from the packed rotated
     copies and V from the fused row, and writes them where the fused rope path writes them."""
     pytest.importorskip("triton")
-    from pp4.worker.kernels import triton_kernels as k
+    from pp4_worker.kernels import triton_kernels as k
 
     B, T, hq, hkv, d, S = 2, 3, 4, 2, 16, 32
     gen = torch.Generator().manual_seed(1)
@@ -184,7 +184,7 @@ def test_every_backend_takes_the_steps_the_model_asks_for(backend):
     GPU run failed)."""
     import inspect
 
-    from pp4.worker.model import backends, exl3_backends
+    from pp4_worker.model import backends, exl3_backends
 
     cls = getattr(backends, backend, None) or getattr(exl3_backends, backend)
     calls = {"residual_norm": ("x", ["p0", "p1"], "collective", ["w0", "w1"], 1e-5, ["qkv0", "qkv1"]),

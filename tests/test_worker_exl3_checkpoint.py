@@ -4,7 +4,7 @@ Oracles are upstream's own code where it runs without a GPU, read from the pinne
 its pure-torch mul1 codebook (exl3_lib/ngram_codec.py), its tile permutation (tensor_core_perm in
 exl3_lib/quantize.py) and its codebook scale constant. The trellis packing is written here as
 upstream's pack_trellis kernel (exllamav3_ext/quant/pack.cu) packs it, symbol by symbol.
-A checkpoint converted by exllamav3 itself needs a GPU: bench/h200_exl3_decode.sh makes one there.
+A checkpoint converted by exllamav3 itself needs a GPU: bench/device/exl3_decode_checks.sh makes one there.
 """
 import ast
 import importlib.util
@@ -20,9 +20,9 @@ safetensors_torch = pytest.importorskip("safetensors.torch")
 from pp4 import paths  # noqa: E402
 from pp4.sources import exl3 as exl3_sources  # noqa: E402
 from pp4.toolchain.wheelcache import ensure_wheels  # noqa: E402
-from pp4.worker.harness.cli import UsageError, build_parser, validate  # noqa: E402
-from pp4.worker.model import exl3_checkpoint, exl3_reference  # noqa: E402
-from pp4.worker.model.config import Geometry  # noqa: E402
+from pp4_worker.harness.cli import UsageError, build_parser, validate  # noqa: E402
+from pp4_worker.model import exl3_checkpoint, exl3_reference  # noqa: E402
+from pp4_worker.model.config import Geometry  # noqa: E402
 
 G = Geometry(hidden=256, heads=4, kv_heads=2, head_dim=128, mlp=256, vocab=512, layers=2)
 # Two KV heads of two query heads each per rank: attention's (member, KV head) order is not head order.
@@ -92,7 +92,7 @@ def test_the_mul1_codebook_is_upstreams_bit_for_bit(upstream):
 def test_the_3inst_and_mcg_codebooks_have_upstreams_scale(upstream, codebook):
     """Their spread is the constant upstream scales weights to before quantizing (codebook_scale,
     fitted to 3inst; mcg's is 3e-4 wider). A weak check: a wrong multiplier could keep the spread.
-    Bit for bit against upstream's decoder these run on the GPU (bench/exl3_decode_check.py)."""
+    Bit for bit against upstream's decoder these run on the GPU (tests/gpu/exl3_decode_check.py)."""
     _, source = upstream
     scale = float(re.search(r"^codebook_scale\s*=\s*([0-9.]+)", source, re.M).group(1))
     values = exl3_reference.codebook_values(codebook).double()
@@ -267,7 +267,7 @@ class DecodedExl3Backend:
 
     @staticmethod
     def make(device):
-        from pp4.worker.model.backends import TorchBackend
+        from pp4_worker.model.backends import TorchBackend
 
         class Backend(TorchBackend):
             name, quantized = "exl3-decoded-cpu", True
@@ -331,9 +331,9 @@ def test_the_worker_on_a_checkpoint_computes_the_llama_it_holds(tmp_path, monkey
     against a plain Llama over the checkpoint's dense weights: any mistake in the rank split, the
     fused parts' own transforms or o's head order shows as a wrong logit. kv_bits 5: k and v have
     more bits than q (exllamav3 spreads its budget so), and the three run one after another."""
-    from pp4.worker.model import model as model_module
-    from pp4.worker.model.config import ModelSettings
-    from pp4.worker.model.exl3 import Exl3Group, Exl3Linear
+    from pp4_worker.model import model as model_module
+    from pp4_worker.model.config import ModelSettings
+    from pp4_worker.model.exl3 import Exl3Group, Exl3Linear
 
     g = G_GROUPED
     write_checkpoint(tmp_path, g=g, kv_bits=kv_bits)
@@ -355,12 +355,12 @@ def test_the_worker_on_a_checkpoint_computes_the_llama_it_holds(tmp_path, monkey
 def test_the_exactness_gate_runs_on_a_checkpoint(tmp_path, monkeypatch):
     """States, every mode's cells, the gate's checks and reproducible digests, with a checkpoint's
     weights (eager on the CPU; the GPU's graphs are checked against eager the same way there)."""
-    from pp4.worker.harness import gate
-    from pp4.worker.model import model as model_module
-    from pp4.worker.model import states as state_io
-    from pp4.worker.model.config import MODES, CellKey, ModelSettings
-    from pp4.worker.model.draft import DraftWorker
-    from pp4.worker.model.graphs import build_runners
+    from pp4_worker.harness import gate
+    from pp4_worker.model import model as model_module
+    from pp4_worker.model import states as state_io
+    from pp4_worker.model.config import MODES, CellKey, ModelSettings
+    from pp4_worker.model.draft import DraftWorker
+    from pp4_worker.model.graphs import build_runners
 
     write_checkpoint(tmp_path, g=G_GROUPED)
     monkeypatch.setattr(model_module, "make_backend", lambda *a, **k: DecodedExl3Backend.make(torch.device("cpu")))

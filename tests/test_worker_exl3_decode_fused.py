@@ -6,7 +6,7 @@ make); the backend's other steps are its Triton kernels under Triton's interpret
 test is the backend's plumbing: which linear each norm transforms for, the transformed input
 reaching that linear and no other, the head's last positions, the MLP's fused path, chunks of at
 most 32 rows, and the fallback where a linear's parts differ in bit width. The kernels themselves
-are checked against the same semantics on the GPU (bench/exl3_fused_check.py).
+are checked against the same semantics on the GPU (tests/gpu/exl3_fused_check.py).
 """
 import os
 
@@ -19,8 +19,8 @@ pytest.importorskip("triton")
 
 from test_worker_exl3_checkpoint import G_GROUPED, llama_logits, write_checkpoint  # noqa: E402
 
-from pp4.worker.model import exl3_checkpoint  # noqa: E402
-from pp4.worker.model.exl3_reference import decode, hadamard128  # noqa: E402
+from pp4_worker.model import exl3_checkpoint  # noqa: E402
+from pp4_worker.model.exl3_reference import decode, hadamard128  # noqa: E402
 
 MAX_ROWS = 32  # pp4_exl3::kMaxRows
 
@@ -89,8 +89,8 @@ class TorchDecodeModule:
 
 
 def cpu_backend(module, fuse: bool):
-    from pp4.worker.model.backends import TritonBackend
-    from pp4.worker.model.exl3_backends import Exl3DecodeBackend
+    from pp4_worker.model.backends import TritonBackend
+    from pp4_worker.model.exl3_backends import Exl3DecodeBackend
 
     class CpuExl3Decode(Exl3DecodeBackend):
         def __init__(self):  # the real one refuses a CPU: its module is CUDA's
@@ -101,8 +101,8 @@ def cpu_backend(module, fuse: bool):
 
 
 def worker_logits(tmp_path, monkeypatch, fuse: bool, ids, bounds):
-    from pp4.worker.model import model as model_module
-    from pp4.worker.model.config import ModelSettings
+    from pp4_worker.model import model as model_module
+    from pp4_worker.model.config import ModelSettings
 
     module = TorchDecodeModule()
     monkeypatch.setattr(model_module, "make_backend", lambda *a, **k: cpu_backend(module, fuse))
@@ -145,7 +145,7 @@ def test_the_fused_steps_compute_what_the_steps_apart_do(tmp_path, monkeypatch, 
 
 
 def test_a_transformed_input_reaches_only_its_own_linear():
-    from pp4.worker.model.exl3_backends import Transformed
+    from pp4_worker.model.exl3_backends import Transformed
 
     be = cpu_backend(TorchDecodeModule(), True)
     xh = torch.zeros(1, 2, 256, dtype=torch.float16)
@@ -155,8 +155,8 @@ def test_a_transformed_input_reaches_only_its_own_linear():
 
 
 def test_a_hidden_size_wider_than_the_norm_kernel_runs_unfused():
-    from pp4.worker.model.exl3 import Exl3Linear
-    from pp4.worker.model.model import ColocatedSum
+    from pp4_worker.model.exl3 import Exl3Linear
+    from pp4_worker.model.model import ColocatedSum
 
     module = TorchDecodeModule()
     be = cpu_backend(module, True)

@@ -1,16 +1,16 @@
-"""The exactness gate, digests and reference JSON of pp4.worker on the CPU (eager runners)."""
+"""The exactness gate, digests and reference JSON of pp4_worker on the CPU (eager runners)."""
 import json
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from pp4.worker.harness import gate  # noqa: E402
-from pp4.worker.model import states as state_io  # noqa: E402
-from pp4.worker.model.config import MODES, SWITCH, TINY_GEOMETRY, CellKey, ModelSettings  # noqa: E402
-from pp4.worker.model.draft import DraftWorker  # noqa: E402
-from pp4.worker.model.graphs import EagerRunner, build_runners  # noqa: E402
-from pp4.worker.model.model import TensorParallelDraft  # noqa: E402
+from pp4_worker.harness import gate  # noqa: E402
+from pp4_worker.model import states as state_io  # noqa: E402
+from pp4_worker.model.config import MODES, SWITCH, TINY_GEOMETRY, CellKey, ModelSettings  # noqa: E402
+from pp4_worker.model.draft import DraftWorker  # noqa: E402
+from pp4_worker.model.graphs import EagerRunner, build_runners  # noqa: E402
+from pp4_worker.model.model import TensorParallelDraft  # noqa: E402
 
 BATCHES, DEPTHS = [1, 2], [4]
 

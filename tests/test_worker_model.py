@@ -5,20 +5,20 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from pp4.worker.model import states as state_io  # noqa: E402
-from pp4.worker.model.config import (  # noqa: E402
+from pp4_worker.model import states as state_io  # noqa: E402
+from pp4_worker.model.config import (  # noqa: E402
     GREEDY, QUERY_BLOCK, SAMPLED, SWITCH, TINY_GEOMETRY, CellKey, ModelSettings
 )
-from pp4.worker.model.draft import CellOutputs, DraftWorker  # noqa: E402
-from pp4.worker.model.model import TensorParallelDraft  # noqa: E402
-from pp4.worker.model.weights import SyntheticSource, logical_tensor_specs, shard_weights  # noqa: E402
-from pp4.worker.model.sampling import alternating_masks  # noqa: E402
+from pp4_worker.model.draft import CellOutputs, DraftWorker  # noqa: E402
+from pp4_worker.model.model import TensorParallelDraft  # noqa: E402
+from pp4_worker.model.weights import SyntheticSource, logical_tensor_specs, shard_weights  # noqa: E402
+from pp4_worker.model.sampling import alternating_masks  # noqa: E402
 
 CONTEXT = 48
 
 
 def w_chunks(geo):
-    from pp4.worker.model.sampling import vocab_chunks
+    from pp4_worker.model.sampling import vocab_chunks
 
     return vocab_chunks(geo.rank_vocab)
 
@@ -155,7 +155,7 @@ def test_sharded_model_matches_unsharded_float64_reference(worker, some_states):
 
 def test_reference_with_several_kv_heads_per_rank():
     """Tiny has one KV head per rank; this geometry exercises the head orders (2 per rank, group 2)."""
-    from pp4.worker.model.config import Geometry
+    from pp4_worker.model.config import Geometry
 
     geo = Geometry(hidden=256, heads=8, kv_heads=4, head_dim=32, mlp=512, vocab=1024, layers=2)
     assert w_chunks(geo) == 2  # and the head reduces each shard in 2 chunks
@@ -228,7 +228,7 @@ def test_capture_is_reproducible(worker):
 def test_safetensors_missing_gives_clear_error(monkeypatch, tmp_path):
     import sys
 
-    from pp4.worker.model.weights import SafetensorsSource
+    from pp4_worker.model.weights import SafetensorsSource
 
     monkeypatch.setitem(sys.modules, "safetensors", None)
     with pytest.raises(RuntimeError, match=r"--weights needs the safetensors package \(pip install safetensors\)"):
@@ -237,7 +237,7 @@ def test_safetensors_missing_gives_clear_error(monkeypatch, tmp_path):
 
 def test_safetensors_round_trip(tmp_path):
     pytest.importorskip("safetensors")
-    from pp4.worker.model.weights import export_safetensors
+    from pp4_worker.model.weights import export_safetensors
 
     src = SyntheticSource(TINY_GEOMETRY, 11, torch.float16, torch.device("cpu"))
     export_safetensors(src, str(tmp_path))
@@ -266,7 +266,7 @@ def test_head_chunks_must_divide_the_shard():
 
 
 def test_the_request_inputs_are_views_of_one_packed_buffer_that_one_copy_moves():
-    from pp4.worker.model.draft import StaticInputs
+    from pp4_worker.model.draft import StaticInputs
 
     src, dst = StaticInputs.allocate(torch.device("cpu")), StaticInputs.allocate(torch.device("cpu"))
     src.query_tokens[3] = torch.arange(QUERY_BLOCK) + 2**40  # high bits: no field may truncate

@@ -1,7 +1,7 @@
 """The profile's arithmetic on kernel intervals (no GPU needed)."""
 import pytest
 
-from pp4.worker.harness.profiling import covered_us
+from pp4_worker.harness.profiling import covered_us
 
 
 @pytest.mark.parametrize("intervals, covered", [

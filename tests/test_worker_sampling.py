@@ -1,13 +1,13 @@
-"""Head merge, Gumbel noise and masks of pp4.worker (CPU only)."""
+"""Head merge, Gumbel noise and masks of pp4_worker (CPU only)."""
 import math
 
 import pytest
 
 torch = pytest.importorskip("torch")
 
-from pp4.worker.model import hashing  # noqa: E402
-from pp4.worker.model import sampling  # noqa: E402
-from pp4.worker.model.config import GREEDY, SAMPLED, SWITCH  # noqa: E402
+from pp4_worker.model import hashing  # noqa: E402
+from pp4_worker.model import sampling  # noqa: E402
+from pp4_worker.model.config import GREEDY, SAMPLED, SWITCH  # noqa: E402
 
 
 def test_masks():

@@ -17,19 +17,19 @@ pytest.importorskip("triton")
 
 import test_worker_model as model_tests  # noqa: E402
 
-from pp4.worker.kernels import skinny_gemm  # noqa: E402
-from pp4.worker.kernels import triton_kernels  # noqa: E402
-from pp4.worker.kernels.skinny_gemm import SkinnyGemm, SkinnyTiles, plan  # noqa: E402
-from pp4.worker.model import hashing  # noqa: E402
-from pp4.worker.model import sampling  # noqa: E402
-from pp4.worker.model import states as state_io  # noqa: E402
-from pp4.worker.model.backends import BackendUnavailable, TritonBackend  # noqa: E402
-from pp4.worker.model.factory import make_backend  # noqa: E402
-from pp4.worker.model.config import (  # noqa: E402
+from pp4_worker.kernels import skinny_gemm  # noqa: E402
+from pp4_worker.kernels import triton_kernels  # noqa: E402
+from pp4_worker.kernels.skinny_gemm import SkinnyGemm, SkinnyTiles, plan  # noqa: E402
+from pp4_worker.model import hashing  # noqa: E402
+from pp4_worker.model import sampling  # noqa: E402
+from pp4_worker.model import states as state_io  # noqa: E402
+from pp4_worker.model.backends import BackendUnavailable, TritonBackend  # noqa: E402
+from pp4_worker.model.factory import make_backend  # noqa: E402
+from pp4_worker.model.config import (  # noqa: E402
     GREEDY, SAMPLED, SWITCH, TINY_GEOMETRY, CellKey, Geometry, ModelSettings
 )
-from pp4.worker.model.draft import DraftWorker  # noqa: E402
-from pp4.worker.model.model import TensorParallelDraft  # noqa: E402
+from pp4_worker.model.draft import DraftWorker  # noqa: E402
+from pp4_worker.model.model import TensorParallelDraft  # noqa: E402
 
 CONTEXT = model_tests.CONTEXT
 
@@ -146,7 +146,7 @@ def test_head_choice_with_ties_matches_the_float64_reference(chunks):
 def test_fused_residual_norm_equals_the_unfused_steps_bit_for_bit(with_residual):
     """One kernel per rank (all-reduce sum, residual add, norm) against the same steps one at
     a time: torch's half adds (each rounds once, as the kernel does) and the Triton norm."""
-    from pp4.worker.model.model import ColocatedSum
+    from pp4_worker.model.model import ColocatedSum
 
     be = TritonBackend(torch.device("cpu"), gemm="cublas")
     gen = torch.Generator().manual_seed(3)
@@ -304,7 +304,7 @@ def test_skinny_gemm_model_matches_float64_reference(pair, monkeypatch):
 
 def test_code_and_command_line_pick_the_same_defaults():
     """A worker built from code runs what the command line runs when neither names a choice."""
-    from pp4.worker.harness import cli
+    from pp4_worker.harness import cli
 
     for backend in ("torch", "triton"):
         args = cli.build_parser().parse_args(["--backend", backend, "--device", "cpu"])

@@ -56,19 +56,19 @@ def load(where: str | Path) -> BuildConfig:
     try:
         doc = json.loads(path.read_text())
     except FileNotFoundError:
-        raise BuildFolderError(f"{path} does not exist: run `python configure.py` in the folder build.ninja "
+        raise BuildFolderError(f"{path} does not exist: run `python -m pp4.configure` in the folder build.ninja "
                                "is to be in") from None
     except (OSError, ValueError) as e:
-        raise BuildFolderError(f"{path} cannot be read ({e}): run `python configure.py` again") from None
+        raise BuildFolderError(f"{path} cannot be read ({e}): run `python -m pp4.configure` again") from None
     found = doc.get("format", 1) if isinstance(doc, dict) else None
     if found != FORMAT:
         raise BuildFolderError(f"{path} was written by another version of pp4 (format {found}; this pp4 reads "
-                               f"format {FORMAT}): run `python configure.py` again with the same options "
+                               f"format {FORMAT}): run `python -m pp4.configure` again with the same options "
                                "(build/configure.json records them)")
     try:
         return BuildConfig(doc["limits"], doc["reuse"], doc["compile"], path)
     except KeyError as e:
-        raise BuildFolderError(f"{path} has no {e.args[0]!r}: run `python configure.py` again") from None
+        raise BuildFolderError(f"{path} has no {e.args[0]!r}: run `python -m pp4.configure` again") from None
 
 
 def write(builddir: str | Path, limits: dict, reuse: dict, compile: dict) -> bool:

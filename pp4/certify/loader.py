@@ -39,6 +39,7 @@ def load_target(target: str, builddir: Path | str = "build") -> ModuleType:
     """Load the module of one configured extension target ("p2p", "exl3-facc", ...)."""
     plan_file = Path(builddir) / target / "plan.json"
     if not plan_file.is_file():
-        raise ImportError(f"{target} is not configured in {builddir}: run `python configure.py` and `ninja {target}`")
+        raise ImportError(f"{target} is not configured in {builddir}: run `python -m pp4.configure` and "
+                          f"`ninja {target}`")
     plan = json.loads(plan_file.read_text())
     return load(Path(plan["output_abs"]))

@@ -13,7 +13,6 @@ import tempfile
 from pathlib import Path
 
 from pp4 import paths, statedir
-from pp4.configure import CHECKOUT
 from pp4.configure.options import DEFAULT_EXTENSIONS, ConfigureError
 from pp4.execution import cluster
 from pp4.files import write_if_changed
@@ -62,11 +61,11 @@ def python_command() -> list[str]:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # ninja's re-run sets it itself
     probe = subprocess.run([sys.executable, "-c", "import pp4, sys; sys.stdout.write(pp4.__file__)"],
                            cwd="/", env=env, capture_output=True, text=True)
-    if probe.returncode == 0 and Path(probe.stdout).resolve().parent == CHECKOUT / "pp4":
+    if probe.returncode == 0 and Path(probe.stdout).resolve().parent == paths.PACKAGE_DIR:
         return [sys.executable]
     # pp4's folder first, then the folders of PYTHONPATH as configure saw them: optional clients
     # (redis-py for --remote-store) may live only there, and the reuse rule imports them.
-    entries = [str(CHECKOUT), *(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)]
+    entries = [str(paths.PACKAGE_DIR.parent), *(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)]
     return ["env", "PYTHONPATH=" + os.pathsep.join(dict.fromkeys(entries)), sys.executable]
 
 
@@ -80,11 +79,8 @@ def select_extensions(args, builddir: Path, tc: toolchain.Toolchain, archs: list
     exts = []
     exl3_root = None
     for name in names:
-        if name == "p2p":
-            exts.append(extensions.p2p())
-            continue
-        if name == "exl3-decode":
-            exts.append(extensions.exl3_decode())
+        if name in extensions.BUILTIN_SPECS:  # p2p, exl3-decode: the worker's spec files
+            exts += extensions.from_spec(extensions.BUILTIN_SPECS[name])
             continue
         if exl3_root is None:
             # The pinned release is unpacked into the build tree; a checkout is used where it is.

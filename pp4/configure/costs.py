@@ -6,12 +6,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from pp4.configure import CHECKOUT
+from pp4 import paths
 from pp4.plan import estimate
 from pp4.plan import modules as plan
 from pp4.sizes import human_duration
 
-DURATION_TABLES = CHECKOUT / "pp4" / "plan" / "durations"
+DURATION_TABLES = paths.PACKAGE_DIR / "plan" / "durations"
 
 
 def durations_known(builddir: Path, root: Path) -> tuple[dict[str, int], dict[str, int]]:

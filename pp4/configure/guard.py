@@ -6,16 +6,16 @@ import os
 import shlex
 from pathlib import Path
 
-from pp4.configure import CHECKOUT
 from pp4.plan import ninjafile
 
 GENERATED_MARK = "# " + ninjafile.GENERATED
 
 
-def other_configuration(root: Path, builddir: Path) -> str | None:
+def other_configuration(root: Path, builddir: Path, rerun: str = "python -m pp4.configure") -> str | None:
     """Why writing build.ninja here would replace another build, if it would: a build.ninja that is
     not pp4's, or pp4's for another build folder that still holds its configuration (a second
-    configure here with another --builddir once replaced the first one's silently: issue 55)."""
+    configure here with another --builddir once replaced the first one's silently: issue 55). rerun:
+    the command line that runs configure, as the message tells it."""
     path = root / "build.ninja"
     try:
         text = path.read_text(errors="replace")
@@ -40,6 +40,6 @@ def other_configuration(root: Path, builddir: Path) -> str | None:
             f"writing this one's (--builddir {os.path.relpath(builddir, root) if builddir.is_relative_to(root) else builddir}) "
             "would replace it, and ninja here would build this one only. To keep both, run configure in another "
             "folder (build.ninja goes in the current folder, objects under --builddir): "
-            f"mkdir ../other && cd ../other && python {CHECKOUT / 'configure.py'} ... --builddir DIR. To replace it, "
+            f"mkdir ../other && cd ../other && {rerun} ... --builddir DIR. To replace it, "
             "pass --replace (its build folder stays on disk)")
 

@@ -1,4 +1,4 @@
-"""configure.py's options: what they are, and the values no build can use, refused before any work."""
+"""configure's options: what they are, and the values no build can use, refused before any work."""
 
 from __future__ import annotations
 
@@ -16,9 +16,9 @@ class ConfigureError(Exception):
     pass
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
+def parse_args(argv: list[str], prog: str = "python -m pp4.configure") -> argparse.Namespace:
     ap = argparse.ArgumentParser(
-        prog="configure.py",
+        prog=prog,
         description="Write build.ninja for pp4's torch extensions, compiled with the pinned nvcc.",
         epilog="Then run `ninja` (everything), or `ninja TARGET` for one of: toolchain, compdb, or an extension.",
     )

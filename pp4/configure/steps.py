@@ -1,4 +1,4 @@
-"""configure.py, top-down: each step reads what the steps before it chose (a Configuration) and adds
+"""configure, top-down: each step reads what the steps before it chose (a Configuration) and adds
 its own part; `STEPS` is the order. Every file is written only when its content changes."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import attrs
 
 from pp4 import ninjarun, statedir
 from pp4.build import config as buildconfig
-from pp4.configure import CHECKOUT
+from pp4.configure import MODULE, name_of, rerun_of
 from pp4.configure import choices, costs, writing
 from pp4.configure.guard import other_configuration
 from pp4.configure.options import ConfigureError, check_option_values, parse_args
@@ -40,6 +40,7 @@ from pp4.toolchain.torchenv import torch_package_dir
 class Configuration:
     """What configure has chosen so far; each step fills its part."""
     argv: list[str]
+    started: tuple[str, ...] = MODULE  # how configure was started, after the interpreter (pp4/configure/__init__.py)
     args: object = None
     root: Path = None
     builddir: Path = None
@@ -76,7 +77,7 @@ class Configuration:
 
 
 def read_options(c: Configuration) -> None:
-    c.args = args = parse_args(c.argv)
+    c.args = args = parse_args(c.argv, prog=name_of(c.started))
     c.root = Path.cwd()
     c.builddir = (c.root / args.builddir).absolute()
     if "\n" in str(c.builddir):
@@ -87,10 +88,10 @@ def read_options(c: Configuration) -> None:
     check_option_values(args)
     # Before any work: the folders configure writes (build.ninja here, the build folder) must take
     # a write; a read-only one was a traceback from deep inside.
-    unwritable = machine.before([c.root, c.builddir], rerun="configure.py")
+    unwritable = machine.before([c.root, c.builddir], rerun=name_of(c.started))
     if unwritable is not None:
         raise ConfigureError(unwritable)
-    other = other_configuration(c.root, c.builddir)
+    other = other_configuration(c.root, c.builddir, rerun_of(c.started))
     if other is not None:
         if not args.replace:
             raise ConfigureError(other)
@@ -213,10 +214,10 @@ def write_build_folder(c: Configuration) -> None:
 def write_build_ninja(c: Configuration) -> None:
     config_file, actions_file = buildconfig.config_path(c.builddir), buildconfig.actions_path(c.builddir)
     spec_files = sorted({str(f) for e in c.exts for f in e.spec_files})
-    generator_inputs = [*writing.configure_inputs(), str(torch_package_dir() / "version.py"), *spec_files,
+    generator_inputs = [*writing.configure_inputs(c.started), str(torch_package_dir() / "version.py"), *spec_files,
                         *c.toolchain_inputs]  # another lock: another prefix, which configure provisions
     settings = ninjafile.BuildSettings(
-        python=choices.python_command(), configure=str(CHECKOUT / "configure.py"), configure_args=tuple(c.argv),
+        python=choices.python_command(), configure=c.started, configure_args=tuple(c.argv),
         ninja=ninjarun.installed(), nvcc=str(c.tc.nvcc), cxx=c.chosen.cxx,  # as in compile_actions
         compile_env={lang: tuple(compilerenv.env_args(e)) for lang, e in c.envs.items()}, tool_files=c.tool_files,
         config=str(config_file), actions=str(actions_file), jobs=c.jobs, builddir=c.builddir_text,
@@ -230,7 +231,7 @@ def write_build_ninja(c: Configuration) -> None:
                            *(ninjafile.plan_json_path(c.builddir_text, p) for p in c.plans)),
     )
     writing.write_own_bytecode()
-    rules = (CHECKOUT / "build.ninja.in").read_text()
+    rules = Path(ninjafile.RULES).read_text()
     c.changed = write_if_changed(c.root / "build.ninja", ninjafile.render(settings, rules, c.plans, c.ordered))
     write_if_changed(c.builddir / "configure.json", json.dumps({"argv": c.argv, "cwd": str(c.root)}, indent=1) + "\n")
 
@@ -247,15 +248,15 @@ def say_what_was_chosen(c: Configuration) -> None:
     print(f"configure: {c.jobs} job(s) on CPUs {choices.cpu_text(c.cpus)}, nice +{c.args.nice}"
           + (f", {c.args.max_memory} address space per compile" if c.args.max_memory else ""))
     print(f"configure: build.ninja {'written' if c.changed else 'unchanged'}; run `ninja`"
-          + (f" (re-run: python configure.py {shlex.join(c.argv)})" if c.argv else ""))
+          + (f" (re-run: {rerun_of(c.started)} {shlex.join(c.argv)})" if c.argv else ""))
 
 
 STEPS = (read_options, choose_toolchain, fold_environment, choose_extensions, plan_modules, choose_limits_and_store,
          write_build_folder, write_build_ninja, say_what_was_chosen)
 
 
-def main(argv: list[str]) -> int:
-    c = Configuration(list(argv))
+def main(argv: list[str], started: tuple[str, ...] = MODULE) -> int:
+    c = Configuration(list(argv), tuple(started))
     for step in STEPS:
         step(c)
     return 0

@@ -6,7 +6,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from pp4.configure import CHECKOUT
+from pp4 import paths
+from pp4.configure import script_of
 from pp4.configure.costs import DURATION_TABLES
 from pp4.plan import modules as plan
 from pp4.plan import ninjafile
@@ -52,16 +53,18 @@ def link_actions(plans: list[plan.ModulePlan], chosen: compilers.Compilers, envs
             for p in plans]
 
 
-def configure_inputs() -> list[str]:
-    """What this run of configure was made of: configure.py, build.ninja.in, every module of pp4 it
-    imported (the plan, the flags, the sources, the facc patch's applier, the toolchain's
-    provisioning, ...) and the data files they read (the patches, the duration tables). A change to
-    any of them makes ninja run configure again: a list kept by hand missed some."""
-    own = CHECKOUT / "pp4"
+def configure_inputs(started: tuple[str, ...]) -> list[str]:
+    """What this run of configure was made of: configure.py where it was started as that script,
+    build.ninja.in, every module of pp4 it imported (the plan, the flags, the sources, the facc
+    patch's applier, the toolchain's provisioning, ..., and __main__.py where it was started as the
+    module) and the data files they read (the patches, the duration tables). A change to any of them
+    makes ninja run configure again: a list kept by hand missed some."""
+    own = paths.PACKAGE_DIR
     modules = {str(Path(m.__file__)) for m in list(sys.modules.values())
                if getattr(m, "__file__", None) and Path(m.__file__).is_relative_to(own)}
     data = [str(p) for folder in (own / "sources" / "patches", DURATION_TABLES) for p in folder.iterdir() if p.is_file()]
-    return [str(CHECKOUT / "configure.py"), str(CHECKOUT / "build.ninja.in"), *sorted(modules), *sorted(data)]
+    script = [script_of(started)] if script_of(started) else []
+    return [*script, ninjafile.RULES, *sorted(modules), *sorted(data)]
 
 
 def write_own_bytecode() -> None:
@@ -72,5 +75,5 @@ def write_own_bytecode() -> None:
     folders; a folder that cannot be written only costs that time."""
     import compileall
 
-    compileall.compile_dir(CHECKOUT / "pp4", quiet=2, workers=1)
+    compileall.compile_dir(paths.PACKAGE_DIR, quiet=2, workers=1)
 

@@ -64,7 +64,7 @@
    Why this and not strace or a ptrace tracer: a notification costs one round trip to this process
    per call, where ptrace stops the caller twice (entry and exit) and strace also decodes and prints
    every argument. On a g++ unit of torch's headers (24,600 calls, 84% of them glibc realpath's
-   readlink) that is about a third of strace's added CPU (bench/observe_overhead.py). It needs
+   readlink) that is about a third of strace's added CPU (bench/build/observe_overhead.py). It needs
    Linux 5.8 (notifications that let the call go on, and a hang-up when the last process is gone)
    and no ptrace permission. Where the kernel offers it (6.6), the supervisor and the caller trade
    the processor they are on instead of waking each other on two.

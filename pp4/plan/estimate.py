@@ -20,8 +20,8 @@ take a minute, a 30 kB C++ file a second. What says more, without running a comp
 log(seconds) is a linear function of those six, fitted by least squares to 250 units timed on the
 H200 (16 jobs) with an intercept per project (a project's flags scale all its units alike), the
 intercept here being their mean: exllamav3 1.6.5's 194 (pp4/plan/durations/exl3-1.6.5.tsv),
-torch-scatter 2.1.2's 17 and torch-cluster 1.6.3's 39 (`bench/projects.py`). `python
-bench/estimate_check.py` prints each set's rank correlation with measured times and scale for any
+torch-scatter 2.1.2's 17 and torch-cluster 1.6.3's 39 (`bench/build/projects.py`). `python
+bench/build/estimate_ranking.py` prints each set's rank correlation with measured times and scale for any
 timed build, and refits (`--fit`); docs/specs.md has the figures. It orders the units no history
 covers and gives configure's cost line (scaled to this machine once some of its units are timed
 here); a measured duration always replaces it. It knows nothing of the architecture count: a unit
@@ -75,7 +75,7 @@ def estimate_seconds(source: Path, include_dirs: tuple[Path, ...]) -> float:
 
 def terms(torch_api: bool, heavy: bool, cuda: bool, expanded_kb: float, included_kb: float,
           kernels: int) -> list[float]:
-    """The terms the coefficients multiply, in their order (bench/estimate_check.py --fit refits them).
+    """The terms the coefficients multiply, in their order (bench/build/estimate_ranking.py --fit refits them).
     Kernel instantiations count only past a threshold: most units make a few, which the other
     terms already price; a unit that makes dozens compiles each of them for the device."""
     return [1.0, float(torch_api), float(heavy and not torch_api), float(cuda), math.log1p(expanded_kb),

@@ -25,12 +25,14 @@ RUNTIME_LOADER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__
 # What each compile edge starts (a path, as above): it hands the edge to the build's compile server.
 REUSE_CLIENT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "reuse", "client.py")
 PREFIX_CHECK = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "toolchain", "prefixcheck.py")
+# The rules build.ninja is written around: package data, beside this module.
+RULES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "build.ninja.in")
 
 
 @attrs.frozen
 class BuildSettings:
     python: list[str]  # the interpreter, with PYTHONPATH when pp4 is not installed
-    configure: str  # path of configure.py
+    configure: tuple[str, ...]  # how configure was started, after the interpreter: -m pp4.configure, or a script
     configure_args: tuple[str, ...]
     ninja: str
     nvcc: str
@@ -163,7 +165,7 @@ def render(settings: BuildSettings, rules: str, plans: list[ModulePlan],
     w.newline()
     w.variable("python", _shell(settings.python))
     w.variable("reuse_client", _shell([REUSE_CLIENT]))
-    w.variable("configure", _shell([settings.configure]))
+    w.variable("configure", _shell(settings.configure))
     w.variable("configure_args", _shell(settings.configure_args))
     w.variable("ninja", _shell([settings.ninja]))
     w.variable("nvcc", _shell([settings.nvcc]))

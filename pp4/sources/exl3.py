@@ -42,7 +42,6 @@ from pp4.sources.unidiff import apply_patch_to_files, shown
 from pp4.toolchain.locks import WheelPin, checked_pins, read_lock
 from pp4.toolchain.wheelcache import WheelError, ensure_wheels
 
-REPO_ROOT = paths.REPO_ROOT
 LOCK_PATH = paths.LOCK_DIR / "exllamav3.toml"
 PATCH_DIR = PACKAGE_DIR / "patches"
 FACC_PATCH = PATCH_DIR / "exl3-facc.patch"

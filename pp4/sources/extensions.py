@@ -1,9 +1,10 @@
 """Sources and flags: which extensions pp4 knows how to build, and what each one is made of.
 
-An extension is a Python module built from C, C++ and CUDA sources. pp4 ships the P2P extension;
-the EXL3 variants come from pinned upstream sources (pp4.sources.exl3); a user's own extensions are
-described by a TOML file passed to configure with --ext-spec (docs/specs.md has the whole format),
-or read from a project's setup.py with --setup-py (pp4.sources.setuppy). One module per file:
+An extension is a Python module built from C, C++ and CUDA sources. The worker's P2P and EXL3
+decode extensions are spec files it owns (BUILTIN_SPECS); the EXL3 variants come from pinned
+upstream sources (pp4.sources.exl3); a user's own extensions are described by a TOML file passed
+to configure with --ext-spec (docs/specs.md has the whole format), or read from a project's
+setup.py with --setup-py (pp4.sources.setuppy). One module per file:
 
     name = "myext"                        # the importable module name (TORCH_EXTENSION_NAME)
     sources = ["src/a.cpp", "../shared/b.cu"]   # relative to the spec file's folder, or absolute
@@ -43,6 +44,13 @@ SPEC_FIELDS = ("name", "target", "kind", "flavor", "root", "sources", "include_d
 _ARCH_OPTIONS = ("-gencode", "--generate-code", "-arch", "--gpu-architecture", "-code", "--gpu-code")
 _MODULE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _MACRO_NAME = _MODULE_NAME
+
+
+# The extensions this repository ships, by their --ext name: spec files the worker owns
+# (pp4_worker/specs/, beside pp4 in a checkout and in site-packages), read as data through
+# from_spec, so pp4 never imports the worker's package.
+WORKER_SPECS = PACKAGE_DIR.parent.parent / "pp4_worker" / "specs"
+BUILTIN_SPECS = {"p2p": WORKER_SPECS / "p2p.toml", "exl3-decode": WORKER_SPECS / "exl3-decode.toml"}
 
 
 class ExtensionError(Exception):
@@ -90,34 +98,6 @@ def _under(root: Path, path: str) -> Path:
     `..` is kept as written (EXL3's include folder "." stays root/., as its keys were made)."""
     joined = root / path
     return Path(os.path.normpath(joined)) if ".." in Path(path).parts else joined
-
-
-def p2p() -> Extension:
-    """pp4's own transport extension: peer access, peer copies, CUDA IPC handles."""
-    root = PACKAGE_DIR / "ext" / "p2p"
-    return Extension(
-        target="p2p",
-        module="pp4_p2p",
-        root=root,
-        sources=("p2p.cu", "bindings.cpp"),
-        cxx_flags=("-O2",),
-        cuda_flags=("-O2",),
-        spec_files=(Path(__file__).resolve(),),
-    )
-
-
-def exl3_decode() -> Extension:
-    """pp4's EXL3 decode GEMM for the worker's few rows (pp4/worker/model/exl3_checkpoint.py's weights)."""
-    root = PACKAGE_DIR / "ext" / "exl3_decode"
-    return Extension(
-        target="exl3-decode",
-        module="pp4_exl3_decode",
-        root=root,
-        sources=("gemm_mul1.cu", "gemm_3inst.cu", "gemm_mcg.cu", "ops.cu", "bindings.cpp"),
-        cxx_flags=("-O2",),
-        cuda_flags=("-O3", "--use_fast_math"),
-        spec_files=(Path(__file__).resolve(),),
-    )
 
 
 def from_spec(path: Path) -> list[Extension]:

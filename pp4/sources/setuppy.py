@@ -306,7 +306,7 @@ def spec_text(read_setup: ReadSetup, spec_path: Path) -> str:
     """The spec file that builds the same extensions (paths relative to where it is written)."""
     spec_dir = Path(os.path.abspath(spec_path)).parent
     lines = [f"# The extensions of {read_setup.setup_py}, as pp4 reads them (configure.py --setup-py).",
-             f"# Build them from this file with: python configure.py --ext-spec {spec_path}"]
+             f"# Build them from this file with: python -m pp4.configure --ext-spec {spec_path}"]
     for note in read_setup.notices:
         lines.append(f"# {note}")
     for ext in read_setup.extensions:

@@ -37,9 +37,10 @@ _HUNK_HEADER = re.compile(rb"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 
 
 def shown(path: Path) -> str:
-    """A patch's path as messages name it: relative to the checkout when it is in it."""
-    path = Path(path).absolute()
-    return path.relative_to(paths.REPO_ROOT).as_posix() if path.is_relative_to(paths.REPO_ROOT) else str(path)
+    """A patch's path as messages name it: pp4's own from the package's folder (pp4/sources/...),
+    the same in a checkout and an installed pp4; any other in full."""
+    path, top = Path(path).absolute(), paths.PACKAGE_DIR.parent
+    return path.relative_to(top).as_posix() if path.is_relative_to(paths.PACKAGE_DIR) else str(path)
 
 
 def _lines(data: bytes) -> list[bytes]:

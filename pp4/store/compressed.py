@@ -2,7 +2,7 @@
 
 Level 6: on the store's own objects and observation sets it keeps 4.3x against level 1's 3.8x (what
 ccache uses), at 85 MB/s (a 3 MB EXL3 object in 35 ms, next to a compile of 30-110 s), and both
-decompress at over 1 GB/s (bench/store_compression.py gives the table for any store). A frame's
+decompress at over 1 GB/s (bench/build/store_compression.py gives the table for any store). A frame's
 content size is in its header; a frame that would expand past the caller's bound, or is not a frame,
 is refused before any memory is spent on it (a remote value can be anything).
 """

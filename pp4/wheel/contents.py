@@ -77,7 +77,8 @@ def read_plan(builddir: Path, target: str) -> dict:
     try:
         return json.loads((builddir / target / "plan.json").read_text())
     except (OSError, ValueError) as e:
-        raise WheelError(f"{target} is not configured in {builddir} ({e}): run configure.py") from None
+        raise WheelError(f"{target} is not configured in {builddir} ({e}): "
+                         "run configure (python -m pp4.configure)") from None
 
 
 def shipped_certificate(config_path: Path, actions_path: Path, builddir: Path, targets: set[str]) -> tuple[bytes, dict, dict]:
@@ -110,8 +111,8 @@ def build(config_path: Path, actions_path: Path, builddir: Path, target: str) ->
     module = Path(plan["output_abs"])
     suffix = sysconfig.get_config_var("EXT_SUFFIX")
     if not module.name.endswith(suffix):
-        raise WheelError(f"{module.name} is not a module for this Python (suffix {suffix}): run configure.py and "
-                         "ninja with the Python the wheel is for")
+        raise WheelError(f"{module.name} is not a module for this Python (suffix {suffix}): run configure "
+                         "(python -m pp4.configure) and ninja with the Python the wheel is for")
     raw, doc, record = shipped_certificate(config_path, actions_path, builddir, {target})
     record["certificate"]["file"] = CERTIFICATE
     (entry,) = doc["modules"]

@@ -65,7 +65,7 @@ def _pp4_build_ext(project_build_ext):
             unknown = sorted(set(names) - set(modules))
             if unknown:
                 raise SystemExit(f"pp4: setup.py declares {', '.join(unknown)} now, which the build did not "
-                                 "configure: run configure.py again")
+                                 "configure: run configure (python -m pp4.configure) again")
             placed = result.setdefault("placed", {})
             for ext in self.extensions:
                 dest = self.get_ext_fullpath(ext.name)
@@ -151,7 +151,7 @@ def stage(builddir: Path, setup_py: Path, targets: list[str], stage_dir: Path) -
         missing = sorted(set(targets) - set(report.get("extensions") or []))
         if missing:
             raise WheelError(f"{setup_py} no longer declares {', '.join(missing)} (configured from it): "
-                             "run configure.py")
+                             "run configure (python -m pp4.configure) again")
         made = Path(report["wheels"][0])
         write_whole(stage_dir / STAGED_WHEEL, made.read_bytes())
         write_whole(stage_dir / STAGED_RECORD, json.dumps(
