@@ -12,7 +12,7 @@ from pathlib import Path
 import attrs
 
 from pp4.build import events
-from pp4.reuse import actionkey, observed
+from pp4.reuse import actionkey, observations
 from pp4.reuse.notices import env_notices, machine_notices, notify_once
 from pp4.reuse.wrapper import MARKER_SUFFIX, Action, ReuseConfig, Reuser, signed_part, time_problem
 
@@ -87,8 +87,8 @@ def _compile(cfg: ReuseConfig, reuser: Reuser, action: Action) -> int:
     from pp4.execution.run import run  # here, not at the top: an edge that restores never runs a compiler
 
     ran = run(list(args.argv), action.env, cfg.limits, cfg.runs_dir(), action.root)
-    hidden = observed.hidden_by_root(ran, action.outputs())
-    beside = observed.writes_beside_itself(ran) if ran.returncode == 0 else None
+    hidden = observations.hidden_by_root(ran, action.outputs())
+    beside = observations.writes_beside_itself(ran) if ran.returncode == 0 else None
     if hidden or beside:
         if hidden:
             (path, mounted), more = hidden[0], len(hidden) - 1

@@ -16,7 +16,8 @@ from pathlib import Path
 
 from pp4.execution.depfile import depfile_body
 from pp4.files import canonical_json
-from pp4.reuse.observed import States, by_folder, holds, is_file
+from pp4.reuse.observations import by_folder
+from pp4.reuse.pathstates import States, holds, is_file
 from pp4.store import hashed
 from pp4.store.layout import SETS_FOLDER
 

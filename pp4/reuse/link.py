@@ -35,7 +35,7 @@ from pp4.execution import depfile
 from pp4.execution.root import Root
 from pp4.execution.run import run
 from pp4.files import write_whole
-from pp4.reuse import observed
+from pp4.reuse import observations, pathstates
 from pp4.reuse.actionkey import FileHasher
 from pp4.store.manifests import ManifestEntry
 from pp4.toolchain.compilerenv import parse_env_args
@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         # times say nothing of a change during the link, and their bytes are observed like any file's.
         inputs = {fix(os.path.abspath(a)) for a in command[1:] if os.path.isfile(a)}
         hasher = linker.reuser.hasher if linker is not None else FileHasher(paths.file_hashes())
-        pairs, why = observed.from_run(ran, seen_as, observed.States(hasher), settled=inputs)
+        pairs, why = observations.from_run(ran, seen_as, pathstates.States(hasher), settled=inputs)
         stored = linker.store(pairs, ran.seconds) if linker is not None and why is None and ran.root is not None else None
         hasher.save()
         write(state_dir, LinkRecord(os.path.abspath(out), ran.command, ran.root.mounts if ran.root else None,

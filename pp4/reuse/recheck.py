@@ -11,7 +11,7 @@ before it decides anything else, waits (order-only) for this check, whose depend
 folders: the deepest existing folder of every path an object or module looked for and did not
 find, the folder of every link and folder it observed, every folder it listed, the folder of every
 file it read. The check runs only when one of them changed; it compares every observation of every
-existing output with the machine now (through the same `observed.States` the lookup uses, files
+existing output with the machine now (through the same `pathstates.States` the lookup uses, files
 hashed once and kept by stamp) and removes the outputs that no longer hold (and their restore
 markers), then ninja, which re-reads every file's state after build.ninja's edge, rebuilds exactly
 those and what uses them.
@@ -59,14 +59,14 @@ def recheck(cfg, actions_file: Path, stamp: Path) -> int:
     from pp4 import paths
     from pp4.execution.root import Root
     from pp4.build import events
-    from pp4.reuse import inputsets, link, observed
+    from pp4.reuse import inputsets, link, pathstates
     from pp4.reuse.actionkey import FileHasher
     from pp4.reuse.wrapper import MARKER_SUFFIX
 
     t0, cpu0 = time.monotonic(), time.process_time()
     doc = json.loads(actions_file.read_text())
     hasher = FileHasher(paths.file_hashes())
-    states = observed.States(hasher)
+    states = pathstates.States(hasher)
     checker = inputsets.SetChecker(states)
     sets_dir = inputsets.directory(cfg.state_dir)
     known = events.Events(cfg.state_dir)
@@ -95,7 +95,7 @@ def recheck(cfg, actions_file: Path, stamp: Path) -> int:
                 watched_sets.add((sid, mapping))
                 _watch(pairs, to_real, watched, folders)
             if not checker.matches(sets_dir, sid, mapping):
-                changed = observed.differences(pairs, to_real, states)
+                changed = pathstates.differences(pairs, to_real, states)
                 stale.append((out, changed[0] if changed else "an observation no longer holds"))
                 break
     for module in outputs[len(doc["actions"]):]:
@@ -105,8 +105,8 @@ def recheck(cfg, actions_file: Path, stamp: Path) -> int:
         checked += 1
         to_real = record.to_real()
         _watch(record.observations, to_real, watched, folders)
-        if not observed.holds(record.observations, to_real, states):
-            changed = observed.differences(record.observations, to_real, states)
+        if not pathstates.holds(record.observations, to_real, states):
+            changed = pathstates.differences(record.observations, to_real, states)
             stale.append((module, changed[0] if changed else "an observation no longer holds"))
     hasher.save()
     _write_watched(stamp, watched, cfg.builddir())
@@ -153,13 +153,13 @@ def _watch(pairs, to_real, watched: set[str], folders: dict[str, str]) -> None:
     changing: where a missing path would appear, where a link or folder would be replaced, a listed
     folder, a read file's folder (a file replaced by rename keeps whatever time it had). folders:
     each path's folder's deepest existing folder, found once per check."""
-    from pp4.reuse import observed
+    from pp4.reuse import pathstates
 
     for path, state in pairs:
         real = to_real(path)
-        if real is None or not real.startswith("/") or state.startswith((observed.AT, observed.REL)):
+        if real is None or not real.startswith("/") or state.startswith((pathstates.AT, pathstates.REL)):
             continue
-        if state.startswith(observed.LISTING):
+        if state.startswith(pathstates.LISTING):
             watched.add(real)
             continue
         parent = os.path.dirname(real)

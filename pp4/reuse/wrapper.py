@@ -6,7 +6,7 @@ Run by ninja through `python -m pp4.reuse` (pp4/reuse/__main__.py): one compile 
 A compile runs in the fixed execution root, observed (pp4/execution/). Its *manifest key* is the
 hash of the command as it runs there (fixed paths, `-D` values as written) and its environment;
 its *observation set* is every path its processes asked about with the state found there
-(pp4/reuse/observed.py); the *action key* (manifest key + the set's name) names the stored object.
+(pp4/reuse/observations.py); the *action key* (manifest key + the set's name) names the stored object.
 A lookup takes the manifest's entries newest first and restores the first whose every observation
 holds now, then writes the dependency file from the set's files. A compile edge that misses may
 still restore another variant's object of the unit, where the compilers prove the module's name
@@ -39,7 +39,7 @@ from pp4.execution import depfile
 from pp4.execution.root import Root
 from pp4.files import canonical_json, sha256_and_size
 from pp4.build import events
-from pp4.reuse import inputsets, observed, variants
+from pp4.reuse import inputsets, observations, pathstates, variants
 from pp4.reuse.notices import notify_once
 from pp4.reuse.actionkey import CompileArgs, FileHasher
 from pp4.store.front import Found, StoreFront
@@ -140,7 +140,7 @@ class Reuser:
     def __init__(self, cfg: ReuseConfig):
         self.cfg = cfg
         self.hasher = FileHasher(paths.file_hashes())
-        self.states = observed.States(self.hasher)
+        self.states = pathstates.States(self.hasher)
         self.sets = inputsets.SetChecker(self.states)
         self.state_sets = inputsets.directory(cfg.state_dir)
         self._in_state: set[str] = set()  # sets this process made sure the build's state dir holds
@@ -353,7 +353,7 @@ class Reuser:
             pairs = self.sets.load(self.store_sets, sid)
             if pairs is None:
                 return f"its newest stored entry names an observation set the store lacks ({sid[:16]})"
-            changed = observed.differences(pairs, to_real, self.states)
+            changed = pathstates.differences(pairs, to_real, self.states)
             if changed:
                 return f"{changed[0]} (and {len(changed) - 1} more)" if len(changed) > 1 else changed[0]
         return None
@@ -387,10 +387,10 @@ class Reuser:
 
     def observations(self, action: Action, ran: "Ran") -> tuple[list[list[str]], str | None]:
         """What a local compile observed, and why it must not be stored, if it must not."""
-        pairs, problem = observed.from_run(ran, action.outputs(), self.states)
-        problem = problem or time_problem(ran.time_macros, action.env) or observed.device_line_times(ran)
+        pairs, problem = observations.from_run(ran, action.outputs(), self.states)
+        problem = problem or time_problem(ran.time_macros, action.env) or observations.device_line_times(ran)
         if problem is None:
-            pairs = sorted(pairs + observed.pins(ran, action.args.output))
+            pairs = sorted(pairs + observations.pins(ran, action.args.output))
         return pairs, problem
 
     def write_depfile(self, action: Action, pairs: list[list[str]], ran: "Ran | None" = None) -> None:
@@ -399,7 +399,7 @@ class Reuser:
         args = action.args
         to_real = action.root.real if action.root is not None else (lambda p: p)
         if pairs or ran is None:
-            files = {r for p, s in pairs if observed.is_file(s) and (r := to_real(p)) is not None}
+            files = {r for p, s in pairs if pathstates.is_file(s) and (r := to_real(p)) is not None}
         else:
             written = depfile.parse_depfile(Path(args.depfile).read_text()) if Path(args.depfile).exists() else []
             files = {r for d in written if (r := ran.real(d)) is not None}
