@@ -28,7 +28,8 @@ def build(tmp_path_factory, toolchain) -> Path:
     import torch
 
     from pp4.certify import certificate, pin
-    from pp4.reuse.wrapper import ReuseConfig, Reuser
+    from pp4.build.config import ReuseConfig
+    from pp4.reuse.wrapper import Reuser
 
     work = tmp_path_factory.mktemp("audit")
     inc = Path(torch.__file__).parent / "include"

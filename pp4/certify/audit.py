@@ -208,9 +208,8 @@ class Audit:
             argv = list(obj["argv"])
             argv[argv.index("-o") + 1] = str(scratch / "recompiled.o")
             argv[argv.index("-MF") + 1] = str(scratch / "recompiled.o.d")
-            reuse = self.config.reuse
-            root = Root.make(os.getcwd(), reuse.get("relocation") or {}, obj.get("root"),
-                             str(Path(reuse["state_dir"]).parent)) if obj.get("mounts") else None
+            reuse = self.config.reuse_config()
+            root = Root.make(os.getcwd(), reuse.places, obj.get("root"), reuse.builddir()) if obj.get("mounts") else None
             t0 = time.monotonic()
             # Observed as the build's compiles are: the observer is one of the processes whose ids
             # the object records (pp4/execution/root.py).
@@ -233,7 +232,7 @@ def _trust(config: buildconfig.BuildConfig):
     (None, why it cannot be read)."""
     from pp4.store import signing
 
-    settings = config.reuse.get("trust") or {}
+    settings = config.reuse_config().trust
     key = Path(settings.get("signing_key") or signing.default_key_path())
     try:
         own = signing.read_public(signing.public_path(key))

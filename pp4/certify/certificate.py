@@ -218,7 +218,7 @@ def _modules(actions: list[dict], builddir: Path, state_dir: str) -> list[dict]:
 def build_record(config: buildconfig.BuildConfig, modules: list[dict], certificate: Path, digest: str) -> dict:
     """The build record for modules (the certificate's, or shipped()'s: then without the
     builder's folders, which shipped modules do not name)."""
-    identity = config.reuse["toolchain"]  # content hashes of nvcc, cicc, ptxas, ...
+    identity = config.reuse_config().toolchain  # content hashes of nvcc, cicc, ptxas, ...
     tc_prefix = None
     if modules:  # every module of a build uses the one toolchain configure chose
         plan = json.loads((certificate.parent / modules[0]["target"] / "plan.json").read_text())

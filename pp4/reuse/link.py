@@ -30,7 +30,7 @@ from pathlib import Path
 import attrs
 
 from pp4 import interrupt, paths, statedir
-from pp4.build import config as buildconfig
+from pp4.build.config import ReuseConfig
 from pp4.execution import depfile
 from pp4.execution.root import Root
 from pp4.execution.run import run
@@ -89,14 +89,13 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or len(rest) < 2 or rest[0] != "--":
         print("usage: python -m pp4.reuse.link CONFIG [--env NAME=VALUE]... -- COMMAND...", file=sys.stderr)
         return 2
-    config = buildconfig.load(argv[0])
-    limits = Limits.from_dict(config.limits)
-    reuse = config.reuse
-    state_dir = reuse.get("state_dir")
-    root = Root.make(os.getcwd(), reuse.get("relocation") or {}, build=str(Path(state_dir).parent)) if state_dir else None
+    cfg = ReuseConfig.load(argv[0])
+    limits = Limits.from_dict(cfg.limits)
+    state_dir = cfg.state_dir
+    root = Root.make(os.getcwd(), cfg.places, build=cfg.builddir())
     command = rest[1:]
     out = output_of(command)
-    linker = Linker.open(argv[0], reuse, root, command, action_env, out)
+    linker = Linker.open(cfg, root, command, action_env, out)
     if linker is not None and linker.restore():
         return 0
     ran = run(command, action_env, limits, Path(limits.tmpdir or "/tmp") / "pp4-runs", root, compile=False)
@@ -136,15 +135,15 @@ class Linker:
     mkey: str
 
     @classmethod
-    def open(cls, config_path: str, reuse: dict, root: Root | None, command: list[str], env: dict,
+    def open(cls, cfg: ReuseConfig, root: Root | None, command: list[str], env: dict,
              out: str | None) -> "Linker | None":
         """None where links are not reused: no store, no output, or no root (a command that names
         this checkout's folders would be keyed on them)."""
-        if not reuse.get("store") or root is None or out is None:
+        if not cfg.store or root is None or out is None:
             return None
-        from pp4.reuse.wrapper import ReuseConfig, Reuser
+        from pp4.reuse.wrapper import Reuser
 
-        return cls.for_reuser(Reuser(ReuseConfig.load(config_path)), root, command, env, out)
+        return cls.for_reuser(Reuser(cfg), root, command, env, out)
 
     @classmethod
     def for_reuser(cls, reuser, root: Root, command: list[str], env: dict, out: str) -> "Linker | None":

@@ -15,7 +15,8 @@ from pp4.execution.root import Root
 from pp4.build import events
 from pp4.reuse import actionkey, inputsets
 from pp4.reuse.notices import env_notices, notify_once
-from pp4.reuse.wrapper import MARKER_SUFFIX, ReuseConfig, Reuser
+from pp4.build.config import ReuseConfig
+from pp4.reuse.wrapper import MARKER_SUFFIX, Reuser
 
 STATE_SETS_GRACE_S = 3600.0
 

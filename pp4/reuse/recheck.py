@@ -55,7 +55,7 @@ def nothing_built(config_file: Path, actions_file: Path, stamp: Path) -> bool:
 
 
 def recheck(cfg, actions_file: Path, stamp: Path) -> int:
-    """cfg: the build's ReuseConfig (pp4/reuse/wrapper.py)."""
+    """cfg: the build's ReuseConfig (pp4/build/config.py)."""
     from pp4 import paths
     from pp4.execution.root import Root
     from pp4.build import events

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 import attrs
 
 from pp4 import paths, statedir
-from pp4.build import config as buildconfig
+from pp4.build.config import ReuseConfig
 from pp4.execution import depfile
 from pp4.execution.root import Root
 from pp4.files import canonical_json, sha256_and_size
@@ -45,7 +45,6 @@ from pp4.reuse.actionkey import CompileArgs, FileHasher
 from pp4.store.front import Found, StoreFront
 from pp4.store.manifests import ManifestEntry
 from pp4.store.records import ActionRecord, StoreError
-from pp4.toolchain.compilers import Compilers
 from pp4.toolchain.limits import Limits
 
 if TYPE_CHECKING:
@@ -54,48 +53,6 @@ if TYPE_CHECKING:
 MARKER_SUFFIX = ".pp4-reused"
 WARNINGS_KEPT = 1 << 20  # of a compile's messages, kept with its entry and replayed on every restore
 KEY_FORMAT = 5  # 5: observed in a closed world (every system call classed), drivers asked about the CPU
-
-
-@attrs.frozen
-class ReuseConfig:
-    store: str | None  # None: reuse is off, every compile runs
-    roots: tuple[str, ...]  # extension source roots, longest first
-    compilers: Compilers
-    state_dir: str
-    limits: Limits
-    folded: dict  # the toolchain variables configure folded into build.ninja, as it saw them
-    remote: dict | None = None  # {"url" (no password), "mode", "ttl"}: the remote tier, if any
-    places: dict = attrs.field(factory=dict)  # {"$TORCH": folder, ...}: mounted at fixed paths in the root
-    executor: dict | None = None  # {"address", "timeout_s", "toolchain"}: misses compile on a Ray cluster
-    name_macros: tuple[str, ...] = ()  # the macros that carry a module's name (pp4/reuse/variants.py)
-    # {"keys": [public key lines of configure --trust], "require_signers": N, "signing_key": path}:
-    # whose entries this build restores and the key it signs with (pp4/store/signing.py)
-    trust: dict = attrs.field(factory=dict)
-
-    @classmethod
-    def load(cls, path: str | Path) -> "ReuseConfig":
-        doc = buildconfig.load(path)
-        r = doc.reuse
-        return cls(store=r["store"], roots=tuple(sorted(r["roots"], key=len, reverse=True)),
-                   compilers=Compilers.from_dict(doc.compile["compilers"]),
-                   state_dir=r["state_dir"], limits=Limits.from_dict(doc.limits),
-                   folded=doc.compile.get("folded", {}), remote=r.get("remote"),
-                   places=r.get("relocation") or {}, executor=r.get("executor"),
-                   name_macros=tuple(r.get("name_macros") or ()), trust=r.get("trust") or {})
-
-    def tmpdir(self) -> Path:
-        return Path(self.limits.tmpdir) if self.limits.tmpdir else Path(os.environ.get("TMPDIR", "/tmp"))
-
-    def runs_dir(self) -> Path:
-        """Where each compile's scratch folder (its temporary folder, its trace) is made."""
-        return self.tmpdir() / "pp4-runs"
-
-    def builddir(self) -> str:
-        return str(Path(self.state_dir).parent)
-
-    def root_for(self, source: str) -> str | None:
-        src = os.path.abspath(source)
-        return next((r for r in self.roots if src.startswith(r + os.sep)), None)
 
 
 @attrs.frozen
@@ -138,7 +95,8 @@ class Reuser:
     """Lookups and stores through the store's front; each path's state worked out once per process."""
 
     def __init__(self, cfg: ReuseConfig):
-        self.cfg = cfg
+        self.cfg = cfg  # the build's reuse settings (pp4/build/config.py)
+        self.limits = Limits.from_dict(cfg.limits)
         self.hasher = FileHasher(paths.file_hashes())
         self.states = pathstates.States(self.hasher)
         self.sets = inputsets.SetChecker(self.states)
@@ -317,7 +275,7 @@ class Reuser:
                 return False
             if "why" not in proof:
                 proof["why"] = variants.unproven(list(action.args.argv), action.args.language, action.env,
-                                                 self.cfg.name_macros, self.cfg.limits, self.cfg.runs_dir(),
+                                                 self.cfg.name_macros, self.limits, self.cfg.runs_dir(),
                                                  action.root)
                 self.shared_refused = proof["why"]
             return proof["why"] is None
