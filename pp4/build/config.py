@@ -130,14 +130,24 @@ def write(builddir: str | Path, limits: dict, reuse: dict, compile: dict) -> boo
     return write_if_changed(config_path(builddir), json.dumps(doc, indent=1, sort_keys=True) + "\n")
 
 
-def of_folder(folder: str | Path = ".") -> BuildConfig | None:
-    """The configuration of the build configured in folder (where its build.ninja is, naming its
-    build folder), or None where there is none or it cannot be read."""
+def builddir_of(folder: str | Path = ".") -> Path | None:
+    """The build folder of the build configured in folder (its build.ninja's `builddir`), or None
+    where there is none."""
     try:
         with open(Path(folder) / "build.ninja") as f:
             for line in f:
                 if line.startswith("builddir = "):
-                    return load(Path(folder) / line[len("builddir = "):].strip().replace("$ ", " ").replace("$$", "$"))
-    except (OSError, BuildFolderError):
+                    return Path(folder) / line[len("builddir = "):].strip().replace("$ ", " ").replace("$$", "$")
+    except OSError:
         return None
     return None
+
+
+def of_folder(folder: str | Path = ".") -> BuildConfig | None:
+    """The configuration of the build configured in folder (where its build.ninja is, naming its
+    build folder), or None where there is none or it cannot be read."""
+    builddir = builddir_of(folder)
+    try:
+        return load(builddir) if builddir is not None else None
+    except BuildFolderError:
+        return None

@@ -245,8 +245,9 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m pp4.certify.certificate write CONFIG ACTIONS OUT.json.gz", file=sys.stderr)
         return 2
     try:
+        events.mark_run(buildconfig.load(Path(argv[1])).state_dir)  # where this run starts in ninja's log
         write(Path(argv[1]), Path(argv[2]), Path(argv[3]))
-    except (CertificateError, pin.PinError) as e:
+    except (CertificateError, pin.PinError, buildconfig.BuildFolderError) as e:
         print(f"pp4.certify.certificate: error: {e}", file=sys.stderr)
         return 1
     return 0

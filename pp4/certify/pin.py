@@ -16,7 +16,7 @@ import json
 import sys
 from pathlib import Path
 
-from pp4 import interrupt
+from pp4 import interrupt, statedir
 from pp4.files import sha256_file, write_if_changed
 from pp4.paths import SOURCE_SUFFIXES
 
@@ -120,6 +120,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         if args.cmd == "write":
+            from pp4.build import config as buildconfig, events  # the command's: the loader imports this module
+
+            builddir = buildconfig.builddir_of(".")  # ninja runs the pin edge where build.ninja is
+            if builddir is not None:  # where this run starts in ninja's log, for the report
+                events.mark_run(statedir.of_build(builddir))
             pin = write(args.plan, args.module, args.out)
         else:
             pin = check(args.module)

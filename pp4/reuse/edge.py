@@ -26,6 +26,7 @@ def compile_one(cfg: ReuseConfig, env: dict[str, str], argv: list[str]) -> int:
         return 0
     from pp4.build import reporter  # here: an edge whose object the prepass restored has no run to report
 
+    events.mark_run(cfg.state_dir)  # where this run starts in ninja's log, for the report
     reporter.ensure_running(cfg.state_dir)
     notify_once(cfg.state_dir, env_notices(cfg.folded))
     reuser = Reuser(cfg)

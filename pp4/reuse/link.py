@@ -30,6 +30,7 @@ from pathlib import Path
 import attrs
 
 from pp4 import interrupt, paths, statedir
+from pp4.build import events
 from pp4.build.config import ReuseConfig
 from pp4.execution import depfile
 from pp4.execution.root import Root
@@ -90,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m pp4.reuse.link CONFIG [--env NAME=VALUE]... -- COMMAND...", file=sys.stderr)
         return 2
     cfg = ReuseConfig.load(argv[0])
+    events.mark_run(cfg.state_dir)  # where this run starts in ninja's log, for the report
     limits = Limits.from_dict(cfg.limits)
     state_dir = cfg.state_dir
     root = Root.make(os.getcwd(), cfg.places, build=cfg.builddir())

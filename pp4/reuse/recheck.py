@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 from pp4.build import config as buildconfig
+from pp4.build import events
 from pp4 import statedir
 from pp4.execution import depfile
 
@@ -44,7 +45,9 @@ def nothing_built(config_file: Path, actions_file: Path, stamp: Path) -> bool:
     rule, which a new build folder's check would load for nothing. False where an output exists."""
     t0 = time.monotonic()
     doc = json.loads(actions_file.read_text())
-    builddir = Path(buildconfig.load(config_file).state_dir).parent
+    state_dir = buildconfig.load(config_file).state_dir
+    events.mark_run(state_dir)  # the first edge of a run where it runs: where the run starts in ninja's log
+    builddir = Path(state_dir).parent
     outputs = [a["output"] for a in doc["actions"]] + _modules(builddir, doc)
     if any(os.path.lexists(out) for out in outputs):
         return False
