@@ -9,7 +9,7 @@ here and nowhere else; each writer gets its path from `part()`.
     compilers.json       the compilers' identities, by file stamp                pp4/toolchain/compilers.py
     remote/              the remote tier's password, refusals, back-off          pp4/store/remote/tier.py
     cluster/             the cluster's back-off                                  pp4/reuse/cluster/executor.py
-    links/               what each module's link observed                        pp4/reuse/link.py
+    links/               what each module's link observed                        pp4/build/modules.py
     untrusted.log        stored entries not restored for who stored them          pp4/reuse/wrapper.py
     recheck.stamp        the check before ninja decides, and the folders it watches pp4/reuse/recheck.py
     prepass.stamp        the prepass's stamp and dependency file, for ninja       pp4/plan/ninjafile.py

@@ -33,7 +33,8 @@ from pp4.certify import pin
 from pp4.files import canonical_json, sha256_and_size, write_whole
 from pp4.execution.root import Root
 from pp4.build import events
-from pp4.reuse import inputsets, link
+from pp4.build import modules as buildmodules
+from pp4.reuse import inputsets
 
 
 class CertificateError(Exception):
@@ -158,11 +159,11 @@ def built_targets(builddir: Path, actions_path: Path) -> tuple[list[str], list[s
     built, missing = [], []
     for target in sorted({a["target"] for a in actions}):
         try:
-            plan = json.loads((builddir / target / "plan.json").read_text())
-        except (OSError, ValueError):
+            plan = buildmodules.load_plan(builddir, target)
+        except buildconfig.BuildFolderError:
             missing.append(target)
             continue
-        module = Path(plan["output"])
+        module = Path(plan.output)
         on_disk = [module, pin.pin_path_for(module), *(Path(a["output"]) for a in actions if a["target"] == target)]
         (built if all(p.exists() for p in on_disk) else missing).append(target)
     return built, missing
@@ -196,12 +197,12 @@ def write(config_path: Path, actions_path: Path, out: Path, say=print, read_set=
 def _modules(actions: list[dict], builddir: Path, state_dir: str) -> list[dict]:
     out = []
     for target in sorted({a["target"] for a in actions}):
-        plan = json.loads((builddir / target / "plan.json").read_text())
-        module = Path(plan["output"])
+        plan = buildmodules.load_plan(builddir, target)
+        module = Path(plan.output)
         p = pin.check(module, with_tree=True)  # the module must match its pin, sources included
-        record = link.read(state_dir, str(module))
-        out.append({"target": target, "module": plan["module"], "file": str(module), "sha256": p["sha256"],
-                    "source_key": p["source_key"], "root": plan["root"], "provenance": plan.get("provenance", {}),
+        record = buildmodules.read_link(state_dir, str(module))
+        out.append({"target": target, "module": plan.module, "file": str(module), "sha256": p["sha256"],
+                    "source_key": p["source_key"], "root": plan.root, "provenance": plan.provenance,
                     "tree_sha256": p["tree_sha256"],
                     # What the link observed (the files it read and what it looked for and did not
                     # find), as it saw them, and where its root's paths are here; None when no link
@@ -221,8 +222,7 @@ def build_record(config: buildconfig.BuildConfig, modules: list[dict], certifica
     identity = config.reuse_config().toolchain  # content hashes of nvcc, cicc, ptxas, ...
     tc_prefix = None
     if modules:  # every module of a build uses the one toolchain configure chose
-        plan = json.loads((certificate.parent / modules[0]["target"] / "plan.json").read_text())
-        tc_prefix = plan["toolchain"]["prefix"]
+        tc_prefix = buildmodules.load_plan(certificate.parent, modules[0]["target"]).toolchain_prefix
     from pp4.toolchain.prefixcheck import read_manifest  # the standard library alone: nothing to load
 
     manifest = read_manifest(Path(tc_prefix)) if tc_prefix else None

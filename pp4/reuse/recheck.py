@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from pp4.build import config as buildconfig
-from pp4.build import events
+from pp4.build import events, modules
 from pp4 import statedir
 from pp4.execution import depfile
 
@@ -61,7 +61,6 @@ def recheck(cfg, actions_file: Path, stamp: Path) -> int:
     """cfg: the build's ReuseConfig (pp4/build/config.py)."""
     from pp4 import paths
     from pp4.execution.root import Root
-    from pp4.build import events
     from pp4.reuse import inputsets, link, pathstates
     from pp4.reuse.actionkey import FileHasher
     from pp4.reuse.wrapper import MARKER_SUFFIX
@@ -102,11 +101,11 @@ def recheck(cfg, actions_file: Path, stamp: Path) -> int:
                 stale.append((out, changed[0] if changed else "an observation no longer holds"))
                 break
     for module in outputs[len(doc["actions"]):]:
-        record = link.read(cfg.state_dir, module)
+        record = modules.read_link(cfg.state_dir, module)
         if record is None or not os.path.exists(module) or record.not_observed:
             continue
         checked += 1
-        to_real = record.to_real()
+        to_real = link.to_real(record)
         _watch(record.observations, to_real, watched, folders)
         if not pathstates.holds(record.observations, to_real, states):
             changed = pathstates.differences(record.observations, to_real, states)
@@ -180,8 +179,8 @@ def _modules(builddir: Path, doc: dict) -> list[str]:
     found = []
     for target in sorted({a["target"] for a in doc["actions"]}):
         try:
-            found.append(json.loads((builddir / target / "plan.json").read_text())["output"])
-        except (OSError, ValueError, KeyError):
+            found.append(modules.load_plan(builddir, target).output)
+        except buildconfig.BuildFolderError:
             continue
     return found
 
