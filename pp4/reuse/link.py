@@ -14,8 +14,8 @@ Every file the link read (the objects, each `-l` library as the linker resolved 
 scripts, the linker's own programs) goes into the dependency file `<output>.d`, so ninja links
 again when any of them changes. Everything it observed, what it looked for and did not find
 included (a library in an earlier -L folder, a linker script), goes into its record,
-build/.pp4/links/<module>.json (pp4/build/modules.py): the certificate lists it, `ninja certify` checks it, and the
-check before every ninja run (pp4/reuse/recheck.py) links again a module whose observations no
+build/.pp4/links/<module>.json (pp4/build/modules.py): the certificate lists it, `ninja certify`
+checks it, and the check before every ninja run (pp4/reuse/recheck.py) links again a module whose observations no
 longer hold, which ninja's mtimes cannot show. The command runs with exactly the --env variables
 (pp4/toolchain/compilerenv.py).
 """
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         stored = linker.store(pairs, ran.seconds) if linker is not None and why is None and ran.root is not None else None
         hasher.save()
         write_link(state_dir, LinkRecord(os.path.abspath(out), ran.command, ran.root.mounts if ran.root else None,
-                                    pairs, why, {"action_key": stored} if stored else None))
+                                         pairs, why, {"action_key": stored} if stored else None))
     return 0
 
 
@@ -148,9 +148,10 @@ class Linker:
         depfile.write(self.out + ".d", self.out,
                       bodies=[reuser.sets.depfile_body(reuser.store_sets, sid, self.root) for sid in sids])
         pairs = [pair for sid in sids for pair in reuser.sets.load(reuser.store_sets, sid) or []]
-        write_link(reuser.cfg.state_dir, LinkRecord(os.path.abspath(self.out), self.command, self.root.mounts, sorted(pairs),
-                                               None, {"action_key": found.entry.action_key, "tier": found.tier,
-                                                      "signers": list(found.signers)}))
+        write_link(reuser.cfg.state_dir, LinkRecord(os.path.abspath(self.out), self.command, self.root.mounts,
+                                                    sorted(pairs), None,
+                                                    {"action_key": found.entry.action_key, "tier": found.tier,
+                                                     "signers": list(found.signers)}))
         reuser.hasher.save()
         return True
 
