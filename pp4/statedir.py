@@ -9,7 +9,7 @@ here and nowhere else; each writer gets its path from `part()`.
     compilers.json       the compilers' identities, by file stamp                pp4/toolchain/compilers.py
     remote/              the remote tier's password, refusals, back-off          pp4/store/remote/tier.py
     cluster/             the cluster's back-off                                  pp4/reuse/cluster/executor.py
-    links/               what each module's link observed                        pp4/reuse/link.py
+    links/               what each module's link observed                        pp4/build/modules.py
     untrusted.log        stored entries not restored for who stored them          pp4/reuse/wrapper.py
     recheck.stamp        the check before ninja decides, and the folders it watches pp4/reuse/recheck.py
     prepass.stamp        the prepass's stamp and dependency file, for ninja       pp4/plan/ninjafile.py
@@ -17,10 +17,12 @@ here and nowhere else; each writer gets its path from `part()`.
     source-folders.json  the names in a setup.py's source folders (ninja's stamp)  pp4/sources/listing.py
     progress.lock        held by the ninja run's progress reporter               pp4/report/progress.py
     progress.log         the run's progress lines                                 pp4/report/progress.py
+    runs.log             where each ninja run starts in ninja's log               pp4/build/events.py
 
 Bounds: events and sets are collected by every prepass (pp4/reuse/wrapper.py: the events of
 outputs the build no longer has, the sets no event names); notices are
-removed with their ninja run; progress.log holds one run's lines; the rest are one file each.
+removed with their ninja run; progress.log holds one run's lines; runs.log the last runs' marks; the
+rest are one file each.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ ESTIMATES = "estimates.json"
 SOURCE_LISTING = "source-folders.json"
 PROGRESS_LOCK = "progress.lock"
 PROGRESS_LOG = "progress.log"
+RUNS = "runs.log"
 
 FOLDER = ".pp4"  # inside the build folder
 

@@ -17,7 +17,7 @@ from pp4.build import config as buildconfig
 
 from pp4.certify import audit
 from pp4.execution import depfile
-from pp4.reuse import link
+from pp4.build import modules
 from pp4.reuse.actionkey import FileHasher
 
 
@@ -28,7 +28,8 @@ def build(tmp_path_factory, toolchain) -> Path:
     import torch
 
     from pp4.certify import certificate, pin
-    from pp4.reuse.wrapper import ReuseConfig, Reuser
+    from pp4.build.config import ReuseConfig
+    from pp4.reuse.wrapper import Reuser
 
     work = tmp_path_factory.mktemp("audit")
     inc = Path(torch.__file__).parent / "include"
@@ -68,9 +69,10 @@ def build(tmp_path_factory, toolchain) -> Path:
         module = tdir / f"pp4_{target.replace('-', '_')}.so"
         module.write_bytes(b"".join(o.read_bytes() for o in objs))
         depfile.write(str(module) + ".d", str(module), [str(o) for o in objs])  # as the link does
-        link.write(state, link.LinkRecord(str(module), ("c++", "-shared"), None,
+        modules.write_link(state, modules.LinkRecord(str(module), ("c++", "-shared"), None,
                                           sorted([str(o), reuser.states.state(str(o))] for o in objs), None))
-        plan = {"output": str(module), "module": module.stem, "root": str(root), "provenance": {},
+        plan = {"target": target, "objects": [str(o) for o in objs], "output_abs": str(module.absolute()),
+                "output": str(module), "module": module.stem, "root": str(root), "provenance": {},
                 "sources": [a["source"] for a in actions if a["target"] == target],
                 "cuda_flags": ["-O3"], "cxx_flags": ["-O3"], "link_flags": [],
                 "toolchain": {"prefix": str(work / "no-toolchain")}}

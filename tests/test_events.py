@@ -49,7 +49,7 @@ class Scene:
         build.mkdir()
         buildconfig.write(build, **config)
         self.config = build / "pp4.json"
-        self.cfg = reuse.ReuseConfig.load(self.config)
+        self.cfg = buildconfig.ReuseConfig.load(self.config)
         old = time.time() - 3600
         for h in headers:
             os.utime(h, (old, old))

@@ -26,7 +26,7 @@ from test_build import FIXTURE, ninja_bin, run
 
 from pp4.certify import audit
 from pp4.execution.root import Root
-from pp4.reuse import actionkey, observed
+from pp4.reuse import actionkey, pathstates
 from pp4.store import manifests
 from pp4.store.local import Store
 from pp4.toolchain import compilerenv
@@ -92,7 +92,7 @@ def assert_no_wrong_object(work: Path, reference: dict[str, bytes], builddir: st
         diff = audit.differing_bytes(reference[name], path.read_bytes())
         assert diff == [], f"WRONG OBJECT {path}: differs from a fresh compile at bytes {diff}"
     cert = certificate(work, builddir)
-    states = observed.States(actionkey.FileHasher())
+    states = pathstates.States(actionkey.FileHasher())
     for o in cert["objects"]:
         for p, state in object_observations(cert, o):
             assert states.now(p, state) == state, (p, state)

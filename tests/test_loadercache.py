@@ -12,7 +12,7 @@ import time
 import pytest
 
 from pp4.execution.run import run
-from pp4.reuse import loadercache, observed
+from pp4.reuse import loadercache, observations, pathstates
 from pp4.reuse.actionkey import FileHasher
 from pp4.toolchain.limits import Limits
 
@@ -86,17 +86,17 @@ def test_the_names_are_what_was_opened_or_looked_for_and_what_resolves_to_it(scr
 def test_a_compile_keys_the_system_cache_by_its_resolutions(tmp_path):
     src = tmp_path / "a.c"
     src.write_text("int a(void) { return 2; }\n")
-    time.sleep(2 * observed.CTIME_MARGIN_S)  # written well before the compile starts
+    time.sleep(2 * observations.CTIME_MARGIN_S)  # written well before the compile starts
     out = tmp_path / "a.o"
     ran = run(["gcc", "-c", str(src), "-o", str(out)], {"PATH": "/usr/bin:/bin"}, Limits(), tmp_path / "runs", None)
     if ran.trace is None:
         pytest.skip(ran.trace_problem)
-    pairs, problem = observed.from_run(ran, {str(out)}, observed.States(FileHasher()))
+    pairs, problem = observations.from_run(ran, {str(out)}, pathstates.States(FileHasher()))
     assert problem is None
     (state,) = [s for p, s in pairs if p == loadercache.CACHE]
     assert state.startswith("ld:"), state
     assert "libc.so.6" in loadercache.names_in(state)
-    states = observed.States(FileHasher())
-    assert observed.holds(pairs, lambda p: p, states)
-    assert observed.differences([[loadercache.CACHE, state[:-1] + "X"]], lambda p: p, states)[0].startswith(
+    states = pathstates.States(FileHasher())
+    assert pathstates.holds(pairs, lambda p: p, states)
+    assert pathstates.differences([[loadercache.CACHE, state[:-1] + "X"]], lambda p: p, states)[0].startswith(
         "/etc/ld.so.cache: the loader's cache resolving")

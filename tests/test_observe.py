@@ -17,7 +17,7 @@ import zstandard
 from pp4.execution import observe
 from pp4.execution.root import Root
 from pp4.execution.run import run
-from pp4.reuse import inputsets, observed
+from pp4.reuse import inputsets, observations, pathstates
 from pp4.reuse.actionkey import FileHasher
 from pp4.store import hashed, packs
 from pp4.toolchain.limits import Limits
@@ -221,17 +221,17 @@ def test_a_preload_path_the_loader_would_split_is_left_out(tmp_path):
 
 
 def test_states_name_what_is_there_now(tmp_path):
-    states = observed.States(FileHasher())
+    states = pathstates.States(FileHasher())
     f = tmp_path / "f.h"
     f.write_text("a")
     (tmp_path / "link.h").symlink_to("f.h")
     assert len(states.state(str(f))) == 64
-    assert states.state(str(tmp_path / "missing.h")) == observed.ABSENT
-    assert states.state(str(tmp_path / "f.h" / "x")) == observed.ABSENT, "ENOTDIR is absent too"
-    assert states.state(str(tmp_path)) == observed.FOLDER
+    assert states.state(str(tmp_path / "missing.h")) == pathstates.ABSENT
+    assert states.state(str(tmp_path / "f.h" / "x")) == pathstates.ABSENT, "ENOTDIR is absent too"
+    assert states.state(str(tmp_path)) == pathstates.FOLDER
     assert states.state(str(tmp_path / "link.h"), follow=False) == "L@f.h"
     assert states.state(str(tmp_path / "link.h")) == states.state(str(f))
-    assert states.listing(str(tmp_path)).startswith(observed.LISTING)
+    assert states.listing(str(tmp_path)).startswith(pathstates.LISTING)
 
 
 def test_a_set_is_named_by_its_content_and_checked_against_the_machine(tmp_path):
@@ -240,39 +240,39 @@ def test_a_set_is_named_by_its_content_and_checked_against_the_machine(tmp_path)
     header = folder / "h.h"
     header.write_text("one")
     probe = folder / "probe.h"
-    states = observed.States(FileHasher())
-    pairs = [[str(header), states.state(str(header))], [str(probe), observed.ABSENT],
+    states = pathstates.States(FileHasher())
+    pairs = [[str(header), states.state(str(header))], [str(probe), pathstates.ABSENT],
              [str(folder), states.listing(str(folder))]]
     d = tmp_path / "sets"
     sid, data = inputsets.encode(pairs)
     assert sid == inputsets.set_id(list(reversed(pairs)))
     pack = inputsets.pack({sid: data})
     inputsets.write_pack(d, pack)
-    assert inputsets.SetChecker(observed.States(FileHasher())).matches(d, pack.name, sid, None)
+    assert inputsets.SetChecker(pathstates.States(FileHasher())).matches(d, pack.name, sid, None)
     probe.write_text("appeared")
-    fresh = inputsets.SetChecker(observed.States(FileHasher()))
+    fresh = inputsets.SetChecker(pathstates.States(FileHasher()))
     assert not fresh.matches(d, pack.name, sid, None), "a file appearing where the compile looked"
-    assert any("absent when compiled" in line for line in observed.differences(pairs, lambda p: p, fresh.states))
+    assert any("absent when compiled" in line for line in pathstates.differences(pairs, lambda p: p, fresh.states))
     assert not fresh.matches(d, pack.name, "0" * 64, None), "a set its pack lacks never matches"
     assert not fresh.matches(d, "0" * 64, sid, None), "a missing pack never matches"
 
 
 def test_a_damaged_or_forged_pack_is_never_read_and_verify_removes_it(tmp_path):
     d = tmp_path / "sets"
-    sid, data = inputsets.encode([["/x", observed.ABSENT]])
+    sid, data = inputsets.encode([["/x", pathstates.ABSENT]])
     pack = inputsets.pack({sid: data})
     inputsets.write_pack(d, pack)
     path = hashed.path_of(d, pack.name)
     raw = bytearray(path.read_bytes())
     raw[-3] ^= 0x01
     path.write_bytes(bytes(raw))
-    checker = inputsets.SetChecker(observed.States(FileHasher()))
+    checker = inputsets.SetChecker(pathstates.States(FileHasher()))
     assert checker.load(d, pack.name, sid) is None
     assert packs.verify(d, repair=True)[0][2] is True and not path.exists(), "what `pp4.store verify` runs"
 
     # Forged: a pack named by its own bytes, whose set is not the one its name says. Only the set's
     # own check can tell.
-    other, other_data = inputsets.encode([["/x", observed.ABSENT], ["/y", observed.ABSENT]])
+    other, other_data = inputsets.encode([["/x", pathstates.ABSENT], ["/y", pathstates.ABSENT]])
     body = f"{sid} {len(other_data)}\n".encode() + other_data
     forged_frame = zstandard.ZstdCompressor().compress(body)
     forged = packs.SetPack(hashlib.sha256(forged_frame).hexdigest(), forged_frame)
@@ -455,7 +455,7 @@ def test_unstorable_calls_name_the_call_and_the_program(tmp_path):
         ran = run([str(program), how], {"PATH": "/usr/bin:/bin"}, Limits(), tmp_path / "runs", None, compile=False)
         assert ran.trace.unstorable and ran.trace.unstorable[0].call == call, (how, ran.trace.unstorable)
         assert all(u.program == str(program) for u in ran.trace.unstorable)
-        pairs, why = observed.from_run(ran, set(), observed.States(FileHasher()))
+        pairs, why = observations.from_run(ran, set(), pathstates.States(FileHasher()))
         assert pairs == [] and f"system call {call} ({program})" in why
 
 
@@ -485,7 +485,7 @@ def test_extended_attributes_are_observed_with_their_values(tmp_path):
     assert ran.trace.unstorable == () and ran.trace.opaque == ()
     assert set(ran.trace.xattrs) >= {(str(probe), True, "user.pp4"), (str(probe), True, "user.other"),
                                      (str(probe), True, None)}
-    pairs, why = observed.from_run(ran, set(), observed.States(FileHasher()))
+    pairs, why = observations.from_run(ran, set(), pathstates.States(FileHasher()))
     assert why is None
     states = dict(pairs)
     mine = [st for p, st in pairs if p == str(probe) and st.startswith("xattr:user.pp4=")]
@@ -493,7 +493,7 @@ def test_extended_attributes_are_observed_with_their_values(tmp_path):
     assert any(p == str(probe) and st == "xattr:user.other=-" for p, st in pairs)
     assert any(p == str(probe) and st == "xattr:user.third=-" for p, st in pairs)
     os.setxattr(probe, "user.pp4", b"two")
-    assert observed.States(FileHasher()).now(str(probe), mine[0]) != mine[0]
+    assert pathstates.States(FileHasher()).now(str(probe), mine[0]) != mine[0]
     assert states  # the file's own read is observed too
 
 
@@ -625,7 +625,7 @@ def test_sockets_and_folder_opens_are_seen_for_what_they_are(tmp_path):
     ran = run([str(program), str(tmp_path / "none.sock"), str(folder), "tcp"], env, Limits(),
               tmp_path / "runs", None, compile=False)
     assert [(u.call, u.detail) for u in ran.trace.unstorable] == [("connect", "address family 2")]
-    pairs, why = observed.from_run(ran, set(), observed.States(FileHasher()))
+    pairs, why = observations.from_run(ran, set(), pathstates.States(FileHasher()))
     assert pairs == [] and "system call connect" in why and "a socket reaches another process" in why
     server = sockets.socket(sockets.AF_UNIX)
     server.bind(str(tmp_path / "there.sock"))
@@ -663,16 +663,16 @@ def test_twins_are_keyed_wherever_they_are(tmp_path):
         def real(self, path):
             return root.real(path)
 
-    states = observed.States(FileHasher())
+    states = pathstates.States(FileHasher())
     pairs = {(p, "f"): states.state(root.real(p)) for p in
              ("/pp4/src/a/x.h", "/pp4/src/b/x.h", "/pp4/torch/c10/stub.h", "/pp4/torch/csrc/stub.h",
               "/pp4/src/a/empty.h", "/pp4/src/b/empty.h")}
-    twins.observe(Ran(), pairs, observed.is_file)
+    twins.observe(Ran(), pairs, pathstates.is_file)
     found = {k[0]: v for k, v in pairs.items() if k[1] == twins.PREFIX}
     assert found == {"/pp4/src/a/x.h": twins.PREFIX + "/pp4/src/b/x.h|0,0",
                      "/pp4/torch/c10/stub.h": twins.PREFIX + "/pp4/torch/csrc/stub.h|0,1"}
     recorded = found["/pp4/src/a/x.h"]
     assert states.now(str(project / "a" / "x.h"), recorded, root.real) == recorded
     os.utime(project / "b" / "x.h", (1_000_100, 1_000_100))
-    assert observed.States(FileHasher()).now(str(project / "a" / "x.h"), recorded, root.real) == \
+    assert pathstates.States(FileHasher()).now(str(project / "a" / "x.h"), recorded, root.real) == \
         twins.PREFIX + "/pp4/src/b/x.h|0,1"

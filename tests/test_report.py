@@ -79,6 +79,34 @@ def test_a_target_s_own_last_line_is_what_the_report_says_after(tmp_path, toolch
     assert re.search(r"critical path \d+ edges, .* \(longest: ", after) and ".pin.json" in (work / "build" / ".ninja_log").read_text()
 
 
+def test_a_short_build_right_after_another_is_the_last_build_alone(tmp_path, toolchain):
+    """Two builds in a row, the second short: ninja's log has no mark between runs, and where the
+    second's lines all end later (from its own start) than the first's last, the log's order alone
+    counts both as one run. The marks pp4's edges leave (pp4/build/events.py) say where the second
+    starts: the report counts its edges alone, and `ninja report`, a run of its own, is not it."""
+    project, work = configured(tmp_path)
+    run([ninja_bin()], work)
+    log = work / "build" / ".ninja_log"
+    # The first: one pin written again, a few hundred milliseconds.
+    pin = next((work / "build" / "pp4_answer").glob("*.pin.json"))
+    pin.unlink()
+    run([ninja_bin(), str(pin.relative_to(work))], work)
+    before = log.read_text()
+    # The second: a source changed; its prepass alone loads the reuse rule, then a compile, the link.
+    source = project / "csrc" / "answer.cpp"
+    source.write_text(source.read_text() + "\n// changed\n")
+    run([ninja_bin(), "pp4_answer"], work)
+    from pp4.report import timeline
+
+    second = [ln.split("\t")[3] for ln in log.read_text()[len(before):].splitlines()
+              if not ln.startswith("#") and not ln.split("\t")[3].endswith(timeline.CHECK)]
+    assert any(o.endswith(".pin.json") for o in second) and any(o.endswith("answer.cpp.o") for o in second), second
+    report = run([ninja_bin(), "report"], work).stdout
+    steps, _ = timeline.load(str(work), str(work / "build"), ninja_bin())
+    assert sorted(s.output for s in steps) == sorted(second)
+    assert f"pp4: last build: {len(second)} edges in " in report, report
+
+
 def test_no_build_yet_is_said_plainly(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "pp4.report", "--build", str(tmp_path)], cwd=tmp_path,
                           capture_output=True, text=True, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})

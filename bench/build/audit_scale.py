@@ -133,7 +133,8 @@ def make_build(work: Path, units: int, nsets: int, families: int, shared_n: int,
         total += module.stat().st_size
         # the link's dependency file, as pp4's launcher writes it (a revision before it ignores it)
         Path(str(module) + ".d").write_text(f"{module}: " + " ".join(str(o) for o in objs) + "\n")
-        plan = {"output": str(module), "module": module.stem, "root": str(root), "provenance": {},
+        plan = {"target": target, "objects": [str(o) for o in objs], "output_abs": str(module.absolute()),
+                "output": str(module), "module": module.stem, "root": str(root), "provenance": {},
                 "sources": [a["source"] for a in actions if a["target"] == target],
                 "cuda_flags": ["-O3"], "cxx_flags": ["-O3"], "link_flags": [],
                 "toolchain": {"prefix": str(work / "no-toolchain")}}

@@ -30,7 +30,8 @@ sys.path.insert(0, str(REPO))
 
 from pp4.reuse import variants  # noqa: E402
 from pp4.reuse.actionkey import parse_compile  # noqa: E402
-from pp4.reuse.wrapper import ReuseConfig, Reuser  # noqa: E402
+from pp4.build.config import ReuseConfig  # noqa: E402
+from pp4.reuse.wrapper import Reuser  # noqa: E402
 
 
 def main() -> int:
@@ -57,7 +58,7 @@ def main() -> int:
         else:
             action = reuser.action(compile_args, a["env"])
             why = variants.unproven(list(compile_args.argv), compile_args.language, action.env, cfg.name_macros,
-                                    cfg.limits, cfg.runs_dir(), action.root)
+                                    reuser.limits, cfg.runs_dir(), action.root)
         return {"output": a["output"], "proven": why is None, "why": why, "seconds": round(time.monotonic() - t0, 2)}
 
     t0 = time.monotonic()

@@ -16,17 +16,29 @@ the new one, never a torn one. Killed between the batch and the removals, a rest
 event file would still win: the certificate rechecks every object's sha256 against its event, so
 that can only make it refuse to certify, never certify the wrong object; and the restored objects'
 markers are still there, so the next prepass restores them again.
+
+Runs: where each ninja run that did something starts in ninja's log (`build/.ninja_log`), for the
+report of the last build (pp4/report/timeline.py). ninja's log has no mark of its own between runs:
+each edge's line holds times from its run's start and nothing else. So the first pp4 edge of a run
+(the check before ninja decides, the prepass, a compile, a link, a pin, the certificate) appends
+a line to build/.pp4/runs.log, once a run: the run (ninja's pid and start time), the log's size
+then, and a checksum of the bytes before that offset (a log that ninja recompacted since no longer
+has them, and the mark is not used). Each edge marks as it starts, so every line of the run after
+that offset is the run's; an edge that is not pp4's and ends before the first pp4 edge starts (a
+toolchain check, configure) is before it. The report reads marks and never writes one: `ninja
+report` is a run of its own, and not the last build.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import zlib
 from pathlib import Path
 
 import attrs
 
-from pp4 import statedir
+from pp4 import ninjarun, statedir
 from pp4.files import write_whole
 
 @attrs.frozen
@@ -151,3 +163,79 @@ class Events:
             return None
         return CompileEvent.from_json(doc)
 
+
+
+# -- ninja runs -------------------------------------------------------------------------------
+
+NINJA_LOG = ".ninja_log"  # ninja's own, in the build folder (build.ninja's `builddir`)
+RUNS_KEPT = 16  # the newest marks a rewrite keeps (the report needs the last few)
+_CHECKED = 256  # bytes before a mark's offset that its checksum covers
+
+
+@attrs.frozen
+class RunMark:
+    """Where a ninja run starts in ninja's log: its lines are those after log_offset."""
+    run: str  # ninjarun.run_id(): ninja's pid and start time
+    log_offset: int  # the log's size when the run's first pp4 edge started
+    before: int  # crc32 of the log's _CHECKED bytes before log_offset
+
+    def holds(self, log: bytes) -> bool:
+        """Whether the log still has the bytes this mark was made after (ninja rewrites its log
+        whole when it recompacts it: then the offset means nothing)."""
+        return (self.log_offset <= len(log) and (self.log_offset == 0 or log[self.log_offset - 1:self.log_offset] == b"\n")
+                and zlib.crc32(log[max(0, self.log_offset - _CHECKED):self.log_offset]) == self.before)
+
+
+def runs_path(state_dir: str | Path) -> Path:
+    return statedir.part(state_dir, statedir.RUNS)
+
+
+def ninja_log(state_dir: str | Path) -> Path:
+    return Path(state_dir).parent / NINJA_LOG
+
+
+def read_runs(state_dir: str | Path) -> list[RunMark]:
+    """The marks, oldest first (a damaged line is left out)."""
+    try:
+        text = runs_path(state_dir).read_text()
+    except (OSError, ValueError):
+        return []
+    marks = []
+    for line in text.splitlines():
+        words = line.split()
+        if len(words) == 3 and words[1].isdigit() and words[2].isdigit():
+            marks.append(RunMark(words[0], int(words[1]), int(words[2])))
+    return marks
+
+
+def mark_run(state_dir: str | Path, run: str | None = None) -> None:
+    """Mark the start of this ninja run (run: its ninjarun.run_id(), else the one this process runs
+    under), once a run: every pp4 edge calls it as it starts. Nothing when not run by ninja."""
+    run = run or ninjarun.run_id()
+    if run is None:
+        return
+    marks = read_runs(state_dir)
+    if any(m.run == run for m in marks):
+        return
+    try:
+        with open(ninja_log(state_dir), "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - _CHECKED))
+            tail = f.read(size - max(0, size - _CHECKED))
+    except OSError:
+        size, tail = 0, b""
+    line = f"{run} {size} {zlib.crc32(tail)}\n"
+    path = runs_path(state_dir)
+    try:
+        if len(marks) >= 2 * RUNS_KEPT:  # rewritten whole now and then: the file stays small
+            write_whole(path, "".join(f"{m.run} {m.log_offset} {m.before}\n" for m in marks[-RUNS_KEPT:]) + line)
+        else:  # one write of one short line to a file opened to append: edges of one run may race here
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            try:
+                os.write(fd, line.encode())
+            finally:
+                os.close(fd)
+    except OSError:
+        pass  # the report then counts this run as the log's own order says

@@ -4,7 +4,7 @@
 
 Rechecks the certificate's hash against the build record, and for every object that compiling it
 now would still give it: its sha256, and every observation its compile made (each path its
-processes opened, looked for, listed or ran, with the state found there: pp4/reuse/observed.py)
+processes opened, looked for, listed or ran, with the state found there: pp4/reuse/pathstates.py)
 against the machine now; each object's action against the store; every module against its pin and
 the build record. It compiles nothing. --recompile N compiles N reused objects again from their
 command, in the fixed execution root, and compares them with the stored object byte for byte, with
@@ -33,7 +33,7 @@ from pp4 import interrupt
 from pp4.certify import certificate, pin
 from pp4.execution.root import Root
 from pp4.execution.run import run
-from pp4.reuse import inputsets, observed
+from pp4.reuse import inputsets, pathstates
 from pp4.reuse.actionkey import FileHasher
 from pp4.store.local import Store
 from pp4.store.records import CorruptObject, ObjectMissing, StoreError
@@ -59,7 +59,7 @@ class Audit:
             self.store, self.store_problem = None, str(e)
         self.config = config
         self.hasher = FileHasher()
-        self.states = observed.States(self.hasher)
+        self.states = pathstates.States(self.hasher)
         self.failures: list[str] = []
         self.per_object: list[tuple[str, str, str]] = []
         self.stale: list[str] = []  # outputs that compiling now would not give: --invalidate removes them
@@ -107,7 +107,7 @@ class Audit:
                 continue
             mounts = m.get("link_mounts")
             to_real = Root.from_mounts(mounts).real if mounts else (lambda path: path)
-            changed = observed.differences(m["link_inputs"], to_real, self.states)
+            changed = pathstates.differences(m["link_inputs"], to_real, self.states)
             if changed:
                 self.fail(f"module {module}: changed since it was linked: " + "; ".join(changed[:5])
                           + (f"; and {len(changed) - 5} more" if len(changed) > 5 else ""))
@@ -135,7 +135,7 @@ class Audit:
                 mapping = Root.from_mounts(obj["mounts"]) if obj.get("mounts") else None
                 to_real = mapping.real if mapping is not None else (lambda p: p)
                 for sid in obj["input_sets"]:
-                    changed = observed.differences(self.doc["input_sets"][sid], to_real, self.states)
+                    changed = pathstates.differences(self.doc["input_sets"][sid], to_real, self.states)
                     problems += [f"changed since it was built: {c}" for c in changed[:5]]
                     if len(changed) > 5:
                         problems.append(f"and {len(changed) - 5} more observations")
@@ -208,9 +208,8 @@ class Audit:
             argv = list(obj["argv"])
             argv[argv.index("-o") + 1] = str(scratch / "recompiled.o")
             argv[argv.index("-MF") + 1] = str(scratch / "recompiled.o.d")
-            reuse = self.config.reuse
-            root = Root.make(os.getcwd(), reuse.get("relocation") or {}, obj.get("root"),
-                             str(Path(reuse["state_dir"]).parent)) if obj.get("mounts") else None
+            reuse = self.config.reuse_config()
+            root = Root.make(os.getcwd(), reuse.places, obj.get("root"), reuse.builddir()) if obj.get("mounts") else None
             t0 = time.monotonic()
             # Observed as the build's compiles are: the observer is one of the processes whose ids
             # the object records (pp4/execution/root.py).
@@ -237,7 +236,7 @@ def _trust(config: buildconfig.BuildConfig):
     (None, why it cannot be read)."""
     from pp4.store import signing
 
-    settings = config.reuse.get("trust") or {}
+    settings = config.reuse_config().trust
     key = Path(settings.get("signing_key") or signing.default_key_path())
     try:
         own = signing.read_public(signing.public_path(key))

@@ -34,7 +34,8 @@ from pp4.certify import pin
 from pp4.files import canonical_json, sha256_and_size, write_whole
 from pp4.execution.root import Root
 from pp4.build import events
-from pp4.reuse import inputsets, link
+from pp4.build import modules as buildmodules
+from pp4.reuse import inputsets
 
 
 class CertificateError(Exception):
@@ -161,11 +162,11 @@ def built_targets(builddir: Path, actions_path: Path) -> tuple[list[str], list[s
     built, missing = [], []
     for target in sorted({a["target"] for a in actions}):
         try:
-            plan = json.loads((builddir / target / "plan.json").read_text())
-        except (OSError, ValueError):
+            plan = buildmodules.load_plan(builddir, target)
+        except buildconfig.BuildFolderError:
             missing.append(target)
             continue
-        module = Path(plan["output"])
+        module = Path(plan.output)
         on_disk = [module, pin.pin_path_for(module), *(Path(a["output"]) for a in actions if a["target"] == target)]
         (built if all(p.exists() for p in on_disk) else missing).append(target)
     return built, missing
@@ -199,12 +200,12 @@ def write(config_path: Path, actions_path: Path, out: Path, say=print, read_set=
 def _modules(actions: list[dict], builddir: Path, state_dir: str) -> list[dict]:
     out = []
     for target in sorted({a["target"] for a in actions}):
-        plan = json.loads((builddir / target / "plan.json").read_text())
-        module = Path(plan["output"])
+        plan = buildmodules.load_plan(builddir, target)
+        module = Path(plan.output)
         p = pin.check(module, with_tree=True)  # the module must match its pin, sources included
-        record = link.read(state_dir, str(module))
-        out.append({"target": target, "module": plan["module"], "file": str(module), "sha256": p["sha256"],
-                    "source_key": p["source_key"], "root": plan["root"], "provenance": plan.get("provenance", {}),
+        record = buildmodules.read_link(state_dir, str(module))
+        out.append({"target": target, "module": plan.module, "file": str(module), "sha256": p["sha256"],
+                    "source_key": p["source_key"], "root": plan.root, "provenance": plan.provenance,
                     "tree_sha256": p["tree_sha256"],
                     # What the link observed (the files it read and what it looked for and did not
                     # find), as it saw them, and where its root's paths are here; None when no link
@@ -221,11 +222,10 @@ def _modules(actions: list[dict], builddir: Path, state_dir: str) -> list[dict]:
 def build_record(config: buildconfig.BuildConfig, modules: list[dict], certificate: Path, digest: str) -> dict:
     """The build record for modules (the certificate's, or shipped()'s: then without the
     builder's folders, which shipped modules do not name)."""
-    identity = config.reuse["toolchain"]  # content hashes of nvcc, cicc, ptxas, ...
+    identity = config.reuse_config().toolchain  # content hashes of nvcc, cicc, ptxas, ...
     tc_prefix = None
     if modules:  # every module of a build uses the one toolchain configure chose
-        plan = json.loads((certificate.parent / modules[0]["target"] / "plan.json").read_text())
-        tc_prefix = plan["toolchain"]["prefix"]
+        tc_prefix = buildmodules.load_plan(certificate.parent, modules[0]["target"]).toolchain_prefix
     from pp4.toolchain.prefixcheck import read_manifest  # the standard library alone: nothing to load
 
     manifest = read_manifest(Path(tc_prefix)) if tc_prefix else None
@@ -248,8 +248,9 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m pp4.certify.certificate write CONFIG ACTIONS OUT.json.gz", file=sys.stderr)
         return 2
     try:
+        events.mark_run(buildconfig.load(Path(argv[1])).state_dir)  # where this run starts in ninja's log
         write(Path(argv[1]), Path(argv[2]), Path(argv[3]))
-    except (CertificateError, pin.PinError) as e:
+    except (CertificateError, pin.PinError, buildconfig.BuildFolderError) as e:
         print(f"pp4.certify.certificate: error: {e}", file=sys.stderr)
         return 1
     return 0

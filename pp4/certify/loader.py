@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import importlib.machinery
 import importlib.util
-import json
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -37,9 +36,13 @@ def load(module_path: Path | str) -> ModuleType:
 
 def load_target(target: str, builddir: Path | str = "build") -> ModuleType:
     """Load the module of one configured extension target ("p2p", "exl3-facc", ...)."""
-    plan_file = Path(builddir) / target / "plan.json"
-    if not plan_file.is_file():
+    from pp4.build import modules
+
+    if not modules.plan_path(builddir, target).is_file():
         raise ImportError(f"{target} is not configured in {builddir}: run `python -m pp4.configure` and "
                           f"`ninja {target}`")
-    plan = json.loads(plan_file.read_text())
-    return load(Path(plan["output_abs"]))
+    try:
+        plan = modules.load_plan(builddir, target)
+    except modules.BuildFolderError as e:
+        raise ImportError(str(e)) from None
+    return load(Path(plan.output_abs))

@@ -16,7 +16,9 @@ import json
 import sys
 from pathlib import Path
 
-from pp4 import interrupt
+from pp4 import interrupt, statedir
+from pp4.build.config import BuildFolderError
+from pp4.build.modules import PlanRecord, load_plan_file
 from pp4.files import sha256_file, write_if_changed
 from pp4.paths import SOURCE_SUFFIXES
 
@@ -32,15 +34,15 @@ def tree_files(root: Path, sources: list[str]) -> list[Path]:
     return sorted(found)
 
 
-def tree_hashes(plan: dict, with_tree: bool = True) -> tuple[str, str | None]:
+def tree_hashes(plan: PlanRecord, with_tree: bool = True) -> tuple[str, str | None]:
     """(source key, tree hash), reading each file of the tree once. The source key covers the
     files, the flags and the toolchain (what the pin checks); the tree hash covers the files alone,
     each named by its relative path and its sha256 (what a build record names as the source tree).
     Without with_tree the tree hash is None and its second sha256 pass over the files is skipped."""
     key, tree = hashlib.sha256(), hashlib.sha256()
-    key.update(json.dumps([plan["cuda_flags"], plan["cxx_flags"], plan["link_flags"], plan["toolchain"]]).encode())
-    root = Path(plan["root"])
-    for f in tree_files(root, plan["sources"]):
+    key.update(json.dumps([plan.cuda_flags, plan.cxx_flags, plan.link_flags, plan.toolchain]).encode())
+    root = Path(plan.root)
+    for f in tree_files(root, plan.sources):
         name = str(f.relative_to(root) if f.is_relative_to(root) else f).encode()
         data = f.read_bytes()
         key.update(b"\0" + name + b"\0")
@@ -51,7 +53,7 @@ def tree_hashes(plan: dict, with_tree: bool = True) -> tuple[str, str | None]:
     return key.hexdigest(), tree.hexdigest() if with_tree else None
 
 
-def source_key(plan: dict) -> str:
+def source_key(plan: PlanRecord) -> str:
     return tree_hashes(plan, with_tree=False)[0]
 
 
@@ -60,17 +62,24 @@ def pin_path_for(module: Path) -> Path:
 
 
 def write(plan_path: Path, module: Path, out: Path) -> dict:
-    plan = json.loads(plan_path.read_text())
+    plan = _plan(plan_path)
     pin = {
-        "module": plan["module"],
+        "module": plan.module,
         "file": module.name,
         "sha256": sha256_file(module),
         "source_key": source_key(plan),
         "plan": str(plan_path.absolute()),
-        "toolchain": plan["toolchain"],
+        "toolchain": plan.toolchain,
     }
     write_if_changed(out, json.dumps(pin, indent=1, sort_keys=True) + "\n")
     return pin
+
+
+def _plan(path: Path) -> PlanRecord:
+    try:
+        return load_plan_file(path)
+    except BuildFolderError as e:
+        raise PinError(str(e)) from None
 
 
 def said(pin: dict) -> str:
@@ -97,11 +106,11 @@ def check(module: Path | str, module_sha256: str | None = None, with_tree: bool 
             f"{module} has sha256 {actual}, but its pin says {pin['sha256']}: the module was changed after it "
             "was built. Rebuild it with ninja; do not load it."
         )
-    plan = json.loads(Path(pin["plan"]).read_text())
+    plan = _plan(Path(pin["plan"]))
     key, tree = tree_hashes(plan, with_tree)
     if key != pin["source_key"]:
         raise PinError(
-            f"{module} was built from other sources, flags or toolchain than the ones now in {plan['root']} "
+            f"{module} was built from other sources, flags or toolchain than the ones now in {plan.root} "
             f"(source key {pin['source_key'][:16]}..., now {key[:16]}...). Rebuild with ninja."
         )
     return dict(pin, tree_sha256=tree) if with_tree else pin
@@ -120,6 +129,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         if args.cmd == "write":
+            from pp4.build import config as buildconfig, events  # the command's alone
+
+            builddir = buildconfig.builddir_of(".")  # ninja runs the pin edge where build.ninja is
+            if builddir is not None:  # where this run starts in ninja's log, for the report
+                events.mark_run(statedir.of_build(builddir))
             pin = write(args.plan, args.module, args.out)
         else:
             pin = check(args.module)

@@ -14,6 +14,7 @@ import attrs
 
 from pp4 import ninjarun, statedir
 from pp4.build import config as buildconfig
+from pp4.build import modules as buildmodules
 from pp4.configure import MODULE, name_of, rerun_of
 from pp4.configure import choices, costs, writing
 from pp4.configure.guard import other_configuration
@@ -207,8 +208,7 @@ def write_build_folder(c: Configuration) -> None:
                                             {str(s.object): round(plan.expected_ms(p, s, c.table) / 1000, 1)
                                              for p, s in c.ordered if s.expected_ms is None}))
     for p in c.plans:
-        write_if_changed(c.builddir / p.extension.target / "plan.json",
-                         json.dumps(writing.plan_record(p, c.tc, c.root), indent=1, sort_keys=True) + "\n")
+        buildmodules.write_plan(c.builddir, buildmodules.PlanRecord(**writing.plan_record(p, c.tc, c.root)))
 
 
 def write_build_ninja(c: Configuration) -> None:

@@ -77,7 +77,7 @@ def debug_prefix_maps(argv: list[str], root: Root) -> list[str]:
     `/pp4/work` as `.`), so that a debugger run from that folder finds the sources, as it does for a
     compile outside the root, and two checkouts laid out alike still compile the same bytes. They
     change no byte of an object without debug information (checked for C, C++ and CUDA units); an
-    object with debug information is keyed on those relative places (pp4/reuse/observed.py: pins).
+    object with debug information is keyed on those relative places (pp4/reuse/observations.py: pins).
     Given first, so that a map of the user's own, later on the command line, wins as gcc's last
     matching map does. A place holding a comma, a space or a shell's special character is left out
     for nvcc, which splits -Xcompiler at commas and hands it to the host compiler through a shell

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import attrs
 
+from pp4 import ninjarun
 from pp4.build import config as buildconfig
 from pp4.build import events
 from pp4.sizes import human_duration
@@ -46,10 +47,39 @@ class ReportError(Exception):
     pass
 
 
+def last_build(log: bytes, marks: list[events.RunMark], current: str | None = None) -> list[tuple[float, float, str, str]]:
+    """(start s, end s, output, command hash) of the last build in a .ninja_log: the lines of the
+    last run that built something, from where the run marks (pp4/build/events.py) say each run
+    starts; current: the run (ninjarun.run_id) the caller is an edge of, which is the one meant
+    where it marked. A run that only reported or checked (`ninja report`) is not the last build.
+    Within a run's part of the log, and where no mark holds (a build folder of an older pp4, a log
+    ninja rewrote), the log's own order separates runs (last_run): a run that no pp4 edge ran in
+    (`ninja compile_commands.json`) follows the marked one before it."""
+    valid: list[events.RunMark] = []
+    for m in marks:
+        if any(v.run == m.run for v in valid) or not m.holds(log):
+            continue
+        while valid and valid[-1].log_offset > m.log_offset:  # the log was rewritten between
+            valid.pop()
+        valid.append(m)
+    ends = [m.log_offset for m in valid[1:]] + [len(log)]
+    parts = [(m, log[m.log_offset:end].decode(errors="replace")) for m, end in zip(valid, ends)]
+    mine = [text for m, text in parts if m.run == current]
+    if mine:
+        return last_run(mine[0])
+    for _, text in reversed(parts):
+        run = last_run(text)
+        if run:
+            return run
+    return last_run(log[:valid[0].log_offset if valid else len(log)].decode(errors="replace"))
+
+
 def last_run(log_text: str) -> list[tuple[float, float, str, str]]:
-    """(start s, end s, output, command hash) of the last run in a .ninja_log (v5 to v7). ninja
-    appends an edge's line when it ends, with times from that run's start: within a run the ends
-    never go down, so a line ending before the one above it starts another run."""
+    """(start s, end s, output, command hash) of the last run in a .ninja_log (v5 to v7), by the
+    log's own order alone: ninja appends an edge's line when it ends, with times from that run's
+    start, so within a run the ends never go down, and a line ending before the one above it
+    starts another run. (A short run right after another whose lines all end later than the one
+    before's last is not told apart: last_build's run marks do that.)"""
     run: list[tuple[float, float, str, str]] = []
     last_end = None
     for line in log_text.splitlines():
@@ -409,16 +439,18 @@ def load(work: str, build_dir: str, ninja: str, running: str | None = None,
          ninja_started: float | None = None) -> tuple[list[Step], list[Step]]:
     """The last run's steps and its critical path, for the build folder `build_dir` of `work`;
     with `running`, the edge this runs in (with_running), ninja having started at ninja_started."""
-    log = Path(build_dir) / ".ninja_log"
+    log = Path(build_dir) / events.NINJA_LOG
     try:
-        text = log.read_text()
+        text = log.read_bytes()
     except OSError as e:
         raise ReportError(f"no ninja log in {build_dir} ({e.strerror}): run `ninja` first") from e
     try:
         state_dir = buildconfig.load(build_dir).state_dir
     except buildconfig.BuildFolderError as e:
         raise ReportError(str(e)) from e
-    steps = steps_of(last_run(text), state_dir)
+    # The edge that reports as the build ends (`--running`) is part of the run it reports on.
+    current = ninjarun.run_id() if running is not None else None
+    steps = steps_of(last_build(text, events.read_runs(state_dir), current), state_dir)
     inputs = graph_inputs(ninja, work)
     if running is not None and ninja_started is not None:
         steps = with_running(steps, inputs, running, time.time() - ninja_started)

@@ -40,7 +40,7 @@ def _main(argv: list[str]) -> int:
             return 0
     # Loaded here, not above: a new build folder's check needs none of it, the prepass no compile edge.
     from pp4.reuse import actionkey
-    from pp4.reuse.wrapper import ReuseConfig
+    from pp4.build.config import ReuseConfig
     from pp4.toolchain.compilers import CompilerError
 
     try:

@@ -2,7 +2,7 @@
 each file once per process.
 
 What makes two compiles the same is decided in pp4/reuse/wrapper.py (the keys) and
-pp4/reuse/observed.py (what a compile observed); this module only reads commands and files.
+pp4/reuse/observations.py (what a compile observed) and pp4/reuse/pathstates.py (whether it holds now); this module only reads commands and files.
 """
 
 from __future__ import annotations

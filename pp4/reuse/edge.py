@@ -12,9 +12,10 @@ from pathlib import Path
 import attrs
 
 from pp4.build import events
-from pp4.reuse import actionkey, observed
+from pp4.reuse import actionkey, observations
 from pp4.reuse.notices import env_notices, machine_notices, notify_once
-from pp4.reuse.wrapper import MARKER_SUFFIX, Action, ReuseConfig, Reuser, signed_part, time_problem
+from pp4.build.config import ReuseConfig
+from pp4.reuse.wrapper import MARKER_SUFFIX, Action, Reuser, signed_part, time_problem
 
 
 def compile_one(cfg: ReuseConfig, env: dict[str, str], argv: list[str]) -> int:
@@ -25,6 +26,7 @@ def compile_one(cfg: ReuseConfig, env: dict[str, str], argv: list[str]) -> int:
         return 0
     from pp4.build import reporter  # here: an edge whose object the prepass restored has no run to report
 
+    events.mark_run(cfg.state_dir)  # where this run starts in ninja's log, for the report
     reporter.ensure_running(cfg.state_dir)
     notify_once(cfg.state_dir, env_notices(cfg.folded))
     reuser = Reuser(cfg)
@@ -77,7 +79,7 @@ def _compile(cfg: ReuseConfig, reuser: Reuser, action: Action) -> int:
         from pp4.reuse.cluster.executor import ClusterExecutor
 
         cluster = ClusterExecutor.from_config(cfg.executor, cfg.state_dir)
-        done = cluster.run(action, cfg.root_for(args.source), cfg.limits, reuser.states) if cluster else None
+        done = cluster.run(action, cfg.root_for(args.source), reuser.limits, reuser.states) if cluster else None
         if done is not None:
             reuser.write_depfile(action, done.observations)
             stored = reuser.store_compile(action, done.observations, time_problem(done.time_macros, action.env),
@@ -86,9 +88,9 @@ def _compile(cfg: ReuseConfig, reuser: Reuser, action: Action) -> int:
             return 0
     from pp4.execution.run import run  # here, not at the top: an edge that restores never runs a compiler
 
-    ran = run(list(args.argv), action.env, cfg.limits, cfg.runs_dir(), action.root)
-    hidden = observed.hidden_by_root(ran, action.outputs())
-    beside = observed.writes_beside_itself(ran) if ran.returncode == 0 else None
+    ran = run(list(args.argv), action.env, reuser.limits, cfg.runs_dir(), action.root)
+    hidden = observations.hidden_by_root(ran, action.outputs())
+    beside = observations.writes_beside_itself(ran) if ran.returncode == 0 else None
     if hidden or beside:
         if hidden:
             (path, mounted), more = hidden[0], len(hidden) - 1
@@ -103,7 +105,7 @@ def _compile(cfg: ReuseConfig, reuser: Reuser, action: Action) -> int:
         action = reuser.action(args, action.env, outside_root=why)
         if out.exists():
             out.unlink()
-        ran = run(list(args.argv), action.env, cfg.limits, cfg.runs_dir(), None)
+        ran = run(list(args.argv), action.env, reuser.limits, cfg.runs_dir(), None)
     sys.stderr.buffer.write(ran.root.shown(ran.stderr) if ran.root is not None else ran.stderr)
     sys.stderr.flush()
     notify_once(cfg.state_dir, machine_notices(reuser.root_problem, ran))

@@ -1,4 +1,4 @@
-"""Observation sets: what one compile observed (pp4/reuse/observed.py), one set per folder.
+"""Observation sets: what one compile observed (pp4/reuse/observations.py), one set per folder.
 
 An EXL3 unit observes about 5,000 paths: 1,400 headers read, the places its include search looked
 and found nothing, the compilers' programs and libraries. Each set is named by the sha256 of its
@@ -17,7 +17,8 @@ from pathlib import Path
 
 from pp4.execution.depfile import depfile_body
 from pp4.files import canonical_json
-from pp4.reuse.observed import States, by_folder, holds, is_file
+from pp4.reuse.observations import by_folder
+from pp4.reuse.pathstates import States, holds, is_file
 from pp4.store import packs
 from pp4.store.layout import SETS_FOLDER
 from pp4.store.packs import SetPack
@@ -43,7 +44,7 @@ def encode(shared: list[list[str]]) -> tuple[str, bytes]:
 
 def encode_by_folder(pairs: list[list[str]]) -> dict[str, bytes]:
     """A compile's or link's observations as the sets they are stored as, one per folder
-    (observed.by_folder), by name."""
+    (observations.by_folder), by name."""
     return dict(encode(part) for part in by_folder(pairs))
 
 

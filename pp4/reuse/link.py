@@ -14,68 +14,37 @@ Every file the link read (the objects, each `-l` library as the linker resolved 
 scripts, the linker's own programs) goes into the dependency file `<output>.d`, so ninja links
 again when any of them changes. Everything it observed, what it looked for and did not find
 included (a library in an earlier -L folder, a linker script), goes into its record,
-build/.pp4/links/<module>.json: the certificate lists it, `ninja certify` checks it, and the
-check before every ninja run (pp4/reuse/recheck.py) links again a module whose observations no
+build/.pp4/links/<module>.json (pp4/build/modules.py): the certificate lists it, `ninja certify`
+checks it, and the check before every ninja run (pp4/reuse/recheck.py) links again a module whose observations no
 longer hold, which ninja's mtimes cannot show. The command runs with exactly the --env variables
 (pp4/toolchain/compilerenv.py).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
 
 import attrs
 
-from pp4 import interrupt, paths, statedir
-from pp4.build import config as buildconfig
+from pp4 import interrupt, paths
+from pp4.build import events
+from pp4.build.config import ReuseConfig
+from pp4.build.modules import LinkRecord, write_link
 from pp4.execution import depfile
 from pp4.execution.root import Root
 from pp4.execution.run import run
-from pp4.files import write_whole
-from pp4.reuse import observed
+from pp4.reuse import observations, pathstates
 from pp4.reuse.actionkey import FileHasher
 from pp4.store.manifests import ManifestEntry
 from pp4.toolchain.compilerenv import parse_env_args
 from pp4.toolchain.limits import Limits
 
 
-@attrs.frozen
-class LinkRecord:
-    """What one link observed: [path as it saw it, state] pairs (in the root's paths, mounts
-    saying where they are here), or why there are none."""
-    output: str
-    command: tuple[str, ...] = attrs.field(converter=tuple)
-    mounts: list | None = attrs.field(hash=False)
-    observations: list = attrs.field(hash=False)
-    not_observed: str | None = None
-    # {"action_key", "tier", "signers"} when the module was restored from the store, not linked;
-    # {"action_key"} alone when this link was stored under it
-    reuse: dict | None = attrs.field(default=None, hash=False)
-
-    def to_real(self):
-        """Where the paths it observed are on this machine."""
-        return Root.from_mounts(self.mounts).real if self.mounts else (lambda p: p)
-
-
-def record_path(state_dir: str | Path, output: str) -> Path:
-    return statedir.part(state_dir, statedir.LINKS) / (os.path.abspath(output).replace(os.sep, "__") + ".json")
-
-
-def read(state_dir: str | Path, output: str) -> LinkRecord | None:
-    """A module's link record; None when there is none or it is damaged."""
-    try:
-        doc = json.loads(record_path(state_dir, output).read_text())
-        return LinkRecord(doc["output"], doc["command"], doc["mounts"], doc["observations"], doc.get("not_observed"),
-                          doc.get("reuse"))
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
-def write(state_dir: str | Path, record: LinkRecord) -> None:
-    write_whole(record_path(state_dir, record.output), json.dumps(attrs.asdict(record), sort_keys=True))
+def to_real(record: LinkRecord):
+    """Where the paths a link record observed are on this machine."""
+    return Root.from_mounts(record.mounts).real if record.mounts else (lambda p: p)
 
 
 def output_of(argv: list[str]) -> str | None:
@@ -89,14 +58,14 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or len(rest) < 2 or rest[0] != "--":
         print("usage: python -m pp4.reuse.link CONFIG [--env NAME=VALUE]... -- COMMAND...", file=sys.stderr)
         return 2
-    config = buildconfig.load(argv[0])
-    limits = Limits.from_dict(config.limits)
-    reuse = config.reuse
-    state_dir = reuse.get("state_dir")
-    root = Root.make(os.getcwd(), reuse.get("relocation") or {}, build=str(Path(state_dir).parent)) if state_dir else None
+    cfg = ReuseConfig.load(argv[0])
+    events.mark_run(cfg.state_dir)  # where this run starts in ninja's log, for the report
+    limits = Limits.from_dict(cfg.limits)
+    state_dir = cfg.state_dir
+    root = Root.make(os.getcwd(), cfg.places, build=cfg.builddir())
     command = rest[1:]
     out = output_of(command)
-    linker = Linker.open(argv[0], reuse, root, command, action_env, out)
+    linker = Linker.open(cfg, root, command, action_env, out)
     if linker is not None and linker.restore():
         return 0
     ran = run(command, action_env, limits, Path(limits.tmpdir or "/tmp") / "pp4-runs", root, compile=False)
@@ -117,11 +86,11 @@ def main(argv: list[str] | None = None) -> int:
         # times say nothing of a change during the link, and their bytes are observed like any file's.
         inputs = {fix(os.path.abspath(a)) for a in command[1:] if os.path.isfile(a)}
         hasher = linker.reuser.hasher if linker is not None else FileHasher(paths.file_hashes())
-        pairs, why = observed.from_run(ran, seen_as, observed.States(hasher), settled=inputs)
+        pairs, why = observations.from_run(ran, seen_as, pathstates.States(hasher), settled=inputs)
         stored = linker.store(pairs, ran.seconds) if linker is not None and why is None and ran.root is not None else None
         hasher.save()
-        write(state_dir, LinkRecord(os.path.abspath(out), ran.command, ran.root.mounts if ran.root else None,
-                                    pairs, why, {"action_key": stored} if stored else None))
+        write_link(state_dir, LinkRecord(os.path.abspath(out), ran.command, ran.root.mounts if ran.root else None,
+                                         pairs, why, {"action_key": stored} if stored else None))
     return 0
 
 
@@ -136,15 +105,15 @@ class Linker:
     mkey: str
 
     @classmethod
-    def open(cls, config_path: str, reuse: dict, root: Root | None, command: list[str], env: dict,
+    def open(cls, cfg: ReuseConfig, root: Root | None, command: list[str], env: dict,
              out: str | None) -> "Linker | None":
         """None where links are not reused: no store, no output, or no root (a command that names
         this checkout's folders would be keyed on them)."""
-        if not reuse.get("store") or root is None or out is None:
+        if not cfg.store or root is None or out is None:
             return None
-        from pp4.reuse.wrapper import ReuseConfig, Reuser
+        from pp4.reuse.wrapper import Reuser
 
-        return cls.for_reuser(Reuser(ReuseConfig.load(config_path)), root, command, env, out)
+        return cls.for_reuser(Reuser(cfg), root, command, env, out)
 
     @classmethod
     def for_reuser(cls, reuser, root: Root, command: list[str], env: dict, out: str) -> "Linker | None":
@@ -180,9 +149,10 @@ class Linker:
         depfile.write(self.out + ".d", self.out,
                       bodies=[reuser.sets.depfile_body(reuser.store_sets, entry.pack, sid, self.root) for sid in sids])
         pairs = [pair for sid in sids for pair in reuser.sets.load(reuser.store_sets, entry.pack, sid) or []]
-        write(reuser.cfg.state_dir, LinkRecord(os.path.abspath(self.out), self.command, self.root.mounts, sorted(pairs),
-                                               None, {"action_key": found.entry.action_key, "tier": found.tier,
-                                                      "signers": list(found.signers)}))
+        write_link(reuser.cfg.state_dir, LinkRecord(os.path.abspath(self.out), self.command, self.root.mounts,
+                                                    sorted(pairs), None,
+                                                    {"action_key": found.entry.action_key, "tier": found.tier,
+                                                     "signers": list(found.signers)}))
         reuser.hasher.save()
         return True
 

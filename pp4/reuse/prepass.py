@@ -15,7 +15,8 @@ from pp4.execution.root import Root
 from pp4.build import events
 from pp4.reuse import actionkey, inputsets
 from pp4.reuse.notices import env_notices, notify_once
-from pp4.reuse.wrapper import MARKER_SUFFIX, ReuseConfig, Reuser
+from pp4.build.config import ReuseConfig
+from pp4.reuse.wrapper import MARKER_SUFFIX, Reuser
 
 STATE_SETS_GRACE_S = 3600.0
 
@@ -26,6 +27,7 @@ def prepass(cfg: ReuseConfig, actions_file: Path, stamp: Path, on_miss=None, aft
     restored, started, restored_by_tier): the edges after the compiles that need nothing more
     (pp4/certify/ahead.py, which sits above the reuse rule and is handed in by the command)."""
     t0, cpu0 = time.monotonic(), time.process_time()
+    events.mark_run(cfg.state_dir)  # where this run starts in ninja's log, for the report
     planned = json.loads(actions_file.read_text())
     actions = planned["actions"]
     notify_once(cfg.state_dir, env_notices(cfg.folded))

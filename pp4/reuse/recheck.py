@@ -11,7 +11,7 @@ before it decides anything else, waits (order-only) for this check, whose depend
 folders: the deepest existing folder of every path an object or module looked for and did not
 find, the folder of every link and folder it observed, every folder it listed, the folder of every
 file it read. The check runs only when one of them changed; it compares every observation of every
-existing output with the machine now (through the same `observed.States` the lookup uses, files
+existing output with the machine now (through the same `pathstates.States` the lookup uses, files
 hashed once and kept by stamp) and removes the outputs that no longer hold (and their restore
 markers), then ninja, which re-reads every file's state after build.ninja's edge, rebuilds exactly
 those and what uses them.
@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 from pp4.build import config as buildconfig
+from pp4.build import events, modules
 from pp4 import statedir
 from pp4.execution import depfile
 
@@ -44,7 +45,9 @@ def nothing_built(config_file: Path, actions_file: Path, stamp: Path) -> bool:
     rule, which a new build folder's check would load for nothing. False where an output exists."""
     t0 = time.monotonic()
     doc = json.loads(actions_file.read_text())
-    builddir = Path(buildconfig.load(config_file).state_dir).parent
+    state_dir = buildconfig.load(config_file).state_dir
+    events.mark_run(state_dir)  # the first edge of a run where it runs: where the run starts in ninja's log
+    builddir = Path(state_dir).parent
     outputs = [a["output"] for a in doc["actions"]] + _modules(builddir, doc)
     if any(os.path.lexists(out) for out in outputs):
         return False
@@ -55,18 +58,17 @@ def nothing_built(config_file: Path, actions_file: Path, stamp: Path) -> bool:
 
 
 def recheck(cfg, actions_file: Path, stamp: Path) -> int:
-    """cfg: the build's ReuseConfig (pp4/reuse/wrapper.py)."""
+    """cfg: the build's ReuseConfig (pp4/build/config.py)."""
     from pp4 import paths
     from pp4.execution.root import Root
-    from pp4.build import events
-    from pp4.reuse import inputsets, link, observed
+    from pp4.reuse import inputsets, link, pathstates
     from pp4.reuse.actionkey import FileHasher
     from pp4.reuse.wrapper import MARKER_SUFFIX
 
     t0, cpu0 = time.monotonic(), time.process_time()
     doc = json.loads(actions_file.read_text())
     hasher = FileHasher(paths.file_hashes())
-    states = observed.States(hasher)
+    states = pathstates.States(hasher)
     checker = inputsets.SetChecker(states)
     sets_dir = inputsets.directory(cfg.state_dir)
     known = events.Events(cfg.state_dir)
@@ -95,18 +97,18 @@ def recheck(cfg, actions_file: Path, stamp: Path) -> int:
                 watched_sets.add((sid, mapping))
                 _watch(pairs, to_real, watched, folders)
             if not checker.matches(sets_dir, ev.sets_pack, sid, mapping):
-                changed = observed.differences(pairs, to_real, states)
+                changed = pathstates.differences(pairs, to_real, states)
                 stale.append((out, changed[0] if changed else "an observation no longer holds"))
                 break
     for module in outputs[len(doc["actions"]):]:
-        record = link.read(cfg.state_dir, module)
+        record = modules.read_link(cfg.state_dir, module)
         if record is None or not os.path.exists(module) or record.not_observed:
             continue
         checked += 1
-        to_real = record.to_real()
+        to_real = link.to_real(record)
         _watch(record.observations, to_real, watched, folders)
-        if not observed.holds(record.observations, to_real, states):
-            changed = observed.differences(record.observations, to_real, states)
+        if not pathstates.holds(record.observations, to_real, states):
+            changed = pathstates.differences(record.observations, to_real, states)
             stale.append((module, changed[0] if changed else "an observation no longer holds"))
     hasher.save()
     _write_watched(stamp, watched, cfg.builddir())
@@ -153,13 +155,13 @@ def _watch(pairs, to_real, watched: set[str], folders: dict[str, str]) -> None:
     changing: where a missing path would appear, where a link or folder would be replaced, a listed
     folder, a read file's folder (a file replaced by rename keeps whatever time it had). folders:
     each path's folder's deepest existing folder, found once per check."""
-    from pp4.reuse import observed
+    from pp4.reuse import pathstates
 
     for path, state in pairs:
         real = to_real(path)
-        if real is None or not real.startswith("/") or state.startswith((observed.AT, observed.REL)):
+        if real is None or not real.startswith("/") or state.startswith((pathstates.AT, pathstates.REL)):
             continue
-        if state.startswith(observed.LISTING):
+        if state.startswith(pathstates.LISTING):
             watched.add(real)
             continue
         parent = os.path.dirname(real)
@@ -177,8 +179,8 @@ def _modules(builddir: Path, doc: dict) -> list[str]:
     found = []
     for target in sorted({a["target"] for a in doc["actions"]}):
         try:
-            found.append(json.loads((builddir / target / "plan.json").read_text())["output"])
-        except (OSError, ValueError, KeyError):
+            found.append(modules.load_plan(builddir, target).output)
+        except buildconfig.BuildFolderError:
             continue
     return found
 

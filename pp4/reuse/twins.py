@@ -28,8 +28,8 @@ _EMPTY = hashlib.sha256(b"").hexdigest()
 
 def observe(ran, pairs: dict, is_file) -> None:
     """Add a twins observation for each group of files of the same bytes a finished compile read
-    (pairs: (path, kind) -> state, as observed.from_run builds them; is_file(state): whether a state
-    is a regular file's, observed.is_file, which imports this module)."""
+    (pairs: (path, kind) -> state, as observations.from_run builds them; is_file(state): whether a state
+    is a regular file's, pathstates.is_file, which imports this module)."""
     groups: dict[str, list[str]] = {}
     for (path, kind), found in pairs.items():
         if kind == "f" and is_file(found) and found[:64] != _EMPTY:

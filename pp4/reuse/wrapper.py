@@ -6,7 +6,7 @@ Run by ninja through `python -m pp4.reuse` (pp4/reuse/__main__.py): one compile 
 A compile runs in the fixed execution root, observed (pp4/execution/). Its *manifest key* is the
 hash of the command as it runs there (fixed paths, `-D` values as written) and its environment;
 its *observation set* is every path its processes asked about with the state found there
-(pp4/reuse/observed.py); the *action key* (manifest key + the set's name) names the stored object.
+(pp4/reuse/observations.py); the *action key* (manifest key + the set's name) names the stored object.
 A lookup takes the manifest's entries newest first and restores the first whose every observation
 holds now, then writes the dependency file from the set's files. A compile edge that misses may
 still restore another variant's object of the unit, where the compilers prove the module's name
@@ -34,19 +34,18 @@ from typing import TYPE_CHECKING
 import attrs
 
 from pp4 import paths, statedir
-from pp4.build import config as buildconfig
+from pp4.build.config import ReuseConfig
 from pp4.execution import depfile
 from pp4.execution.root import Root
 from pp4.files import canonical_json, sha256_and_size
 from pp4.build import events
-from pp4.reuse import inputsets, observed, variants
+from pp4.reuse import inputsets, observations, pathstates, variants
 from pp4.reuse.notices import notify_once
 from pp4.reuse.actionkey import CompileArgs, FileHasher
 from pp4.store import packs
 from pp4.store.front import Found, StoreFront
 from pp4.store.manifests import ManifestEntry
 from pp4.store.records import ActionRecord, StoreError
-from pp4.toolchain.compilers import Compilers
 from pp4.toolchain.limits import Limits
 
 if TYPE_CHECKING:
@@ -55,48 +54,6 @@ if TYPE_CHECKING:
 MARKER_SUFFIX = ".pp4-reused"
 WARNINGS_KEPT = 1 << 20  # of a compile's messages, kept with its entry and replayed on every restore
 KEY_FORMAT = 5  # 5: observed in a closed world (every system call classed), drivers asked about the CPU
-
-
-@attrs.frozen
-class ReuseConfig:
-    store: str | None  # None: reuse is off, every compile runs
-    roots: tuple[str, ...]  # extension source roots, longest first
-    compilers: Compilers
-    state_dir: str
-    limits: Limits
-    folded: dict  # the toolchain variables configure folded into build.ninja, as it saw them
-    remote: dict | None = None  # {"url" (no password), "mode", "ttl"}: the remote tier, if any
-    places: dict = attrs.field(factory=dict)  # {"$TORCH": folder, ...}: mounted at fixed paths in the root
-    executor: dict | None = None  # {"address", "timeout_s", "toolchain"}: misses compile on a Ray cluster
-    name_macros: tuple[str, ...] = ()  # the macros that carry a module's name (pp4/reuse/variants.py)
-    # {"keys": [public key lines of configure --trust], "require_signers": N, "signing_key": path}:
-    # whose entries this build restores and the key it signs with (pp4/store/signing.py)
-    trust: dict = attrs.field(factory=dict)
-
-    @classmethod
-    def load(cls, path: str | Path) -> "ReuseConfig":
-        doc = buildconfig.load(path)
-        r = doc.reuse
-        return cls(store=r["store"], roots=tuple(sorted(r["roots"], key=len, reverse=True)),
-                   compilers=Compilers.from_dict(doc.compile["compilers"]),
-                   state_dir=r["state_dir"], limits=Limits.from_dict(doc.limits),
-                   folded=doc.compile.get("folded", {}), remote=r.get("remote"),
-                   places=r.get("relocation") or {}, executor=r.get("executor"),
-                   name_macros=tuple(r.get("name_macros") or ()), trust=r.get("trust") or {})
-
-    def tmpdir(self) -> Path:
-        return Path(self.limits.tmpdir) if self.limits.tmpdir else Path(os.environ.get("TMPDIR", "/tmp"))
-
-    def runs_dir(self) -> Path:
-        """Where each compile's scratch folder (its temporary folder, its trace) is made."""
-        return self.tmpdir() / "pp4-runs"
-
-    def builddir(self) -> str:
-        return str(Path(self.state_dir).parent)
-
-    def root_for(self, source: str) -> str | None:
-        src = os.path.abspath(source)
-        return next((r for r in self.roots if src.startswith(r + os.sep)), None)
 
 
 @attrs.frozen
@@ -139,9 +96,10 @@ class Reuser:
     """Lookups and stores through the store's front; each path's state worked out once per process."""
 
     def __init__(self, cfg: ReuseConfig):
-        self.cfg = cfg
+        self.cfg = cfg  # the build's reuse settings (pp4/build/config.py)
+        self.limits = Limits.from_dict(cfg.limits)
         self.hasher = FileHasher(paths.file_hashes())
-        self.states = observed.States(self.hasher)
+        self.states = pathstates.States(self.hasher)
         self.sets = inputsets.SetChecker(self.states)
         self.state_sets = inputsets.directory(cfg.state_dir)
         self._in_state: set[str] = set()  # packs this process made sure the build's state dir holds
@@ -318,7 +276,7 @@ class Reuser:
                 return False
             if "why" not in proof:
                 proof["why"] = variants.unproven(list(action.args.argv), action.args.language, action.env,
-                                                 self.cfg.name_macros, self.cfg.limits, self.cfg.runs_dir(),
+                                                 self.cfg.name_macros, self.limits, self.cfg.runs_dir(),
                                                  action.root)
                 self.shared_refused = proof["why"]
             return proof["why"] is None
@@ -357,7 +315,7 @@ class Reuser:
             pairs = self.sets.load(self.store_sets, entry.pack, sid)
             if pairs is None:
                 return f"its newest stored entry names an observation set the store lacks ({sid[:16]})"
-            changed = observed.differences(pairs, to_real, self.states)
+            changed = pathstates.differences(pairs, to_real, self.states)
             if changed:
                 return f"{changed[0]} (and {len(changed) - 1} more)" if len(changed) > 1 else changed[0]
         return None
@@ -391,10 +349,10 @@ class Reuser:
 
     def observations(self, action: Action, ran: "Ran") -> tuple[list[list[str]], str | None]:
         """What a local compile observed, and why it must not be stored, if it must not."""
-        pairs, problem = observed.from_run(ran, action.outputs(), self.states)
-        problem = problem or time_problem(ran.time_macros, action.env) or observed.device_line_times(ran)
+        pairs, problem = observations.from_run(ran, action.outputs(), self.states)
+        problem = problem or time_problem(ran.time_macros, action.env) or observations.device_line_times(ran)
         if problem is None:
-            pairs = sorted(pairs + observed.pins(ran, action.args.output))
+            pairs = sorted(pairs + observations.pins(ran, action.args.output))
         return pairs, problem
 
     def write_depfile(self, action: Action, pairs: list[list[str]], ran: "Ran | None" = None) -> None:
@@ -403,7 +361,7 @@ class Reuser:
         args = action.args
         to_real = action.root.real if action.root is not None else (lambda p: p)
         if pairs or ran is None:
-            files = {r for p, s in pairs if observed.is_file(s) and (r := to_real(p)) is not None}
+            files = {r for p, s in pairs if pathstates.is_file(s) and (r := to_real(p)) is not None}
         else:
             written = depfile.parse_depfile(Path(args.depfile).read_text()) if Path(args.depfile).exists() else []
             files = {r for d in written if (r := ran.real(d)) is not None}

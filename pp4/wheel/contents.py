@@ -33,6 +33,7 @@ from pathlib import Path
 import attrs
 
 from pp4.build import config as buildconfig
+from pp4.build import modules
 from pp4.certify import certificate
 from pp4.files import canonical_json
 from pp4.toolchain import torchenv
@@ -72,11 +73,11 @@ def release(provenance: dict) -> str:
     return "0"
 
 
-def read_plan(builddir: Path, target: str) -> dict:
+def read_plan(builddir: Path, target: str) -> modules.PlanRecord:
     """The plan configure wrote for target."""
     try:
-        return json.loads((builddir / target / "plan.json").read_text())
-    except (OSError, ValueError) as e:
+        return modules.load_plan(builddir, target)
+    except buildconfig.BuildFolderError as e:
         raise WheelError(f"{target} is not configured in {builddir} ({e}): "
                          "run configure (python -m pp4.configure)") from None
 
@@ -108,7 +109,7 @@ def version_key(module_sha256: str, torch_pin: str, loader: bytes) -> str:
 
 def build(config_path: Path, actions_path: Path, builddir: Path, target: str) -> Wheel:
     plan = read_plan(builddir, target)
-    module = Path(plan["output_abs"])
+    module = Path(plan.output_abs)
     suffix = sysconfig.get_config_var("EXT_SUFFIX")
     if not module.name.endswith(suffix):
         raise WheelError(f"{module.name} is not a module for this Python (suffix {suffix}): run configure "
@@ -116,11 +117,11 @@ def build(config_path: Path, actions_path: Path, builddir: Path, target: str) ->
     raw, doc, record = shipped_certificate(config_path, actions_path, builddir, {target})
     record["certificate"]["file"] = CERTIFICATE
     (entry,) = doc["modules"]
-    package = plan["module"]
+    package = plan.module
     distribution = package.replace("_", "-").lower()
     pin = torch_requirement()
     loader = RUNTIME.read_bytes()
-    version = f"{release(plan.get('provenance') or {})}+pp4.{version_key(entry['sha256'], pin, loader)}"
+    version = f"{release(plan.provenance or {})}+pp4.{version_key(entry['sha256'], pin, loader)}"
     record["wheel"] = {"target": target, "module": package, "file": module.name, "distribution": distribution,
                        "version": version, "torch": torchenv.torch_version_fields(), "torch_requirement": pin}
     so = module.read_bytes()

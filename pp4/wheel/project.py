@@ -134,13 +134,13 @@ STAGED_RECORD = "staged.json"
 def stage(builddir: Path, setup_py: Path, targets: list[str], stage_dir: Path) -> None:
     """Run setup.py's bdist_wheel without modules; keep its wheel and each module's place in stage_dir."""
     plans = [read_plan(builddir, target) for target in targets]
-    provenance = plans[0]["provenance"]
+    provenance = plans[0].provenance
     with tempfile.TemporaryDirectory(prefix="pp4-project-wheel-") as tmp:
         scratch = Path(tmp)
         modules_file = scratch / "modules.json"
         modules_file.write_text(json.dumps(targets))  # a setup.py extension's target is its name
         report = setuppy.run_child(_STAGER, setup_py, [str(modules_file), str(scratch / "setuptools")],
-                                   Path(plans[0]["toolchain"]["prefix"]), provenance.get("archs") or [])
+                                   Path(plans[0].toolchain_prefix), provenance.get("archs") or [])
         if "error" in report or len(report["wheels"]) != 1:
             problem = report.get("error") or f"it made {len(report['wheels'])} wheels"
             if "bdist_wheel" in problem and "invalid command" in problem:
@@ -188,9 +188,9 @@ def build(config_path: Path, actions_path: Path, builddir: Path, setup_py: Path,
         path = where.get(target)
         if path not in files:
             raise WheelError(f"{filename} has no place for {target}'s module: run `ninja` with the wheel's target")
-        data = Path(plans[target]["output_abs"]).read_bytes()
+        data = Path(plans[target].output_abs).read_bytes()
         if hashlib.sha256(data).hexdigest() != shas[target]:
-            raise WheelError(f"{target}'s module {plans[target]['output_abs']} is not the certificate's: run ninja again")
+            raise WheelError(f"{target}'s module {plans[target].output_abs} is not the certificate's: run ninja again")
         files[path] = (data, True)
         placed.append({"target": target, "import": target, "file": path})
     pin = torch_requirement()

@@ -6,7 +6,7 @@ node.py: the command as it runs in the fixed execution root, its environment, an
 source tree as content-addressed blobs put into Ray's object store, which a node fetches only where
 it lacks them), and waits a bounded time. The node compiles in the same root, observed, and sends
 back the object and every observation. Before anything is written, every observation must hold on
-this machine (pp4/reuse/observed.py): a node that compiled against other bytes (another torch,
+this machine (pp4/reuse/pathstates.py): a node that compiled against other bytes (another torch,
 another header, another compiler) is caught and its object never used. Then the wrapper writes the
 object and stores the compile as it stores a local one: the same key, record and event, plus the
 node it ran on.
@@ -32,7 +32,7 @@ from pp4 import statedir
 from pp4.execution.cluster import DEFAULT_TIMEOUT_S, ClusterError, connect
 from pp4.files import write_whole
 from pp4.paths import LOCK_DIR, SOURCE_SUFFIXES
-from pp4.reuse import observed
+from pp4.reuse import pathstates
 
 TASK_RETRIES = 2  # a task whose worker or node dies is run again elsewhere, this many times
 
@@ -80,7 +80,7 @@ class ClusterExecutor:
 
     def run(self, action, root: str | None, limits, states) -> Done | None:
         """Compile on the cluster and write the checked object; None: not done there (said why),
-        compile here. action: the wrapper's Action; states: this machine's (observed.States)."""
+        compile here. action: the wrapper's Action; states: this machine's (pathstates.States)."""
         if root is None or action.root is None:
             return None  # a source outside every extension tree, or no fixed root here: nothing to send
         try:
@@ -130,7 +130,7 @@ class ClusterExecutor:
             self.warn(f"cluster node {result['node']} could not vouch for its compile of {args.output}: "
                       f"{result['unobserved']}")
             return None
-        changed = observed.differences(result["observations"], action.root.real, states)
+        changed = pathstates.differences(result["observations"], action.root.real, states)
         if changed:
             self.warn(f"cluster node {result['node']} compiled {args.output} against another machine than this "
                       f"one ({changed[0]}); its object is not used")

@@ -26,7 +26,7 @@ from pathlib import Path
 from pp4.execution.root import Root, unavailable
 from pp4.execution.run import run
 from pp4.files import write_whole
-from pp4.reuse import actionkey, observed
+from pp4.reuse import actionkey, observations, pathstates
 from pp4.toolchain.limits import Limits
 from pp4.toolchain.torchenv import torch_package_dir
 
@@ -126,7 +126,7 @@ def compile_task(task: dict, fetch) -> dict:
         if ran.returncode != 0:
             return result
         outputs = {os.path.normpath(os.path.join(root.cwd, p)) for p in (args.output, args.depfile)}
-        pairs, problem = observed.from_run(ran, outputs, observed.States(actionkey.FileHasher()))
+        pairs, problem = observations.from_run(ran, outputs, pathstates.States(actionkey.FileHasher()))
         result["observations"], result["unobserved"] = pairs, problem
         result["object"] = Path(root.real(os.path.normpath(os.path.join(root.cwd, args.output)))).read_bytes()
         return result

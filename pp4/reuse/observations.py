@@ -1,31 +1,10 @@
-"""What a compile observed, as a set of (path, state) pairs, and whether each still holds.
-
-The observer (pp4/execution/observe.py) says which paths a compile's processes asked about and
-whether the kernel found something there. After the compile each such path gets its *state* now:
-
-    <sha256>        a regular file, by content (read, stat'ed, run: every byte can matter)
-    -               nothing there (a header looked for and not found, a program looked for on PATH)
-    d               a folder
-    ls:<sha256>     a folder whose entries were listed, by the sorted names
-    s               something else (a FIFO, a device)
-    !<errno>        the kernel refused (EACCES, ELOOP, ...)
-    ld:<sha256>:... the loader's cache, by what it resolves for the names the compile could look up
-                    (pp4/reuse/loadercache.py), not by its bytes
-    native:...      on the host compiler's path, for a command with `-march=native` or its kin: what
-                    the compiler makes of this machine's CPU (pp4/reuse/nativecpu.py)
-
-and a path reached without following its last link (lstat, readlink: what realpath() does, once
-per folder of every header) gets `L` before its kind alone, `Lf` for a regular file (its content is
-the business of the calls that read it), or `L@<target>` for a link. An observation set holds every pair; a stored object is reused only
-when every pair holds now. Since a compile's result is a function of what its processes saw, a
-compile run now would see the same and give the same object (docs/reuse.md says what is not seen).
-"""
+"""What a finished compile or link observed: its trace (pp4/execution/observe.py) turned into
+(path, state) pairs, each path's state now (pp4/reuse/pathstates.py), or why it must not be
+stored; the places an object names; what the fixed root hid from a compile; and an observation
+set cut into one part per folder."""
 
 from __future__ import annotations
 
-import errno
-import functools
-import hashlib
 import os
 import stat
 import struct
@@ -33,224 +12,12 @@ import struct
 from pp4.execution import observe
 from pp4.execution.root import FIXED
 from pp4.reuse import loadercache, nativecpu, twins
-from pp4.reuse.actionkey import FileHasher
+from pp4.reuse.pathstates import (ABSENT, ASKED, AT, ATTRIBUTES, CWD, LISTING, NOFOLLOW, REL, SPECIAL, States,
+                                  is_file)
 
-ABSENT, FOLDER, FILE, SPECIAL, NOFOLLOW, LINK, LISTING = "-", "d", "f", "s", "L", "@", "ls:"
-# After a regular file's sha256: this process may execute it. A compiler driver runs the first
-# program of its search folders it may execute (access X_OK), so a file that stops being executable
-# changes what runs, with the same bytes.
-EXECUTABLE = "+x"
-TWINS = twins.PREFIX
-# A path's extended attribute, by name (`xattr:<name>=<sha256 of its value>`, `-` when the file has
-# none by that name), and the list of its attributes' names (`xattrs:<sha256>`); `L` before either
-# when the call did not follow a final link.
-XATTR, XATTRS = "xattr:", "xattrs:"
-# A folder of this machine that a fixed path of the root stood for, or the working folder ("@cwd"
-# where there is no root), when the object names it (debug information, a coverage file's path):
-# `at:<folder>`. Such an object is not the same object in another folder.
-AT, CWD = "at:", "@cwd"
-# A folder of this machine that a fixed path stood for, relative to the working folder's, in an
-# object with debug information (pp4/execution/run.py: debug_prefix_maps): `rel:<path>`.
-REL = "rel:"
-# States whose path's inode is not what they record (a folder's place, a compiler's answer, a
-# group of files each observed on its own): changed_during leaves them to their own observations.
-ASKED = (TWINS, AT, REL, nativecpu.PREFIX, nativecpu.GPU_PREFIX, loadercache.PREFIX)
-_ATTRIBUTES = (XATTR, XATTRS, NOFOLLOW + XATTR, NOFOLLOW + XATTRS)
-_ABSENT_ERRORS = (errno.ENOENT, errno.ENOTDIR)
 # Written within this long before a compile started, a file's ctime cannot tell a change during the
 # compile from one just before it (the kernel stamps times from a clock that ticks every few ms).
 CTIME_MARGIN_S = 0.05
-
-
-class States:
-    """The state of paths now, each worked out once per process (files hashed once, FileHasher)."""
-
-    def __init__(self, hasher: FileHasher):
-        self.hasher = hasher
-        self._memo: dict[tuple[str, str], str] = {}
-
-    def state(self, path: str, follow: bool = True) -> str:
-        key = (path, "f" if follow else "l")
-        found = self._memo.get(key)
-        if found is None:
-            found = self._memo[key] = self._state(path, follow)
-        return found
-
-    def _state(self, path: str, follow: bool) -> str:
-        try:
-            st = os.stat(path) if follow else os.lstat(path)
-        except OSError as e:
-            return ABSENT if e.errno in _ABSENT_ERRORS else "!" + errno.errorcode.get(e.errno, str(e.errno))
-        prefix = "" if follow else NOFOLLOW
-        if stat.S_ISLNK(st.st_mode):
-            try:
-                return prefix + LINK + os.readlink(path)
-            except OSError as e:
-                return prefix + "!" + errno.errorcode.get(e.errno, str(e.errno))
-        if stat.S_ISDIR(st.st_mode):
-            return prefix + FOLDER
-        if stat.S_ISREG(st.st_mode):
-            if not follow:
-                return NOFOLLOW + FILE
-            sha = self.hasher.sha256(path, st)
-            if sha is None:
-                return "!EACCES"
-            return sha + EXECUTABLE if _may_execute(st) else sha
-        return prefix + SPECIAL
-
-    def listing(self, path: str) -> str:
-        key = (path, LISTING)
-        found = self._memo.get(key)
-        if found is None:
-            try:
-                names = sorted(os.listdir(path))
-                found = LISTING + hashlib.sha256("\0".join(names).encode("utf-8", "surrogateescape")).hexdigest()
-            except OSError as e:
-                found = ABSENT if e.errno in _ABSENT_ERRORS else "!" + errno.errorcode.get(e.errno, str(e.errno))
-            self._memo[key] = found
-        return found
-
-    def native(self, compiler: str, flags: list[str], gpu: bool = False) -> str:
-        key = (compiler, (nativecpu.GPU_PREFIX if gpu else nativecpu.PREFIX) + " ".join(flags))
-        found = self._memo.get(key)
-        if found is None:
-            found = self._memo[key] = (nativecpu.gpu_state if gpu else nativecpu.state)(compiler, flags)
-        return found
-
-    def xattr(self, path: str, name: str | None, follow: bool) -> str:
-        """A path's extended attribute by name (None: the list of its names), as a state."""
-        key = (path, ("x:" if follow else "lx:") + (name if name is not None else "\0"))
-        found = self._memo.get(key)
-        if found is None:
-            prefix = "" if follow else NOFOLLOW
-            try:
-                if name is None:
-                    names = sorted(os.listxattr(path, follow_symlinks=follow))
-                    found = prefix + XATTRS + hashlib.sha256("\0".join(names).encode("utf-8", "surrogateescape")).hexdigest()
-                else:
-                    value = os.getxattr(path, name, follow_symlinks=follow)
-                    found = f"{prefix}{XATTR}{name}={hashlib.sha256(value).hexdigest()}"
-            except OSError as e:
-                said = ABSENT if e.errno in (errno.ENODATA, *_ABSENT_ERRORS) else "!" + errno.errorcode.get(e.errno, str(e.errno))
-                found = f"{prefix}{XATTRS}{said}" if name is None else f"{prefix}{XATTR}{name}={said}"
-            self._memo[key] = found
-        return found
-
-    def now(self, path: str, recorded: str, to_real=None) -> str:
-        """The state of a path now, of the kind a recorded state is (to_real: where the recorded
-        paths a state names are on this machine)."""
-        if ":" not in recorded and not recorded.startswith(NOFOLLOW):
-            return self.state(path)  # a file's sha256, a folder, an absence: 95% of a lookup's; every other kind has a colon
-        if recorded.startswith(TWINS):
-            others = twins.others(recorded)
-            reals = [to_real(o) if to_real else o for o in others]
-            return twins.state(others, [path, *reals]) if None not in reals else recorded
-        if recorded.startswith(AT):
-            return AT + (os.getcwd() if path == CWD else path)
-        if recorded.startswith(REL):
-            work = to_real(f"{FIXED}/work") if to_real else None
-            return REL + os.path.relpath(path, work) if work else recorded
-        bare = recorded[1:] if recorded.startswith(NOFOLLOW) else recorded
-        if bare.startswith(XATTRS):
-            return self.xattr(path, None, bare is recorded)
-        if bare.startswith(XATTR):
-            return self.xattr(path, bare[len(XATTR):].rpartition("=")[0], bare is recorded)
-        if recorded.startswith(nativecpu.GPU_PREFIX):
-            return self.native(path, nativecpu.flags_of(recorded), gpu=True)
-        if recorded.startswith(nativecpu.PREFIX):
-            return self.native(path, nativecpu.flags_of(recorded))
-        if recorded.startswith(LISTING):
-            return self.listing(path)
-        if recorded.startswith(loadercache.PREFIX):
-            return loadercache.state(path, loadercache.names_in(recorded)) or self.state(path)
-        if recorded.startswith(NOFOLLOW):
-            return self.state(path, follow=False)
-        return self.state(path)
-
-
-@functools.lru_cache(maxsize=1)
-def _user() -> tuple[int, frozenset[int]]:
-    """This process's user and groups, asked once: a lookup checks thousands of files."""
-    return os.geteuid(), frozenset({os.getegid(), *os.getgroups()})
-
-
-def _may_execute(st: os.stat_result) -> bool:
-    """What access(X_OK) answers this process for a regular file, from the stat it has."""
-    uid, gids = _user()
-    if uid == 0:
-        return bool(st.st_mode & 0o111)
-    if st.st_uid == uid:
-        return bool(st.st_mode & stat.S_IXUSR)
-    if st.st_gid in gids:
-        return bool(st.st_mode & stat.S_IXGRP)
-    return bool(st.st_mode & stat.S_IXOTH)
-
-
-def is_file(state: str) -> bool:
-    """A regular file's state (its sha256, and whether it may be run): a dependency file lists it."""
-    return len(state) == 64 or (len(state) == 64 + len(EXECUTABLE) and state.endswith(EXECUTABLE))
-
-
-def holds(pairs, to_real, states: States) -> bool:
-    """Whether every recorded (path, state) holds now; to_real maps a recorded path to this
-    machine's (None: a path of the root's own, which is the same in every run)."""
-    for path, recorded in pairs:
-        real = to_real(path)
-        if real is not None and states.now(real, recorded, to_real) != recorded:
-            return False
-    return True
-
-
-def differences(pairs, to_real, states: States) -> list[str]:
-    """What no longer holds, in words (the audit's explanations)."""
-    out = []
-    for path, recorded in pairs:
-        real = to_real(path)
-        if real is None:
-            continue
-        got = states.now(real, recorded, to_real)
-        if got != recorded:
-            out.append(f"{real}: {describe(recorded)} when compiled, {describe(got)} now")
-    return out
-
-
-def describe(state: str) -> str:
-    if state.startswith(TWINS):
-        return twins.describe(state)
-    if state.startswith(AT):
-        return f"named by the object as {state[len(AT):]}"
-    if state.startswith(REL):
-        return f"named by the object's debug information as {state[len(REL):]}"
-    bare = state[1:] if state.startswith(NOFOLLOW) else state
-    if bare.startswith(XATTRS):
-        return f"extended attributes {bare[len(XATTRS):][:12]}"
-    if bare.startswith(XATTR):
-        name, _, value = bare[len(XATTR):].rpartition("=")
-        return f"extended attribute {name} {'absent' if value == ABSENT else value[:12]}"
-    if state.startswith(nativecpu.GPU_PREFIX):
-        return f"this machine's GPUs as nvcc reads them for {' '.join(nativecpu.flags_of(state))} ({state[-64:][:12]})"
-    if state.startswith(nativecpu.PREFIX):
-        return f"this CPU as the compiler reads it for {' '.join(nativecpu.flags_of(state))} ({state[-64:][:12]})"
-    if state.startswith(loadercache.PREFIX):
-        return f"the loader's cache resolving {len(loadercache.names_in(state))} names to {state[3:15]}"
-    s = state[1:] if state.startswith(NOFOLLOW) else state
-    if s == ABSENT:
-        return "absent"
-    if s == FOLDER:
-        return "a folder"
-    if s.startswith(LISTING):
-        return f"a folder listing {s[len(LISTING):][:12]}"
-    if s.startswith(LINK):
-        return f"a link to {s[1:]}"
-    if s.startswith("!"):
-        return f"refused ({s[1:]})"
-    if s == SPECIAL:
-        return "a special file"
-    if s == FILE:
-        return "a file"
-    if s.endswith(EXECUTABLE):
-        return f"sha256 {s[:12]}, executable"
-    return f"sha256 {s[:12]}"
 
 
 def from_run(ran, outputs: set[str], states: States, settled: set[str] = frozenset()) -> tuple[list[list[str]], str | None]:
@@ -470,7 +237,7 @@ def changed_during(ran, pairs) -> str | None:
         try:
             st = os.lstat(real) if state.startswith(NOFOLLOW) else os.stat(real)
         except OSError:
-            if state.startswith(_ATTRIBUTES):
+            if state.startswith(ATTRIBUTES):
                 continue  # an attribute of a file that is not there: its absence is observed as such
             return real
         if st.st_ctime >= since and not stat.S_ISDIR(st.st_mode):
