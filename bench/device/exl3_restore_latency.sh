@@ -24,7 +24,11 @@ mkdir -p /tmp/redis
 LD_LIBRARY_PATH=$RS "$REDIS_SERVER" --port 6399 --bind 127.0.0.1 --save '' --appendonly no --dir /tmp/redis \
   --daemonize yes --logfile /tmp/redis/log || { cat /tmp/redis/log; exit 1; }
 sleep 0.5
-python3 "$REPO/bench/common/delay_proxy.py" --to 6399 --port 6400 --delay-ms "$DELAY_MS" --count-file /tmp/trips.txt &
+python3 "$REPO/bench/common/delay_proxy.py" --to 6399 --port 6400 --delay-ms "$DELAY_MS" --count-file /tmp/trips.txt \
+  > /tmp/proxy.log 2>&1 &
+PROXY=$!
+# Both stopped however the script ends: a server left running holds the session's output open.
+trap 'kill $PROXY 2>/dev/null; pkill -f "redis-server 127.0.0.1:6399"' EXIT
 sleep 1
 { nproc; nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null; LD_LIBRARY_PATH=$RS "$REDIS_SERVER" --version; } \
   | tee "$OUT/remote-latency.txt"

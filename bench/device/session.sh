@@ -68,10 +68,14 @@ run_purpose() {  # run_purpose NAME ARGS...: into $SESSION_OUT/NAME, with what i
       2>&1 | tee "$dir/checks.txt"
     return "${PIPESTATUS[0]}"
   fi
-  local script=$HERE/$name.sh
+  local script=$HERE/$name.sh rc
+  # Into a file, not through a pipe: a server a script leaves running would hold a pipe open, and
+  # the session would wait for it until the device tool's limit.
   (export OUT=$dir LIMIT=${LIMIT:-$left} TOTAL=${TOTAL:-$left} BUDGET=${BUDGET:-$left} DEADLINE=${DEADLINE:-$((left - 90))}
-   cd "$REPO" && timeout "$left" bash "$script" "$@") 2>&1 | tee "$dir/session.log"
-  return "${PIPESTATUS[0]}"
+   cd "$REPO" && timeout "$left" bash "$script" "$@") > "$dir/session.log" 2>&1
+  rc=$?
+  tail -40 "$dir/session.log"
+  return $rc
 }
 
 setup_once 2>&1 | tee -a "$SESSION_OUT/session.txt"; [ "${PIPESTATUS[0]}" = 0 ] || exit 1
