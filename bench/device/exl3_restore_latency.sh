@@ -20,6 +20,7 @@ DELAY_MS=${DELAY_MS:-20}
 RS=$REPO/.whl/redis-server
 REDIS_SERVER=${REDIS_SERVER:-$RS/redis-server}
 chmod +x "$RS"/* 2>/dev/null
+rm -rf /tmp/l1 /tmp/l2 /tmp/l3 /tmp/redis /tmp/trips.txt  # a warm machine keeps an earlier session's
 mkdir -p /tmp/redis
 LD_LIBRARY_PATH=$RS "$REDIS_SERVER" --port 6399 --bind 127.0.0.1 --save '' --appendonly no --dir /tmp/redis \
   --daemonize yes --logfile /tmp/redis/log || { cat /tmp/redis/log; exit 1; }
