@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 import pytest
+import zstandard
 from conftest import REPO
 from test_build import ninja_bin, run
 
@@ -90,14 +91,15 @@ def objects(work: Path) -> dict[str, tuple[str, str | None, bytes]]:
 
 
 def observations_of(work: Path, prefix: str) -> set[tuple[str, str]]:
-    """The (path, state) observations of a build's sets whose state starts with prefix."""
+    """The (path, state) observations of a build's sets whose state starts with prefix, read from the
+    set packs in its state folder (zstd frames of `<name> <length>\\n<set's JSON>` each)."""
     found = set()
-    for path in (work / "build" / ".pp4").rglob("*.json"):
-        try:
-            doc = json.loads(path.read_text())
-        except ValueError:
-            continue
-        if isinstance(doc, list):
+    for path in (work / "build" / ".pp4" / "setpacks").glob("*/*"):
+        body = zstandard.ZstdDecompressor().decompress(path.read_bytes())
+        while body:
+            header, body = body.split(b"\n", 1)
+            length = int(header.split()[1])
+            doc, body = json.loads(body[:length]), body[length:]
             found |= {tuple(p) for p in doc if isinstance(p, list) and len(p) == 2 and str(p[1]).startswith(prefix)}
     return found
 
