@@ -97,14 +97,15 @@ def kept(port: int, work: Path, objects: int) -> dict:
         """A local store's files that keep the modules its links made: each link's record, object,
         manifest and set pack."""
         found = []
+        expand = zstandard.ZstdDecompressor().decompress  # records and manifests are zstd frames there
         for record_path in store.glob("actions/*/*.json"):
-            record = json.loads(record_path.read_bytes())
+            record = json.loads(expand(record_path.read_bytes()))
             payload = record.get("payload", {})
             if not payload.get("link"):
                 continue
             sha, mkey = record["object_sha256"], payload["manifest_key"]
             found += [record_path, store / "objects" / sha[:2] / sha, store / "manifests" / mkey[:2] / f"{mkey}.json"]
-            manifest = json.loads(found[-1].read_bytes()) if found[-1].exists() else {"entries": []}
+            manifest = json.loads(expand(found[-1].read_bytes())) if found[-1].exists() else {"entries": []}
             found += [store / "setpacks" / e["pack"][:2] / e["pack"] for e in manifest["entries"] if e.get("pack")]
         return [p for p in found if p.exists()]
 

@@ -109,7 +109,7 @@ class Reuser:
         if cfg.store:
             signer, trust = self._keys()
             try:
-                self.front = StoreFront(cfg.store, cfg.remote, cfg.state_dir, cfg.tmpdir(), trust, signer)
+                self.front = StoreFront(cfg.store, cfg.remote, cfg.state_dir, trust, signer)
             except StoreError as e:  # e.g. a read-only or unwritable place with no store yet
                 self.store_problem = str(e)
                 print(f"pp4.reuse: warning: {e} (building without reuse: every object is compiled, none stored)",

@@ -65,7 +65,7 @@ class Kept:
 
 
 class StoreFront:
-    def __init__(self, root: str | Path, remote: dict | None, state_dir: str | Path, tmpdir: Path,
+    def __init__(self, root: str | Path, remote: dict | None, state_dir: str | Path,
                  trust: "signing.Trust | None" = None, signer: "signing.Signer | None" = None):
         """StoreError when the local store cannot be opened (an unwritable place with no store).
         trust: whose entries may be restored (None: none may); signer: this builder's key (None:
@@ -78,7 +78,6 @@ class StoreFront:
         self.manifests = Manifests(root)
         self.sets = self.root / SETS_FOLDER  # the set packs (pp4/store/packs.py)
         self.prefetched: set[str] = set()  # action keys prefetch() brought from the remote tier
-        self.tmpdir = tmpdir
         # Remote hits are restored through the local store, so the tier comes only with one. Its
         # modules (a URL parser, a client) are loaded only by builds that have one.
         self.remote = None
