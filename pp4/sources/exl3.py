@@ -6,7 +6,7 @@ Two variants of one source tree (docs/exl3.md):
     facc   module exllamav3_ext_facc  target exl3-facc  pp4/sources/patches/exl3-facc.patch applied to a copy:
                                                         the fp16-accumulating MMA kernels accumulate in fp32
 
-Sources come from the release that toolchain/exllamav3.toml pins (fetched with pip into pp4's
+Sources come from the release that pp4/locks/exllamav3.toml pins (fetched with pip into pp4's
 hash-checked wheel cache, and only the extension's folder unpacked), or from a user's checkout
 (configure --exl3-source PATH), whose git commit and content hash go into the build record.
 
@@ -98,7 +98,7 @@ VARIANTS = {
 
 @attrs.frozen
 class SourceLock:
-    """toolchain/exllamav3.toml: one pinned artifact. `wheels` is what pp4.wheelcache.ensure_wheels takes."""
+    """pp4/locks/exllamav3.toml: one pinned artifact. `wheels` is what pp4.wheelcache.ensure_wheels takes."""
 
     project: str
     version: str
@@ -113,7 +113,7 @@ class SourceLock:
 
 
 def load_lock(path: Path = LOCK_PATH) -> SourceLock:
-    what, example = "source lock", "toolchain/exllamav3.toml"
+    what, example = "source lock", "pp4/locks/exllamav3.toml"
     doc, sha256 = read_lock(path, what, Exl3Error)
     wheels = checked_pins(doc, path, what, example, Exl3Error)
     try:

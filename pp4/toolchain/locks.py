@@ -87,7 +87,7 @@ def checked_pins(doc: dict, path: Path, what: str, example: str, error: type[Exc
 
 
 def load_lock(path: Path) -> ToolchainLock:
-    what, example = "toolchain lock", "toolchain/cuda-13.0.toml"
+    what, example = "toolchain lock", "pp4/locks/cuda-13.0.toml"
     doc, sha256 = read_lock(path, what, LockError)
     wheels = checked_pins(doc, path, what, example, LockError)
     try:
