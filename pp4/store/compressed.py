@@ -19,6 +19,11 @@ SETS_LEVEL = 1
 _compressors: dict[int, zstandard.ZstdCompressor] = {}
 
 
+# The most a stored object may expand to where no record gives its size (`python -m pp4.store
+# verify`, for the local store and the remote tier); a restore's bound is the size its record names.
+VERIFY_OBJECT_LIMIT = 8 << 30
+
+
 class NotAFrame(ValueError):
     """Bytes that are not one zstd frame within the bound (damaged, forged, or too large)."""
 

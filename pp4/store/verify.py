@@ -21,9 +21,6 @@ from pp4.store.usage import STALE_TMP_SECONDS, stale_tmp_entries
 if TYPE_CHECKING:
     from pp4.store.local import Store
 
-# The most an object's frame may expand to here (the record's size is not known while scanning).
-OBJECT_LIMIT = 8 * 1024**3
-
 
 def verify(store: Store, repair: bool = True) -> VerifyReport:
     """Rehash every object and check every record; with repair, remove what is broken.
@@ -52,7 +49,7 @@ def verify(store: Store, repair: bool = True) -> VerifyReport:
         objects_checked += 1
         objects_seen.add(name)
         try:
-            data = compressed.decompress(frame, OBJECT_LIMIT)
+            data = compressed.decompress(frame, compressed.VERIFY_OBJECT_LIMIT)
             digest = hashlib.sha256(data).hexdigest()
             wrong = None if digest == name else f"bytes hash to {digest}"
             sizes[name] = len(data)

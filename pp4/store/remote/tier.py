@@ -358,11 +358,6 @@ def reachable(storage_url: str, state_dir: str | Path, ttl: int | None) -> str |
         return str(e)
 
 
-# The most an object read by `python -m pp4.store remote verify` may expand to (a restore's bound is
-# the size its record names).
-VERIFY_OBJECT_LIMIT = 8 << 30
-
-
 def damage(key: str, data: bytes) -> str | None:
     """What is wrong with a remote value as its key alone can tell (None: nothing): an object must
     expand to bytes that hash to its name; a group must parse, and every record in it pass its
@@ -370,7 +365,7 @@ def damage(key: str, data: bytes) -> str | None:
     kind, name = key.split("/", 1)
     if kind == "obj":
         try:
-            blob = compressed.decompress(data, VERIFY_OBJECT_LIMIT)
+            blob = compressed.decompress(data, compressed.VERIFY_OBJECT_LIMIT)
         except compressed.NotAFrame as e:
             return str(e)
         return None if hashlib.sha256(blob).hexdigest() == name else "its bytes do not hash to its name"
