@@ -192,9 +192,9 @@ def check_picture(steps, path, title, tmp_path):
     import struct
     import zlib
 
-    from pp4.report import timeline
+    from pp4.report import picture
 
-    root = ET.fromstring(timeline.svg(steps, path, title))
+    root = ET.fromstring(picture.svg(steps, path, title))
     width, height = float(root.get("width")), float(root.get("height"))
     ns = "{http://www.w3.org/2000/svg}"
     rects = [r for r in root.iter(f"{ns}rect") if r.find(f"{ns}title") is not None]
@@ -217,9 +217,9 @@ def check_picture(steps, path, title, tmp_path):
     per_module = [m for m in per_module if m]
     assert sum(int(m.group(2)) for m in per_module) == len(steps)
     assert named + sum(int(m.group(3) or 0) for m in per_module) == len(steps)  # each edge named or counted
-    picture = tmp_path / "timeline.png"
-    picture.write_bytes(timeline.png(steps, path, title))
-    data = picture.read_bytes()
+    png = tmp_path / "timeline.png"
+    png.write_bytes(picture.png(steps, path, title))
+    data = png.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and struct.unpack(">II", data[16:24]) == (width, height)
     idat = data[data.index(b"IDAT") + 4:data.index(b"IEND") - 8]
     assert len(zlib.decompress(idat)) == int(height) * (1 + 3 * int(width))

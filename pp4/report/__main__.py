@@ -14,7 +14,7 @@ from pathlib import Path
 
 from pp4 import ninjarun
 from pp4.files import write_if_changed
-from pp4.report import timeline
+from pp4.report import picture, timeline
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,13 +44,13 @@ def main(argv: list[str] | None = None) -> int:
         print(line)
         return 0
     trace = Path(args.trace or build / "report.trace.json")
-    picture = Path(args.svg or build / "report.svg")
-    write_if_changed(trace, json.dumps(timeline.chrome_trace(steps, path), indent=0) + "\n")
-    write_if_changed(picture, timeline.svg(steps, path, line.removeprefix("pp4: ")))
-    pixels = picture.with_suffix(".png")
-    write_if_changed(pixels, timeline.png(steps, path, line.removeprefix("pp4: ")))
+    vector = Path(args.svg or build / "report.svg")
+    write_if_changed(trace, json.dumps(picture.chrome_trace(steps, path), indent=0) + "\n")
+    write_if_changed(vector, picture.svg(steps, path, line.removeprefix("pp4: ")))
+    pixels = vector.with_suffix(".png")
+    write_if_changed(pixels, picture.png(steps, path, line.removeprefix("pp4: ")))
     print(line)
-    print(f"pp4: trace {trace} (open it in ui.perfetto.dev or chrome://tracing); pictures {picture} and {pixels}")
+    print(f"pp4: trace {trace} (open it in ui.perfetto.dev or chrome://tracing); pictures {vector} and {pixels}")
     return 0
 
 
