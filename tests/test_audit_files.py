@@ -71,13 +71,12 @@ def build(tmp_path_factory, toolchain) -> Path:
         depfile.write(str(module) + ".d", str(module), [str(o) for o in objs])  # as the link does
         modules.write_link(state, modules.LinkRecord(str(module), ("c++", "-shared"), None,
                                           sorted([str(o), reuser.states.state(str(o))] for o in objs), None))
-        plan = {"target": target, "objects": [str(o) for o in objs], "output_abs": str(module.absolute()),
-                "output": str(module), "module": module.stem, "root": str(root), "provenance": {},
-                "sources": [a["source"] for a in actions if a["target"] == target],
-                "cuda_flags": ["-O3"], "cxx_flags": ["-O3"], "link_flags": [],
-                "toolchain": {"prefix": str(work / "no-toolchain")}}
-        (tdir / "plan.json").write_text(json.dumps(plan))
-        pin.write(tdir / "plan.json", module, pin.pin_path_for(module))
+        modules.write_plan(build, modules.PlanRecord(
+            target=target, module=module.stem, root=str(root),
+            sources=[a["source"] for a in actions if a["target"] == target], objects=[str(o) for o in objs],
+            output=str(module), output_abs=str(module.absolute()), cuda_flags=["-O3"], cxx_flags=["-O3"],
+            link_flags=[], toolchain={"prefix": str(work / "no-toolchain")}))
+        pin.write(modules.plan_path(build, target), module, pin.pin_path_for(module))
     (build / "actions.json").write_text(json.dumps({"actions": actions}))
     certificate.write(build / "pp4.json", build / "actions.json", build / "certificate.json.gz")
     return work
