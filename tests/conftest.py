@@ -169,15 +169,26 @@ def unzstd(frame: bytes) -> bytes:
 
 
 def group_doc(frame: bytes) -> dict:
+    """A remote group's JSON, with its set packs' frames by name under "pack_frames" (the value is
+    the JSON, a newline, then the frames end to end, as "packs" gives their names and sizes)."""
     import json
 
-    return json.loads(unzstd(frame))
+    head, _, tail = unzstd(frame).partition(b"\n")
+    doc = json.loads(head)
+    doc["pack_frames"], at = {}, 0
+    for name, size in doc["packs"]:
+        doc["pack_frames"][name] = tail[at:at + size]
+        at += size
+    return doc
 
 
 def group_frame(doc: dict) -> bytes:
     import json
 
-    return zstd_frame(json.dumps(doc).encode())
+    doc = dict(doc)
+    frames = doc.pop("pack_frames", {})
+    doc["packs"] = [[name, len(frames[name])] for name in sorted(frames)]
+    return zstd_frame(json.dumps(doc).encode() + b"\n" + b"".join(frames[name] for name in sorted(frames)))
 
 
 def group_of(storage, action_key: str) -> tuple[str, dict]:

@@ -328,13 +328,14 @@ def test_concurrent_builds_share_one_store(seed, tmp_path, n):
 
 @needs_tmpfs
 def test_store_on_a_full_filesystem(seed, tmp_path):
-    with tmpfs(tmp_path / "small", "256k") as mnt:
+    with tmpfs(tmp_path / "small", "112k") as mnt:
         store = mnt / "store"
         work = tmp_path / "work"
         configure(work, seed.spec, "--store", str(store))
         out = ninja(work).stdout
-        # ops.cpp.o (330 KiB, and 1.5 MB of observations) cannot fit: compiled, not stored, and the
-        # user is told why and what to do.
+        # ops.cpp.o (330 KiB: 85 KB compressed, with a 32 KB set pack) cannot fit even alone, where the
+        # two small units (about 40 KB each, in disk pages) can: compiled, not stored, and the user is
+        # told why and what to do.
         assert "pp4.reuse: warning: disk full while writing " in out and " in the pp4 store at " in out, out
         assert ("Free space on that filesystem, shrink the store with `python -m pp4.store gc --max-bytes 5G`, "
                 "or use another store: re-run configure with --store DIR (or, without --store, set PP4_STORE_DIR) "

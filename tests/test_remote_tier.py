@@ -139,28 +139,33 @@ def test_poisoned_truncated_or_mismatched_remote_values_are_refused_and_never_us
         {mkey: [dict(e, action_key=hashlib.sha256(b"another action").hexdigest()) for e in doc["manifests"][mkey]]}))
     poisoned_build("d", "an entry whose action key does not follow from its observations")
 
-    # A consistent entry (its action key computed from its own fields, as anyone can) that names an
-    # input set outside the key space: refused, never a path or a crash.
+    # An entry that names a set pack outside the key space, which the group cannot hold: the group
+    # is refused, never a path or a crash.
     from pp4.reuse import inputsets
     from pp4.reuse.wrapper import action_key
+    from pp4.store import packs
     doc = group_doc(server.client.get(ent_key))
-    entry = dict(doc["manifests"][mkey][0], input_sets=["../../../etc/passwd"])
-    entry["action_key"] = action_key(mkey, entry["input_sets"])
-    rewrite(lambda doc: doc["manifests"].update({mkey: [entry]}))
-    poisoned_build("e", "not a sha256")
+    rewrite(lambda d: d["manifests"].update({mkey: [dict(doc["manifests"][mkey][0], pack="../../../etc/passwd")]}))
+    poisoned_build("e", "which the group lacks")
 
-    # A set whose bytes are not what its name hashes.
-    some_sid = doc["manifests"][mkey][0]["input_sets"][0]
-    rewrite(lambda d: (d["manifests"].update(doc["manifests"]), d["sets"].update({some_sid: d["sets"][some_sid] + " "})))
-    poisoned_build("e2", "do not hash to its name")
+    def with_pack(entry: dict, sets: dict[str, bytes]) -> None:
+        """The group with entry as its command's only entry, naming a pack of these sets."""
+        forged = packs.pack(sets)
+        entry["pack"] = forged.name
+        rewrite(lambda d: (d["manifests"].update({mkey: [entry]}), d["pack_frames"].update({forged.name: forged.frame})))
+
+    # A pack whose set's bytes are not what its name hashes: another set's pairs under the name.
+    first = doc["manifests"][mkey][0]
+    sets = packs.checked_sets(doc["pack_frames"][first["pack"]])
+    some_sid, other_sid = sorted(sets)[:2]
+    with_pack(dict(first), dict(sets, **{some_sid: sets[other_sid]}))
+    poisoned_build("e2", "does not hash to its name")
 
     # One whose observations name /dev/zero as a file read: its state is "not a regular file",
     # found without reading it, so a miss, not a hung build.
     sid, data = inputsets.encode([["/dev/zero", "0" * 64]])
-    entry = dict(doc["manifests"][mkey][0])
-    entry["input_sets"] = sorted(entry["input_sets"] + [sid])
-    entry["action_key"] = action_key(mkey, entry["input_sets"])
-    rewrite(lambda d: (d["manifests"].update({mkey: [entry]}), d["sets"].update({sid: data.decode()})))
+    entry = dict(first, action_key=action_key(mkey, sorted([*sets, sid])))
+    with_pack(entry, dict(sets, **{sid: data}))
     obj, out = build(tmp_path / "f", "--remote-store", server.url(), timeout=120)
     assert obj["status"] == "compiled" and object_bytes(tmp_path / "f", obj) == good_bytes
 

@@ -318,7 +318,7 @@ def test_gc_collects_the_manifest_entries_and_set_packs_of_evicted_actions(store
 
     sets, names = {}, {}
     for name in ("shared", "old-only", "young-only"):
-        data = json.dumps([[f"/usr/include/{name}.h", "0" * 64]]).encode()
+        data = json.dumps([[f"/usr/include/{name}.h", "0" * 64]], separators=(",", ":")).encode()
         sets[name] = hashlib.sha256(data).hexdigest()
         pack = packs.pack({sets[name]: data})
         packs.write(store.root / "setpacks", pack)
@@ -734,7 +734,7 @@ def test_a_store_of_the_earlier_layout_is_refused_with_what_to_do(tmp_path: Path
     assert (old / "objects" / "ab" / ("ab" + "0" * 62)).exists(), "nothing is removed"
 
     fresh = Store(tmp_path / "new")
-    assert (fresh.root / "format").read_text() == "2\n"
-    (fresh.root / "format").write_text("3\n")
-    with pytest.raises(StoreError, match="layout 3, and this pp4 reads layout 2"):
+    assert (fresh.root / "format").read_text() == "3\n"
+    (fresh.root / "format").write_text("2\n")
+    with pytest.raises(StoreError, match="layout 2, and this pp4 reads layout 3"):
         Store(fresh.root)

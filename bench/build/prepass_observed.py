@@ -124,7 +124,7 @@ def main() -> int:
             sys.exit("the check removed objects whose observations all hold")
     warm = runs[1:]
     packed = list(hashed.named_files(inputsets.directory(work / "store")))
-    sets = len({sid for p in packed for sid in packs.unpack(p.read_bytes())})
+    sets = len({sid for p in packed for sid in packs.names(p.read_bytes())})
     size = sum(p.stat().st_size for p in packed)
     print(f"{args.units} units, {len(template)} observations each from {action['source']}, {sets} distinct sets "
           f"(packed, {size / 1e6:.1f} MB) in the store: prepass median {statistics.median(c for c, _ in warm):.3f} CPU-s, "

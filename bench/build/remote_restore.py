@@ -115,7 +115,7 @@ def kept(port: int, work: Path, objects: int) -> dict:
         links = set()
         for key, value in values.items():
             if tool == "pp4" and key.startswith("pp4:ent/"):
-                group = json.loads(zstandard.ZstdDecompressor().decompress(value))
+                group = json.loads(zstandard.ZstdDecompressor().decompress(value).partition(b"\n")[0])
                 records = [json.loads(r) for r in group["records"].values()]
                 if records and all(r["payload"].get("link") for r in records):
                     links.add(key)

@@ -12,7 +12,6 @@ never used.
 from __future__ import annotations
 
 import hashlib
-import json
 from pathlib import Path
 
 from pp4.execution.depfile import depfile_body
@@ -58,18 +57,6 @@ def write_pack(directory: str | Path, found: SetPack) -> None:
     packs.write(directory, found)
 
 
-def _parse(data: bytes) -> list[list[str]] | None:
-    """A set's (path, state) pairs from its canonical bytes; None when they are not a set."""
-    try:
-        doc = json.loads(data)
-    except ValueError:
-        return None
-    if not (isinstance(doc, list) and all(isinstance(e, list) and len(e) == 2 and isinstance(e[0], str)
-                                          and (e[1] is None or isinstance(e[1], str)) for e in doc)):
-        return None
-    return doc
-
-
 class SetChecker:
     """Per-process answers about sets: their content, and whether every observation still holds
     (once per set and per mapping of recorded paths to this machine's)."""
@@ -86,22 +73,28 @@ class SetChecker:
         """A pack, its sets this process had not met checked against their names and kept; None
         when it is missing or damaged (looked for again next time: the store may fetch it from its
         remote tier meanwhile)."""
-        if name is None:
+        if name is None or self.problem(directory, name) is not None:
             return None
+        return self._opened[(str(directory), name)]
+
+    def problem(self, directory: str | Path, name: str, sids=()) -> str | None:
+        """Why a pack cannot be used (missing, not a pack, a set that does not hash to its name, or
+        one of sids it lacks), or None, its sets then kept as open() keeps them."""
         key = (str(directory), name)
-        found = self._opened.get(key)
-        if found is None:
+        if key not in self._opened:
             found = packs.read(directory, name)
             if found is None:
-                return None
+                return "missing, or its bytes do not hash to its name"
             try:
-                fresh = packs.checked_sets(found.frame, known=self._sets.keys())
-            except packs.NotAPack:
-                return None
-            for sid, data in fresh.items():
-                self._sets[sid] = _parse(data)
+                fresh = packs.checked_pairs(found.frame, known=self._sets.keys())
+            except packs.NotAPack as e:
+                return str(e)
+            self._sets.update(fresh)
             self._opened[key] = found
-        return found
+        for sid in sids:
+            if sid not in self._sets:
+                return f"its entry names the set {str(sid)[:40]!r}, which it does not hold"
+        return None
 
     def load(self, directory: str | Path, name: str | None, sid: str) -> list[list[str]] | None:
         """A set's (path as observed, state) pairs, from the pack it is in; None when neither this

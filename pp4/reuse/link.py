@@ -166,10 +166,10 @@ class Linker:
         sids = sorted(encoded)
         pack = inputsets.pack(encoded)
         akey = action_key(self.mkey, sids)
-        payload = {"manifest_key": self.mkey, "command": list(self.command), "input_sets": sids, "env": self.env,
+        payload = {"manifest_key": self.mkey, "command": list(self.command), "env": self.env,
                    "in_root": True, "link": True, "compiled_for": {"output": os.path.abspath(self.out), "cwd": os.getcwd()},
                    "duration_s": round(seconds, 3)}
-        kept = self.reuser.front.keep(self.mkey, ManifestEntry(akey, sids, pack.name), encoded, pack, self.out,
+        kept = self.reuser.front.keep(self.mkey, ManifestEntry(akey, sids, pack.name), pack, self.out,
                                       sha256_file(self.out), payload, sound=lambda e: sound_entry(self.mkey, e))
         return akey if kept.record is not None else None
 

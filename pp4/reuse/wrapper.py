@@ -42,7 +42,6 @@ from pp4.build import events
 from pp4.reuse import inputsets, observations, pathstates, variants
 from pp4.reuse.notices import notify_once
 from pp4.reuse.actionkey import CompileArgs, FileHasher
-from pp4.store import packs
 from pp4.store.front import Found, StoreFront
 from pp4.store.manifests import ManifestEntry
 from pp4.store.records import ActionRecord, StoreError
@@ -109,7 +108,8 @@ class Reuser:
         if cfg.store:
             signer, trust = self._keys()
             try:
-                self.front = StoreFront(cfg.store, cfg.remote, cfg.state_dir, trust, signer)
+                self.front = StoreFront(cfg.store, cfg.remote, cfg.state_dir, trust, signer,
+                                        pack_problem=self.sets.problem)
             except StoreError as e:  # e.g. a read-only or unwritable place with no store yet
                 self.store_problem = str(e)
                 print(f"pp4.reuse: warning: {e} (building without reuse: every object is compiled, none stored)",
@@ -292,12 +292,11 @@ class Reuser:
         pack = self.front.pack(hit.entry.pack)
         if pack is None:
             return None
-        sets = packs.unpack(pack.frame)  # checked against their names when the hit was found
         payload = {**hit.record.payload, "manifest_key": action.mkey, "command": list(action.command),
                    "env": action.env, "in_root": action.root is not None,
                    "shared_from": {"manifest_key": hit.record.payload.get("manifest_key"),
                                    "compiled_for": hit.record.payload.get("compiled_for")}}
-        kept = self.front.keep(action.mkey, ManifestEntry(akey, sids, pack.name), sets, pack, action.args.output,
+        kept = self.front.keep(action.mkey, ManifestEntry(akey, sids, pack.name), pack, action.args.output,
                                hit.record.object_sha256, payload, sound=lambda e: sound_entry(action.mkey, e),
                                group=self.group(action))
         return kept.record if kept.record is not None and kept.record.object_sha256 == hit.record.object_sha256 else None
@@ -386,7 +385,7 @@ class Reuser:
         if self.front is None:
             return dict(result, not_stored=self.store_problem or "reuse is off")
         akey = action_key(action.mkey, sids)
-        payload = {"manifest_key": action.mkey, "command": list(action.command), "input_sets": sids,
+        payload = {"manifest_key": action.mkey, "command": list(action.command),
                    "env": action.env, "in_root": action.root is not None,
                    "compiled_for": {"output": os.path.abspath(args.output), "cwd": os.getcwd()},
                    "duration_s": round(seconds, 3)}
@@ -399,7 +398,7 @@ class Reuser:
                 if len(warnings) > WARNINGS_KEPT else "")
         nkey = self.name_free_key(action)
         entry = ManifestEntry(akey, sids, pack.name)
-        kept = self.front.keep(action.mkey, entry, encoded, pack, args.output, sha, payload,
+        kept = self.front.keep(action.mkey, entry, pack, args.output, sha, payload,
                                sound=lambda e: sound_entry(action.mkey, e), group=nkey or action.mkey)
         if kept.record is None:
             return dict(result, not_stored=kept.problem)

@@ -12,10 +12,14 @@ from __future__ import annotations
 import zstandard
 
 LEVEL = 6
-# Observation sets (text of paths and digests) lose almost nothing at level 1: an EXL3-sized pack of
-# 1.2 MB gives 279 KB at level 1 and 276 KB at level 6, in 2 ms against 11 ms. A restore from the
-# remote tier packs each entry's sets, so the faster level is the one for them.
+# Manifests and action records (JSON of hex names) lose almost nothing at level 1, and a manifest is
+# written again by every compile of its command.
 SETS_LEVEL = 1
+# Set packs (pp4/store/packs.py) are compressed once, when the compile that observed them is stored,
+# and travel as they are, to the remote tier and back: level 15 keeps them in 1/1.07 of level 1's
+# bytes, at 18 MB/s (an EXL3 unit's 0.1-0.4 MB of columns in 5-25 ms, next to a compile of 30-110 s;
+# bench/build/store_compression.py STORE gives the table).
+PACK_LEVEL = 15
 _compressors: dict[int, zstandard.ZstdCompressor] = {}
 
 

@@ -3,13 +3,13 @@ lives here and nowhere else.
 
     find(mkey, sound, holds[, fits, group])
                                the local store's entries for a command, newest first; then the
-                               remote tier's (its group: pp4/store/remote/tier.py), whose input
-                               sets are packed (checked) into the local store first, and whose
+                               remote tier's (its group: pp4/store/remote/tier.py), whose set
+                               packs are kept (checked) in the local store first, and whose
                                object, once an entry holds, is checked and put into the local
                                store, which then serves it; `fits`, when given, must accept the
                                action record too, and the remote group's entries of every command
                                are candidates
-    keep(mkey, entry, sets, pack, object, payload[, group])
+    keep(mkey, entry, pack, object, payload[, group])
                                the set pack, the object, the manifest entry, in that order (an
                                entry never names what is not there); then the remote tier
     index(key, entry)          a kept entry named under a second key as well (the remote tier
@@ -66,10 +66,14 @@ class Kept:
 
 class StoreFront:
     def __init__(self, root: str | Path, remote: dict | None, state_dir: str | Path,
-                 trust: "signing.Trust | None" = None, signer: "signing.Signer | None" = None):
+                 trust: "signing.Trust | None" = None, signer: "signing.Signer | None" = None,
+                 pack_problem: "Callable[[Path, str, tuple], str | None] | None" = None):
         """StoreError when the local store cannot be opened (an unwritable place with no store).
         trust: whose entries may be restored (None: none may); signer: this builder's key (None:
-        nothing is kept)."""
+        nothing is kept); pack_problem(folder, name, sids): why a set pack kept there cannot be used
+        for an entry naming sids, or None (the reuse rule's SetChecker.problem, which keeps what it read for the lookups that
+        follow; by default each set is checked here)."""
+        self.pack_problem = pack_problem or _pack_problem
         self.trust = trust
         self.signer = signer
         self.refused: list[tuple[str, str]] = []  # (action key, why) of entries not restored for who stored them
@@ -122,7 +126,7 @@ class StoreFront:
             if not sound(entry):
                 remote.refuse(f"ent/{name}", "an entry whose action key does not follow from its observations")
                 continue
-            entry = self._sets_from_remote(group, entry)
+            entry = self._pack_from_remote(group, entry)
             if entry is None or not holds(entry):
                 continue
             try:
@@ -178,7 +182,7 @@ class StoreFront:
                 if not sound(entry):
                     remote.refuse(f"ent/{name}", "an entry whose action key does not follow from its observations")
                     continue
-                entry = self._sets_from_remote(group, entry)
+                entry = self._pack_from_remote(group, entry)
                 if entry is None or not holds(entry):
                     continue
                 record = remote.record_in(group, entry.action_key)
@@ -201,8 +205,6 @@ class StoreFront:
         entry's input sets); a refusal is noted in `refused`."""
         if self.trust is None:
             verdict = signing.Verdict(False, why="no trust list (configure could not read one)")
-        elif list(entry.input_sets) != list(record.payload.get("input_sets") or []):
-            verdict = signing.Verdict(False, why="its record names other observation sets than its entry")
         else:
             verdict = self.trust.verdict(record.action_key, record.object_sha256, record.object_size,
                                          entry.input_sets, record.payload, record.signatures, record.disputes)
@@ -210,23 +212,23 @@ class StoreFront:
             self.refused.append((record.action_key, verdict.why or "not trusted"))
         return verdict
 
-    def _sets_from_remote(self, group, entry: ManifestEntry) -> ManifestEntry | None:
-        """The entry as the local store keeps it: its input sets, as the remote group holds them
-        (checked against their names), in a pack there. None when one is missing there too."""
-        sets = {}
-        for sid in entry.input_sets:
-            data = self.remote.set_in(group, sid)
-            if data is None:
-                return None
-            sets[sid] = data
-        found = packs.pack(sets)
+    def _pack_from_remote(self, group, entry: ManifestEntry) -> ManifestEntry | None:
+        """The entry, its set pack (as the remote group holds it, checked against its name) kept in
+        the local store. None when the group lacks it or the local store cannot keep it."""
+        found = self.remote.pack_in(group, entry.pack)
+        if found is None:
+            return None
         try:
             packs.write(self.sets, found)
         except OSError as e:
             print(f"pp4.reuse: warning: {self.local.os_error(e, 'writing an observation set pack')} "
                   "(compiling instead)", file=sys.stderr)
             return None
-        return attrs.evolve(entry, pack=found.name)
+        problem = self.pack_problem(self.sets, found.name, entry.input_sets)
+        if problem is not None:
+            self.remote.refuse(f"ent/{group.name}", f"the set pack {found.name[:16]}: {problem}")
+            return None
+        return entry
 
     def pack(self, name: str | None) -> "packs.SetPack | None":
         """A set pack as the local store holds it (checked against its name)."""
@@ -254,10 +256,9 @@ class StoreFront:
 
     # -- keeping ------------------------------------------------------------------------------
 
-    def keep(self, mkey: str, entry: ManifestEntry, sets: dict[str, bytes], pack: "packs.SetPack",
-             object_path: str, sha256: str, payload: dict, sound: Check, group: str | None = None) -> Kept:
-        """sets: the entry's input sets by name, and pack: the same in their pack, which the entry
-        names. sha256: the object's digest as its compile left it; a store that read other bytes adds no
+    def keep(self, mkey: str, entry: ManifestEntry, pack: "packs.SetPack", object_path: str, sha256: str,
+             payload: dict, sound: Check, group: str | None = None) -> Kept:
+        """pack: the entry's input sets, in the pack the entry names. sha256: the object's digest as its compile left it; a store that read other bytes adds no
         entry. The entry is signed with this builder's key. When a tier holds the action already,
         the same object gains this builder's signature there, and another object is disputed
         (signed: this builder's compile gave other bytes) and never restored again. group: the
@@ -281,7 +282,7 @@ class StoreFront:
             existing = self._countersign(existing, entry)
             self.add_entry(mkey, entry, sound)
             return Kept(existing, existed=True,
-                        remote=self._publish(group, mkey, entry, sets, existing, object_path, sound))
+                        remote=self._publish(group, mkey, entry, pack, existing, object_path, sound))
         try:
             size = os.stat(object_path).st_size
             signature = self._signature(entry.action_key, sha256, size, entry, payload)
@@ -292,7 +293,7 @@ class StoreFront:
         if record.object_sha256 != sha256:
             return Kept(None, "the object changed while it was being stored")
         self.add_entry(mkey, entry, sound)
-        return Kept(record, remote=self._publish(group, mkey, entry, sets, record, object_path, sound))
+        return Kept(record, remote=self._publish(group, mkey, entry, pack, record, object_path, sound))
 
     def _signature(self, action_key: str, sha256: str, size: int, entry: ManifestEntry, payload: dict) -> dict:
         message = signing.statement(action_key, sha256, size, entry.input_sets, payload)
@@ -341,16 +342,14 @@ class StoreFront:
         local store; the remote tier keeps the entry in that key's group already."""
         self.add_entry(key, entry, sound=lambda e: True)
 
-    def _publish(self, group: str, mkey: str, entry: ManifestEntry, sets: dict[str, bytes], record: ActionRecord,
+    def _publish(self, group: str, mkey: str, entry: ManifestEntry, pack: "packs.SetPack", record: ActionRecord,
                  object_path: str, sound: Check) -> str | None:
         """Send a kept compile to the remote tier (readwrite mode); where it went. The remote's
         signatures of the same object are merged into the local record (and this one's into the
         remote's); a remote record of other bytes is disputed, not replaced."""
         if self.remote is None or not self.remote.writes:
             return None
-        # The remote group holds the sets themselves; the pack is a local file's name.
-        published = self.remote.publish(group, mkey, attrs.evolve(entry, pack=None), sets, record, object_path,
-                                        keep=sound)
+        published = self.remote.publish(group, mkey, entry, pack, record, object_path, keep=sound)
         if published is None:
             return None
         if published.object_sha256 != record.object_sha256:
@@ -371,6 +370,18 @@ class StoreFront:
         correctness one: the lookup after it decides. Yields True when it waited."""
         with self.manifests.lock(mkey, lambda: True) as waited:
             yield waited
+
+
+def _pack_problem(folder: Path, name: str, sids) -> str | None:
+    found = packs.read(folder, name)
+    if found is None:
+        return "missing, or its bytes do not hash to its name"
+    try:
+        held = packs.checked_pairs(found.frame)
+    except packs.NotAPack as e:
+        return str(e)
+    lacking = [sid for sid in sids if sid not in held]
+    return f"its entry names the set {str(lacking[0])[:40]!r}, which it does not hold" if lacking else None
 
 
 def _signer(signature: dict) -> str:

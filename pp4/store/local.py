@@ -56,9 +56,10 @@ __all__ = ["Store", "default_max_bytes", "default_store_dir"]
 
 
 DEFAULT_MAX_BYTES = 20 * 1024**3
-# The layout this module writes: 2 keeps objects as zstd frames and observation sets in packs. A
-# store of layout 1 (no format file) holds neither in the form this code reads.
-FORMAT = 2
+# The layout this module writes: 3 keeps objects as zstd frames and observation sets in packs of
+# columns (pp4/store/packs.py). Layout 2's packs held each set's JSON, and layout 1 (no format file)
+# kept neither in a form this code reads.
+FORMAT = 3
 FORMAT_FILE = "format"
 
 TEST_PAUSE_ENV = "PP4_STORE_TEST_PAUSE"

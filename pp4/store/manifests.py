@@ -5,9 +5,11 @@ the per-key locks that let the same unit of two variants compile once.
     <store>/locks/<2 hex>/<manifest key>            flock'd while a compile of that key runs
 
 The store owns these files. An entry (ManifestEntry) is {"action_key": <key of an action record>,
-"input_sets": [<names of its observation sets>], "pack": <the set pack under <store>/setpacks that
-holds them>} (a remote group's entries have no pack: the group holds their sets): gc keeps the
-entries whose action record is still there, and the packs they name. Whether an entry may stand in for a compile is pp4.reuse's
+"pack": <the set pack under <store>/setpacks that holds its observation sets>}: the names of its
+sets are read from the pack (pp4/store/packs.py), where they are kept once, not listed here again
+(an EXL3 unit observes 200-400 folders: each name is 32 bytes of entropy). An entry whose pack is
+missing or damaged reads as no entry. gc keeps the entries whose action record is still there, and
+the packs they name. Whether an entry may stand in for a compile is pp4.reuse's
 question (which also checks, on every lookup, that an entry's action key follows from its inputs). Each manifest carries the sha256 of
 its canonical content, so `pp4.store verify` finds a changed byte on its own. A manifest that is
 missing or unreadable reads as no entries: a miss, never a wrong object.
@@ -26,7 +28,8 @@ from typing import Callable, Iterator
 import attrs
 
 from pp4.files import canonical_json, write_whole
-from pp4.store import compressed
+from pp4.store import compressed, hashed, packs
+from pp4.store.layout import SETS_FOLDER
 
 
 MANIFEST_ENTRIES = 16  # the most recent observation sets kept per command, locally and remotely
@@ -40,28 +43,29 @@ class ManifestEntry:
     Whether it may stand in for a compile is pp4.reuse's question (its predicates)."""
     action_key: str
     input_sets: tuple[str, ...] = attrs.field(converter=tuple)
-    pack: str | None = None  # the set pack (pp4/store/packs.py) that holds the sets, in the local store
+    pack: str | None = None  # the set pack (pp4/store/packs.py) that holds the sets
 
     @classmethod
-    def parse(cls, doc) -> "ManifestEntry | None":
-        """An entry as JSON holds it; None when it is not one (read as no entry: a miss)."""
+    def parse(cls, doc, sets_of: "Callable[[str], list[str] | None]") -> "ManifestEntry | None":
+        """An entry as JSON holds it, its input sets those its pack holds (sets_of(pack name), None
+        when the pack is missing or damaged); an entry without a pack lists them. None when it is
+        not an entry (read as no entry: a miss)."""
         if not isinstance(doc, dict):
             return None
-        key, sets, pack = doc.get("action_key"), doc.get("input_sets"), doc.get("pack")
-        if not (isinstance(key, str) and isinstance(sets, list) and all(isinstance(s, str) for s in sets)
-                and (pack is None or isinstance(pack, str))):
+        key, pack = doc.get("action_key"), doc.get("pack")
+        sets = sets_of(pack) if isinstance(pack, str) else doc.get("input_sets") if pack is None else None
+        if not (isinstance(key, str) and isinstance(sets, list) and all(isinstance(s, str) for s in sets)):
             return None
-        return cls(key, sets, pack)
+        return cls(key, sorted(sets), pack)
 
     def to_json(self) -> dict:
-        doc = {"action_key": self.action_key, "input_sets": list(self.input_sets)}
         if self.pack is not None:
-            doc["pack"] = self.pack
-        return doc
+            return {"action_key": self.action_key, "pack": self.pack}
+        return {"action_key": self.action_key, "input_sets": list(self.input_sets)}
 
 
-def parse_entries(docs) -> list[ManifestEntry]:
-    return [e for d in docs if (e := ManifestEntry.parse(d)) is not None]
+def parse_entries(docs, sets_of: "Callable[[str], list[str] | None]") -> list[ManifestEntry]:
+    return [e for d in docs if (e := ManifestEntry.parse(d, sets_of)) is not None]
 
 
 def _checksum(mkey: str, entries: list) -> str:
@@ -83,6 +87,7 @@ class Manifests:
     def __init__(self, store_root: str | Path):
         self.folder = Path(store_root) / "manifests"
         self.locks = Path(store_root) / "locks"
+        self.packs = Path(store_root) / SETS_FOLDER
 
     def path(self, mkey: str) -> Path:
         return self.folder / mkey[:2] / f"{mkey}.json"
@@ -92,7 +97,15 @@ class Manifests:
         each entry it uses on its own (its action key must follow from its inputs), which a
         checksum adds nothing to and would cost a JSON encoding per lookup."""
         entries, _ = self._load(self.path(mkey), mkey, check_sum=False)
-        return parse_entries(entries or [])
+        return parse_entries(entries or [], self._sets_of)
+
+    def _sets_of(self, name: str) -> list[str] | None:
+        """The names of the sets a local pack holds (each set is checked where it is used)."""
+        frame = hashed.read(self.packs, name)
+        try:
+            return packs.names(frame) if frame is not None else None
+        except packs.NotAPack:
+            return None
 
     def add(self, mkey: str, entry: ManifestEntry, keep: int, still_good: Callable[[ManifestEntry], bool]) -> None:
         """Append an entry, keeping the last `keep` and only the older ones still_good accepts (and

@@ -3,17 +3,18 @@
 Two kinds of value, each a zstd frame (pp4/store/compressed.py) under a key that is a digest
 (pp4/store/remote/__init__.py), so a stored object costs two keys and a restore two round trips:
 
-    ent/<group>    a unit's entries, as JSON: for each manifest key of the group, its most recent
-                   entries; the action record (checksummed JSON, pp4/store/records.py) of every entry;
-                   the input sets (pp4/reuse/inputsets.py) the entries name, by their sha256
+    ent/<group>    a unit's entries: for each manifest key of the group, its most recent entries;
+                   the action record (checksummed JSON, pp4/store/records.py) of every entry; the
+                   set pack (pp4/store/packs.py) of every entry, as the local store keeps it. One
+                   frame: the group's JSON, a newline, then the packs' frames end to end
     obj/<sha256>   an object's bytes; its name is their hash
 
 A group is the name-free key the variants of a unit share (pp4/reuse/variants.py), else the unit's
 manifest key: one read brings a command's entries, their records and observations, and those of
 the other variants. A compile's results are published object first, its group last, so a reader
 that finds an entry finds what it names (or, after an eviction, a miss); a group is written whole,
-so it never names a record or set it lacks. Nothing read is trusted: a frame must expand within its
-bound, a set must hash to its name, a record must be for the action key it is filed under and pass
+so it never names a record or pack it lacks. Nothing read is trusted: a frame must expand within its
+bound, a pack must hash to its name and each of its sets to its own, a record must be for the action key it is filed under and pass
 its checksum, an object must hash to the record's sha256 and have its size; the reuse rule then
 checks every entry as it checks a local one (its action key must follow from its inputs, which must
 hash to their local bytes) and the trust list who signed it. A value that fails is refused: one
@@ -42,7 +43,7 @@ import attrs
 from pp4 import backoff
 from pp4 import statedir
 from pp4.files import canonical_json
-from pp4.store import compressed
+from pp4.store import compressed, packs
 from pp4.store.manifests import MANIFEST_ENTRIES, ManifestEntry, parse_entries
 from pp4.store.records import SHA256_RE, ActionRecord, InvalidRecord, decode_record, encode_record
 from pp4.store.remote import REDACTED, RemoteStorage, RemoteUnavailable, redact
@@ -50,7 +51,9 @@ from pp4.store.remote.backend import open_remote
 
 MODES = ("read", "readwrite")
 RETRY_S = backoff.RETRY_S
-GROUP_FORMAT = 2  # 1: separate man/, act/ and set/ values, uncompressed (never read: another key kind)
+# 1: separate man/, act/ and set/ values, uncompressed (another key kind); 2: each set's JSON in the
+# group's (refused as a group of another format: a miss)
+GROUP_FORMAT = 3
 # The most a group may expand to (16 entries of a few variants, each with its observations) and how
 # many objects' bytes one batched read asks for.
 GROUP_LIMIT = 256 << 20
@@ -60,12 +63,12 @@ KINDS = ("obj", "ent")
 
 @attrs.define
 class Group:
-    """One ent/<group> value as read: entries by manifest key, records and sets by name (bytes,
-    each checked when used)."""
+    """One ent/<group> value as read: entries by manifest key, records and set packs by name
+    (bytes, each checked when used)."""
     name: str
     manifests: dict[str, list[ManifestEntry]] = attrs.Factory(dict)
     records: dict[str, bytes] = attrs.Factory(dict)
-    sets: dict[str, bytes] = attrs.Factory(dict)
+    packs: dict[str, bytes] = attrs.Factory(dict)
 
     def entries(self, mkey: str | None = None) -> list[tuple[str, ManifestEntry]]:
         """(manifest key, entry) of one manifest key, or of all, oldest first per key."""
@@ -73,29 +76,48 @@ class Group:
         return [(k, e) for k in keys for e in self.manifests.get(k, [])]
 
     def encode(self) -> bytes:
+        names = sorted(self.packs)
         doc = {"format": GROUP_FORMAT, "group": self.name,
                "manifests": {k: [e.to_json() for e in es] for k, es in self.manifests.items() if es},
                "records": {k: v.decode() for k, v in self.records.items()},
-               "sets": {k: v.decode() for k, v in self.sets.items()}}
-        return compressed.compress(canonical_json(doc))
+               "packs": [[n, len(self.packs[n])] for n in names]}
+        # The packs are zstd frames already: the outer frame stores them as they are, and costs
+        # about 3 bytes a block.
+        return compressed.compress(canonical_json(doc) + b"\n" + b"".join(self.packs[n] for n in names))
 
 
 def decode_group(name: str, frame: bytes) -> Group:
-    """A group's value, its shape checked (NotAGroup otherwise); records and sets are checked one by
-    one where they are used."""
+    """A group's value, its shape checked (NotAGroup otherwise); records and packs are checked one
+    by one where they are used."""
     try:
-        doc = json.loads(compressed.decompress(frame, GROUP_LIMIT))
+        content = compressed.decompress(frame, GROUP_LIMIT)
+        head, _, tail = content.partition(b"\n")
+        doc = json.loads(head)
     except (compressed.NotAFrame, ValueError, RecursionError) as e:
         raise NotAGroup(str(e)) from None
     if not isinstance(doc, dict) or doc.get("format") != GROUP_FORMAT or doc.get("group") != name:
         raise NotAGroup(f"not a group of format {GROUP_FORMAT} named {name[:16]}")
-    manifests, records, sets = doc.get("manifests"), doc.get("records"), doc.get("sets")
+    manifests, records, sizes = doc.get("manifests"), doc.get("records"), doc.get("packs")
     if not (isinstance(manifests, dict) and all(isinstance(v, list) for v in manifests.values())
-            and isinstance(records, dict) and isinstance(sets, dict)
-            and all(isinstance(v, str) for v in (*records.values(), *sets.values()))):
-        raise NotAGroup("its manifests, records or sets are not what a group holds")
-    return Group(name, {k: parse_entries(v) for k, v in manifests.items()},
-                 {k: v.encode() for k, v in records.items()}, {k: v.encode() for k, v in sets.items()})
+            and isinstance(records, dict) and all(isinstance(v, str) for v in records.values())
+            and isinstance(sizes, list) and all(isinstance(p, list) and len(p) == 2 and isinstance(p[0], str)
+                                                and isinstance(p[1], int) and p[1] >= 0 for p in sizes)
+            and sum(p[1] for p in sizes) == len(tail)):
+        raise NotAGroup("its manifests, records or packs are not what a group holds")
+    found, at = {}, 0
+    for pack_name, size in sizes:
+        found[pack_name] = tail[at:at + size]
+        at += size
+
+    def sets_of(pack_name: str) -> list[str]:
+        try:
+            return packs.names(found[pack_name])
+        except (KeyError, packs.NotAPack):
+            raise NotAGroup(f"an entry names the set pack {pack_name[:40]!r}, which the group lacks or cannot "
+                            "be read") from None
+
+    return Group(name, {k: parse_entries(v, sets_of) for k, v in manifests.items()},
+                 {k: v.encode() for k, v in records.items()}, found)
 
 
 class NotAGroup(ValueError):
@@ -167,18 +189,19 @@ class RemoteTier:
             self.refuse(f"ent/{group.name}", f"the record of {action_key[:16]}: {e}")
             return None
 
-    def set_in(self, group: Group, sid: str) -> bytes | None:
-        """An input set a group holds, checked against its name, or None."""
-        if not (isinstance(sid, str) and SHA256_RE.fullmatch(sid)):
-            self.refuse(f"ent/{group.name}", f"an entry names an input set {str(sid)[:40]!r}, not a sha256")
+    def pack_in(self, group: Group, name: str | None) -> packs.SetPack | None:
+        """The set pack a group holds under a name, its frame checked against the name (its sets
+        are checked against theirs where they are opened), or None."""
+        if not (isinstance(name, str) and SHA256_RE.fullmatch(name)):
+            self.refuse(f"ent/{group.name}", f"an entry names a set pack {str(name)[:40]!r}, not a sha256")
             return None
-        data = group.sets.get(sid)
-        if data is None:
+        frame = group.packs.get(name)
+        if frame is None:
             return None
-        if hashlib.sha256(data).hexdigest() != sid:
-            self.refuse(f"ent/{group.name}", f"the input set {sid[:16]}: its bytes do not hash to its name")
+        if hashlib.sha256(frame).hexdigest() != name:
+            self.refuse(f"ent/{group.name}", f"the set pack {name[:16]}: its bytes do not hash to its name")
             return None
-        return data
+        return packs.SetPack(name, frame)
 
     def objects_of(self, records: list[ActionRecord]) -> dict[str, bytes]:
         """The objects several records name, as their zstd frames (what the local store keeps), each
@@ -219,10 +242,10 @@ class RemoteTier:
 
     # -- writing ---------------------------------------------------------------------------
 
-    def publish(self, group: str, mkey: str, entry: ManifestEntry, sets: dict[str, bytes], record: ActionRecord,
+    def publish(self, group: str, mkey: str, entry: ManifestEntry, pack: packs.SetPack, record: ActionRecord,
                 object_path: str, keep) -> ActionRecord | None:
         """Put one compile's results: its object, then its group with the entry, its record and its
-        sets. keep(entry) says which of the manifest key's present entries stay beside the new one.
+        set pack (the one the entry names). keep(entry) says which of the manifest key's present entries stay beside the new one.
         Returns the record the remote holds for the action now (its signatures and this one's, when
         its object is this one), or None when not all of it got there. A record of another object
         is left as it is (returned: the caller disputes it)."""
@@ -243,7 +266,7 @@ class RemoteTier:
             kept = [e for e in there_group.manifests.get(mkey, []) if e.action_key != entry.action_key and keep(e)]
             there_group.manifests[mkey] = (kept + [entry])[-MANIFEST_ENTRIES:]
             there_group.records[record.action_key] = encode_record(merged)
-            there_group.sets.update(sets)
+            there_group.packs[pack.name] = pack.frame
             self._write(there_group)
             return merged
         except RemoteUnavailable as e:
@@ -272,11 +295,11 @@ class RemoteTier:
         return self.group(name)
 
     def _write(self, group: Group) -> None:
-        """A group written whole, without the records and sets no entry names any more."""
+        """A group written whole, without the records and packs no entry names any more."""
         named = {e.action_key for _, e in group.entries()}
         group.records = {k: v for k, v in group.records.items() if k in named}
-        wanted = {sid for _, e in group.entries() for sid in e.input_sets}
-        group.sets = {k: v for k, v in group.sets.items() if k in wanted}
+        wanted = {e.pack for _, e in group.entries()}
+        group.packs = {k: v for k, v in group.packs.items() if k in wanted}
         self.storage.put(f"ent/{group.name}", group.encode())
         self._groups[group.name] = group
 
@@ -361,7 +384,8 @@ def reachable(storage_url: str, state_dir: str | Path, ttl: int | None) -> str |
 def damage(key: str, data: bytes) -> str | None:
     """What is wrong with a remote value as its key alone can tell (None: nothing): an object must
     expand to bytes that hash to its name; a group must parse, and every record in it pass its
-    checksum and name its key, every set hash to its name, every entry's record and sets be there."""
+    checksum and name its key, every pack hash to its name and each of its sets to its own, every
+    entry's record and pack be there."""
     kind, name = key.split("/", 1)
     if kind == "obj":
         try:
@@ -378,12 +402,16 @@ def damage(key: str, data: bytes) -> str | None:
             decode_record(text, expected_key=akey)
         except InvalidRecord as e:
             return f"the record of {akey[:16]}: {e}"
-    for sid, text in group.sets.items():
-        if hashlib.sha256(text).hexdigest() != sid:
-            return f"the input set {sid[:16]}: its bytes do not hash to its name"
+    for pack_name, frame in group.packs.items():
+        if hashlib.sha256(frame).hexdigest() != pack_name:
+            return f"the set pack {pack_name[:16]}: its bytes do not hash to its name"
+        try:
+            packs.checked_pairs(frame)
+        except packs.NotAPack as e:
+            return f"the set pack {pack_name[:16]}: {e}"
     for _, entry in group.entries():
-        if entry.action_key not in group.records or not all(s in group.sets for s in entry.input_sets):
-            return f"the entry of {entry.action_key[:16]} names a record or set the group lacks"
+        if entry.action_key not in group.records or entry.pack not in group.packs:
+            return f"the entry of {entry.action_key[:16]} names a record or set pack the group lacks"
     return None
 
 
