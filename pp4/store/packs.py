@@ -16,9 +16,9 @@ of its JSON's frame and an EXL3 unit's 5,000 pairs decode in about 4 ms.
     PACK_MAGIC, then 9 little-endian uint32 column lengths, then the columns:
     sids        32 bytes per set, by name
     counts      uint32 per set: its pairs
-    shared      uint32 per pair: bytes its path shares with the previous path of its set
-    added       uint32 per pair: bytes it adds
-    suffixes    those added bytes (UTF-8, surrogates passed)
+    shared      uint32 per pair: characters its path shares with the previous path of its set
+    added       uint32 per pair: characters it adds
+    suffixes    those added characters (UTF-8, surrogates passed)
     tags        1 byte per pair: how its state is kept (TAG_*)
     digests     32 bytes per TAG_DIGEST or TAG_EXECUTABLE state
     text_sizes  uint32 per TAG_TEXT state
@@ -50,6 +50,7 @@ COMMON_STATES = ("-", "Lf", "Ld", "d", "f")  # tags 4.. : one byte for the state
 _COMMON_TAG = {state: 4 + i for i, state in enumerate(COMMON_STATES)}
 _HEX = frozenset("0123456789abcdef")
 EXECUTABLE = "+x"
+_NO_STATE = object()  # a tag whose state is not the same for every pair (digests, texts)
 
 
 class NotAPack(ValueError):
@@ -95,16 +96,15 @@ def pack(sets: dict[str, bytes]) -> SetPack:
             raise ValueError(f"set {sid[:16]} is not in canonical form")
         sids += bytes.fromhex(sid)
         counts.append(len(pairs))
-        previous = b""
+        previous = ""
         for path, state in pairs:
-            encoded = path.encode("utf-8", "surrogatepass")
-            common, most = 0, min(len(encoded), len(previous))
-            while common < most and encoded[common] == previous[common]:
+            common, most = 0, min(len(path), len(previous))
+            while common < most and path[common] == previous[common]:
                 common += 1
             shared.append(common)
-            added.append(len(encoded) - common)
-            suffixes.append(encoded[common:])
-            previous = encoded
+            added.append(len(path) - common)
+            suffixes.append(path[common:])
+            previous = path
             if state is None:
                 tag_column.append(TAG_NULL)
             elif state in _COMMON_TAG:
@@ -119,7 +119,8 @@ def pack(sets: dict[str, bytes]) -> SetPack:
                 tag_column.append(TAG_TEXT)
                 texts.append(state.encode("utf-8", "surrogatepass"))
                 text_sizes.append(len(texts[-1]))
-    columns = [bytes(sids), _uint32s(counts), _uint32s(shared), _uint32s(added), b"".join(suffixes),
+    columns = [bytes(sids), _uint32s(counts), _uint32s(shared), _uint32s(added),
+               "".join(suffixes).encode("utf-8", "surrogatepass"),
                bytes(tag_column), b"".join(digests), _uint32s(text_sizes), b"".join(texts)]
     body = PACK_MAGIC + _HEAD.pack(*map(len, columns)) + b"".join(columns)
     frame = compressed.compress(body, compressed.PACK_LEVEL)
@@ -153,15 +154,26 @@ def names(frame: bytes) -> list[str]:
 
 
 def _decode(frame: bytes, known) -> dict[str, list[list]]:
-    """The pairs of each set not in known, NOT checked against their names."""
-    sid_column, count_bytes, shared_bytes, added_bytes, suffixes, tags, digests, size_bytes, texts = _columns(frame)
+    """The pairs of each set not in known, NOT checked against their names (a pack whose columns
+    say something else than its sets' names gives pairs that do not hash to them)."""
+    sid_column, count_bytes, shared_bytes, added_bytes, suffix_bytes, tags, digest_bytes, size_bytes, text_bytes \
+        = _columns(frame)
     counts, shared, added = _read_uint32s(count_bytes), _read_uint32s(shared_bytes), _read_uint32s(added_bytes)
     text_sizes = _read_uint32s(size_bytes)
+    try:
+        suffixes = suffix_bytes.decode("utf-8", "surrogatepass")
+    except UnicodeDecodeError:
+        raise NotAPack("a path or state that is not UTF-8") from None
+    digests = digest_bytes.hex()
     pairs_in_all = len(tags)
     if (len(sid_column) != 32 * len(counts) or sum(counts) != pairs_in_all or len(shared) != pairs_in_all
-            or len(added) != pairs_in_all or sum(added) != len(suffixes) or sum(text_sizes) != len(texts)):
+            or len(added) != pairs_in_all or sum(added) != len(suffixes) or sum(text_sizes) != len(text_bytes)
+            or len(digest_bytes) % 32):
         raise NotAPack("its columns disagree on how many sets and pairs it holds")
-    common = {4 + i: state for i, state in enumerate(COMMON_STATES)}
+    by_tag: list = [_NO_STATE] * 256  # the state of each one-byte tag
+    by_tag[TAG_NULL] = None
+    for state, tag in _COMMON_TAG.items():
+        by_tag[tag] = state
     found: dict[str, list[list]] = {}
     pair = at = digest_at = text_at = text_index = 0
     for index, count in enumerate(counts):
@@ -171,43 +183,32 @@ def _decode(frame: bytes, known) -> dict[str, list[list]]:
             at += sum(added[pair:end])
             for tag in tags[pair:end]:
                 if tag == TAG_DIGEST or tag == TAG_EXECUTABLE:
-                    digest_at += 32
+                    digest_at += 64
                 elif tag == TAG_TEXT:
                     text_at += text_sizes[text_index]
                     text_index += 1
             pair = end
             continue
-        pairs, previous = [], b""
-        for j in range(pair, end):
-            if shared[j] > len(previous):
-                raise NotAPack(f"set {sid[:16]} shares more of a path than there was")
-            path = previous[:shared[j]] + suffixes[at:at + added[j]]
-            at += added[j]
-            previous = path
-            tag = tags[j]
-            if tag == TAG_DIGEST or tag == TAG_EXECUTABLE:
-                digest = digests[digest_at:digest_at + 32]
-                if len(digest) != 32:
-                    raise NotAPack("fewer digests than its states name")
-                digest_at += 32
-                state = digest.hex() + (EXECUTABLE if tag == TAG_EXECUTABLE else "")
-            elif tag == TAG_TEXT:
-                if text_index >= len(text_sizes):
-                    raise NotAPack("fewer texts than its states name")
-                state = texts[text_at:text_at + text_sizes[text_index]].decode("utf-8", "surrogatepass")
-                text_at += text_sizes[text_index]
-                text_index += 1
-            elif tag == TAG_NULL:
-                state = None
-            elif tag in common:
-                state = common[tag]
-            else:
-                raise NotAPack(f"a state of unknown kind {tag}")
-            pairs.append([path.decode("utf-8", "surrogatepass"), state])
+        pairs, previous = [], ""
+        for common, size, tag in zip(shared[pair:end], added[pair:end], tags[pair:end]):
+            previous = previous[:common] + suffixes[at:at + size]
+            at += size
+            state = by_tag[tag]
+            if state is _NO_STATE:
+                if tag == TAG_DIGEST or tag == TAG_EXECUTABLE:
+                    state = digests[digest_at:digest_at + 64] + (EXECUTABLE if tag == TAG_EXECUTABLE else "")
+                    digest_at += 64
+                elif tag == TAG_TEXT and text_index < len(text_sizes):
+                    state = text_bytes[text_at:text_at + text_sizes[text_index]].decode("utf-8", "surrogatepass")
+                    text_at += text_sizes[text_index]
+                    text_index += 1
+                else:
+                    raise NotAPack(f"a state of unknown kind {tag}, or more texts than it holds")
+            pairs.append([previous, state])
         found[sid] = pairs
         pair = end
     if digest_at != len(digests) or text_index != len(text_sizes):
-        raise NotAPack("more digests or texts than its states name")
+        raise NotAPack("more or fewer digests or texts than its states name")
     return found
 
 
@@ -218,7 +219,7 @@ def checked_pairs(frame: bytes, known=frozenset()) -> dict[str, list[list]]:
     try:
         found = _decode(frame, known)
     except UnicodeDecodeError:
-        raise NotAPack("a path or state that is not UTF-8") from None
+        raise NotAPack("a state that is not UTF-8") from None
     for sid, pairs in found.items():
         if hashlib.sha256(canonical_json(pairs)).hexdigest() != sid:
             raise NotAPack(f"its set {sid[:16]} does not hash to its name")
