@@ -334,3 +334,23 @@ def test_cache_cli_reports_verifies_and_expires_the_remote(server):
     down = subprocess.run([sys.executable, "-m", "pp4.store", "remote", "redis://127.0.0.1:1/0", "stats"],
                           capture_output=True, text=True)
     assert down.returncode == 2 and "Connection refused" in down.stderr
+
+
+def test_a_group_another_pp4_wrote_in_its_own_format_is_a_quiet_miss_and_damage_is_not(tmp_path):
+    """After an upgrade, a shared store is full of groups of the earlier format under the same keys:
+    each reads as no entries without a warning (every build would otherwise say so once a unit),
+    while a damaged group is still refused and logged."""
+    from pp4.store.remote.backend import open_remote
+    from pp4.store.remote.tier import GROUP_FORMAT, RemoteTier
+
+    (tmp_path / "shared").mkdir()
+    storage = open_remote(f"file://{tmp_path / 'shared'}")
+    tier = RemoteTier(storage, "readwrite", tmp_path / "state")
+    older, damaged = "a" * 64, "b" * 64
+    storage.put(f"ent/{older}", zstd_frame(json.dumps({"format": GROUP_FORMAT - 1, "group": older, "sets": {}}).encode()))
+    storage.put(f"ent/{damaged}", zstd_frame(b"{not json"))
+    groups = tier.groups([older, damaged])
+    assert groups[older].entries() == [] and groups[damaged].entries() == []
+    assert tier.refused == 1
+    log = (tmp_path / "state" / "remote" / "refused.log").read_text().splitlines()
+    assert len(log) == 1 and f"ent/{damaged}" in log[0]

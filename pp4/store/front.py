@@ -71,8 +71,8 @@ class StoreFront:
         """StoreError when the local store cannot be opened (an unwritable place with no store).
         trust: whose entries may be restored (None: none may); signer: this builder's key (None:
         nothing is kept); pack_problem(folder, name, sids): why a set pack kept there cannot be used
-        for an entry naming sids, or None (the reuse rule's SetChecker.problem, which keeps what it read for the lookups that
-        follow; by default each set is checked here)."""
+        for an entry naming sids, or None (the reuse rule's SetChecker.problem, which keeps what it
+        read for the lookups that follow; by default each set is checked here)."""
         self.pack_problem = pack_problem or _pack_problem
         self.trust = trust
         self.signer = signer
@@ -258,11 +258,12 @@ class StoreFront:
 
     def keep(self, mkey: str, entry: ManifestEntry, pack: "packs.SetPack", object_path: str, sha256: str,
              payload: dict, sound: Check, group: str | None = None) -> Kept:
-        """pack: the entry's input sets, in the pack the entry names. sha256: the object's digest as its compile left it; a store that read other bytes adds no
-        entry. The entry is signed with this builder's key. When a tier holds the action already,
-        the same object gains this builder's signature there, and another object is disputed
-        (signed: this builder's compile gave other bytes) and never restored again. group: the
-        remote group (the manifest key when None)."""
+        """pack: the entry's input sets, in the pack the entry names. sha256: the object's digest as
+        its compile left it; a store that read other bytes adds no entry. The entry is signed with
+        this builder's key. When a tier holds the action already, the same object gains this
+        builder's signature there, and another object is disputed (signed: this builder's compile
+        gave other bytes) and never restored again. group: the remote group (the manifest key when
+        None)."""
         group = group or mkey
         if self.signer is None:
             return Kept(None, "this builder has no signing key, so nothing it compiles is stored "

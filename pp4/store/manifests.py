@@ -9,9 +9,9 @@ The store owns these files. An entry (ManifestEntry) is {"action_key": <key of a
 sets are read from the pack (pp4/store/packs.py), where they are kept once, not listed here again
 (an EXL3 unit observes 200-400 folders: each name is 32 bytes of entropy). An entry whose pack is
 missing or damaged reads as no entry. gc keeps the entries whose action record is still there, and
-the packs they name. Whether an entry may stand in for a compile is pp4.reuse's
-question (which also checks, on every lookup, that an entry's action key follows from its inputs). Each manifest carries the sha256 of
-its canonical content, so `pp4.store verify` finds a changed byte on its own. A manifest that is
+the packs they name. Whether an entry may stand in for a compile is pp4.reuse's question (which
+also checks, on every lookup, that an entry's action key follows from its inputs). Each manifest
+carries the sha256 of its canonical content, so `pp4.store verify` finds a changed byte on its own. A manifest that is
 missing or unreadable reads as no entries: a miss, never a wrong object.
 """
 

@@ -14,9 +14,9 @@ manifest key: one read brings a command's entries, their records and observation
 the other variants. A compile's results are published object first, its group last, so a reader
 that finds an entry finds what it names (or, after an eviction, a miss); a group is written whole,
 so it never names a record or pack it lacks. Nothing read is trusted: a frame must expand within its
-bound, a pack must hash to its name and each of its sets to its own, a record must be for the action key it is filed under and pass
-its checksum, an object must hash to the record's sha256 and have its size; the reuse rule then
-checks every entry as it checks a local one (its action key must follow from its inputs, which must
+bound, a pack must hash to its name and each of its sets to its own, a record must be for the
+action key it is filed under and pass its checksum, an object must hash to the record's sha256 and
+have its size; the reuse rule then checks every entry as it checks a local one (its action key must follow from its inputs, which must
 hash to their local bytes) and the trust list who signed it. A value that fails is refused: one
 warning line, a line in build/.pp4/remote/refused.log, never used.
 
@@ -95,6 +95,8 @@ def decode_group(name: str, frame: bytes) -> Group:
         doc = json.loads(head)
     except (compressed.NotAFrame, ValueError, RecursionError) as e:
         raise NotAGroup(str(e)) from None
+    if isinstance(doc, dict) and isinstance(doc.get("format"), int) and doc["format"] != GROUP_FORMAT:
+        raise OtherFormat(f"a group of format {doc['format']}, which this pp4 does not read (it reads {GROUP_FORMAT})")
     if not isinstance(doc, dict) or doc.get("format") != GROUP_FORMAT or doc.get("group") != name:
         raise NotAGroup(f"not a group of format {GROUP_FORMAT} named {name[:16]}")
     manifests, records, sizes = doc.get("manifests"), doc.get("records"), doc.get("packs")
@@ -122,6 +124,11 @@ def decode_group(name: str, frame: bytes) -> Group:
 
 class NotAGroup(ValueError):
     pass
+
+
+class OtherFormat(NotAGroup):
+    """A group another pp4 wrote in its own format: not damage, so read as empty without a warning
+    (a miss), and replaced whole by the next compile of its unit that this pp4 publishes."""
 
 
 class RemoteTier:
@@ -174,6 +181,8 @@ class RemoteTier:
             return Group(name)
         try:
             return decode_group(name, frame)
+        except OtherFormat:
+            return Group(name)
         except NotAGroup as e:
             self.refuse(f"ent/{name}", f"not a group ({e})")
             return Group(name)
@@ -245,10 +254,10 @@ class RemoteTier:
     def publish(self, group: str, mkey: str, entry: ManifestEntry, pack: packs.SetPack, record: ActionRecord,
                 object_path: str, keep) -> ActionRecord | None:
         """Put one compile's results: its object, then its group with the entry, its record and its
-        set pack (the one the entry names). keep(entry) says which of the manifest key's present entries stay beside the new one.
-        Returns the record the remote holds for the action now (its signatures and this one's, when
-        its object is this one), or None when not all of it got there. A record of another object
-        is left as it is (returned: the caller disputes it)."""
+        set pack (the one the entry names). keep(entry) says which of the manifest key's present
+        entries stay beside the new one. Returns the record the remote holds for the action now (its
+        signatures and this one's, when its object is this one), or None when not all of it got
+        there. A record of another object is left as it is (returned: the caller disputes it)."""
         if not self.writes:
             return None
         try:
