@@ -12,7 +12,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-import pytest
 from conftest import REPO
 from test_build import FIXTURE, ninja_bin, run
 from test_faults import needs_tmpfs, tmpfs

@@ -117,7 +117,7 @@ def recheck(cfg, actions_file: Path, stamp: Path) -> int:
         for out, _ in stale if removing else ():
             for p in (Path(out), Path(out + MARKER_SUFFIX)):
                 p.unlink(missing_ok=True)
-        (out, why), more = stale[0], len(stale) - 1
+        out, why = stale[0]
         verb = "removed, so this run builds them again" if removing else "left in place (this run builds nothing)"
         print(f"pp4: {len(stale)} output(s) no longer match what made them, which ninja's file times cannot show "
               f"(first, {out}: {why}): {verb}", flush=True)

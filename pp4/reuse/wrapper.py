@@ -49,6 +49,7 @@ from pp4.toolchain.limits import Limits
 
 if TYPE_CHECKING:
     from pp4.execution.run import Ran
+    from pp4.store import signing
 
 MARKER_SUFFIX = ".pp4-reused"
 WARNINGS_KEPT = 1 << 20  # of a compile's messages, kept with its entry and replayed on every restore
