@@ -25,7 +25,6 @@ import time
 from pathlib import Path
 
 import pytest
-import zstandard
 from conftest import REPO
 from test_build import ninja_bin, run
 
@@ -92,15 +91,13 @@ def objects(work: Path) -> dict[str, tuple[str, str | None, bytes]]:
 
 def observations_of(work: Path, prefix: str) -> set[tuple[str, str]]:
     """The (path, state) observations of a build's sets whose state starts with prefix, read from the
-    set packs in its state folder (zstd frames of `<name> <length>\\n<set's JSON>` each)."""
+    set packs in its state folder (each set checked against its name: pp4/store/packs.py)."""
+    from pp4.store import packs
+
     found = set()
     for path in (work / "build" / ".pp4" / "setpacks").glob("*/*"):
-        body = zstandard.ZstdDecompressor().decompress(path.read_bytes())
-        while body:
-            header, body = body.split(b"\n", 1)
-            length = int(header.split()[1])
-            doc, body = json.loads(body[:length]), body[length:]
-            found |= {tuple(p) for p in doc if isinstance(p, list) and len(p) == 2 and str(p[1]).startswith(prefix)}
+        for pairs in packs.checked_pairs(path.read_bytes()).values():
+            found |= {tuple(p) for p in pairs if str(p[1]).startswith(prefix)}
     return found
 
 
