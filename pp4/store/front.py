@@ -66,14 +66,14 @@ class Kept:
 
 class StoreFront:
     def __init__(self, root: str | Path, remote: dict | None, state_dir: str | Path,
-                 trust: "signing.Trust | None" = None, signer: "signing.Signer | None" = None,
-                 pack_problem: "Callable[[Path, str, tuple], str | None] | None" = None):
+                 trust: "signing.Trust | None" = None, signer: "signing.Signer | None" = None, *,
+                 pack_problem: "Callable[[Path, str, tuple], str | None]"):
         """StoreError when the local store cannot be opened (an unwritable place with no store).
         trust: whose entries may be restored (None: none may); signer: this builder's key (None:
         nothing is kept); pack_problem(folder, name, sids): why a set pack kept there cannot be used
-        for an entry naming sids, or None (the reuse rule's SetChecker.problem, which keeps what it
-        read for the lookups that follow; by default each set is checked here)."""
-        self.pack_problem = pack_problem or _pack_problem
+        for an entry naming sids, or None: the reuse rule's SetChecker.problem, which keeps what it
+        read for the lookups that follow, so a pack the remote tier sent is checked once."""
+        self.pack_problem = pack_problem
         self.trust = trust
         self.signer = signer
         self.refused: list[tuple[str, str]] = []  # (action key, why) of entries not restored for who stored them
@@ -371,18 +371,6 @@ class StoreFront:
         correctness one: the lookup after it decides. Yields True when it waited."""
         with self.manifests.lock(mkey, lambda: True) as waited:
             yield waited
-
-
-def _pack_problem(folder: Path, name: str, sids) -> str | None:
-    found = packs.read(folder, name)
-    if found is None:
-        return "missing, or its bytes do not hash to its name"
-    try:
-        held = packs.checked_pairs(found.frame)
-    except packs.NotAPack as e:
-        return str(e)
-    lacking = [sid for sid in sids if sid not in held]
-    return f"its entry names the set {str(lacking[0])[:40]!r}, which it does not hold" if lacking else None
 
 
 def _signer(signature: dict) -> str:
