@@ -56,6 +56,10 @@ def test_bytes_that_are_not_a_pack_are_refused() -> None:
                 recompress(body[:len(packs.PACK_MAGIC) + 4] + b"\xff" + body[len(packs.PACK_MAGIC) + 5:])):
         with pytest.raises(packs.NotAPack):
             packs.checked_pairs(bad)
+    for bad in (b"not a frame", recompress(b"[] not a pack"), frame[:len(frame) // 2],
+                recompress(body[:len(packs.PACK_MAGIC) + 40])):  # the names read from the start alone
+        with pytest.raises(packs.NotAPack):
+            packs.names(bad)
     # A set's bytes changed under its name: found by the set's own check.
     one = sorted(SETS)[0]
     forged = packs.pack({one: SETS[sorted(SETS)[1]]})

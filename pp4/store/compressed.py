@@ -9,6 +9,9 @@ is refused before any memory is spent on it (a remote value can be anything).
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+from typing import Iterator
+
 import zstandard
 
 LEVEL = 6
@@ -37,6 +40,17 @@ def compress(data: bytes, level: int = LEVEL) -> bytes:
     if compressor is None:
         compressor = _compressors[level] = zstandard.ZstdCompressor(level=level, write_content_size=True)
     return compressor.compress(data)
+
+
+@contextmanager
+def reading(frame: bytes) -> Iterator:
+    """A reader of a frame's content from its start (read(n)), expanding no more than is read;
+    NotAFrame when the bytes are not a frame."""
+    try:
+        with zstandard.ZstdDecompressor().stream_reader(frame) as reader:
+            yield reader
+    except zstandard.ZstdError as e:
+        raise NotAFrame(f"not a zstd frame ({e})") from None
 
 
 def decompress(frame: bytes, limit: int) -> bytes:

@@ -100,11 +100,12 @@ class Manifests:
         return parse_entries(entries or [], self._sets_of)
 
     def _sets_of(self, name: str) -> list[str] | None:
-        """The names of the sets a local pack holds (each set is checked where it is used)."""
-        frame = hashed.read(self.packs, name)
+        """The names of the sets a local pack holds, read from its start: the pack itself is checked
+        against its name, and each set against its own, where they are used (the reuse rule's
+        SetChecker), and names that are not the pack's make its action key not follow (a miss)."""
         try:
-            return packs.names(frame) if frame is not None else None
-        except packs.NotAPack:
+            return packs.names(hashed.path_of(self.packs, name).read_bytes())
+        except (OSError, packs.NotAPack):
             return None
 
     def add(self, mkey: str, entry: ManifestEntry, keep: int, still_good: Callable[[ManifestEntry], bool]) -> None:

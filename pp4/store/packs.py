@@ -146,9 +146,21 @@ def _columns(frame: bytes) -> list[bytes]:
 
 
 def names(frame: bytes) -> list[str]:
-    """The names of the sets a pack holds, NOT checked. NotAPack when the bytes are not a pack."""
-    sids = _columns(frame)[0]
-    if len(sids) % 32:
+    """The names of the sets a pack holds, NOT checked, from the start of its content alone (a
+    manifest's lookup reads them for every entry; the sets are expanded where they are used).
+    NotAPack when the bytes are not a pack."""
+    try:
+        with compressed.reading(frame) as reader:
+            found = reader.read(len(PACK_MAGIC) + _HEAD.size)
+            if not found.startswith(PACK_MAGIC) or len(found) < len(PACK_MAGIC) + _HEAD.size:
+                raise NotAPack("not a set pack of this layout")
+            size = _HEAD.unpack_from(found, len(PACK_MAGIC))[0]
+            if size % 32 or size > PACK_LIMIT:
+                raise NotAPack("a damaged list of set names")
+            sids = reader.read(size)
+    except compressed.NotAFrame as e:
+        raise NotAPack(str(e)) from None
+    if len(sids) != size:
         raise NotAPack("a damaged list of set names")
     return [sids[i:i + 32].hex() for i in range(0, len(sids), 32)]
 
