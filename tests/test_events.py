@@ -183,7 +183,8 @@ def test_the_prepass_keeps_the_build_state_bounded(tmp_path, toolchain):
     batch[gone] = dict(next(iter(batch.values())), output=gone)
     events.batch_path(str(s.state)).write_text(json.dumps({"events": batch}))
     sets = inputsets.directory(s.state)
-    old_set, young_set = (pack_write(sets, json.dumps([[f"/x/{n}.h", None]], separators=(",", ":")).encode()) for n in ("old", "young"))
+    old_set, young_set = (pack_write(sets, json.dumps([[f"/x/{n}.h", None]], separators=(",", ":")).encode())
+                          for n in ("old", "young"))
     hour_ago = time.time() - 2 * prepass.STATE_SETS_GRACE_S
     os.utime(hashed.path_of(sets, old_set), (hour_ago, hour_ago))
     named = {events.Events(str(s.state)).get(o).sets_pack for o in s.outputs()}

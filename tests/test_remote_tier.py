@@ -152,7 +152,8 @@ def test_poisoned_truncated_or_mismatched_remote_values_are_refused_and_never_us
         """The group with entry as its command's only entry, naming a pack of these sets."""
         forged = packs.pack(sets)
         entry["pack"] = forged.name
-        rewrite(lambda d: (d["manifests"].update({mkey: [entry]}), d["pack_frames"].update({forged.name: forged.frame})))
+        rewrite(lambda d: (d["manifests"].update({mkey: [entry]}),
+                           d["pack_frames"].update({forged.name: forged.frame})))
 
     # A pack whose set's bytes are not what its name hashes: another set's pairs under the name.
     first = doc["manifests"][mkey][0]
@@ -347,7 +348,8 @@ def test_a_group_another_pp4_wrote_in_its_own_format_is_a_quiet_miss_and_damage_
     storage = open_remote(f"file://{tmp_path / 'shared'}")
     tier = RemoteTier(storage, "readwrite", tmp_path / "state")
     older, damaged = "a" * 64, "b" * 64
-    storage.put(f"ent/{older}", zstd_frame(json.dumps({"format": GROUP_FORMAT - 1, "group": older, "sets": {}}).encode()))
+    older_group = {"format": GROUP_FORMAT - 1, "group": older, "sets": {}}
+    storage.put(f"ent/{older}", zstd_frame(json.dumps(older_group).encode()))
     storage.put(f"ent/{damaged}", zstd_frame(b"{not json"))
     groups = tier.groups([older, damaged])
     assert groups[older].entries() == [] and groups[damaged].entries() == []

@@ -48,7 +48,8 @@ def main() -> int:
     levels = [int(x) for x in args.levels.split(",")]
     d = zstandard.ZstdDecompressor()
     objects = [d.decompress(p.read_bytes()) for p in (args.store / "objects").glob("*/*")]
-    sets = [data for p in hashed.named_files(args.store / SETS_FOLDER) for data in packs.checked_sets(p.read_bytes()).values()]
+    sets = [data for p in hashed.named_files(args.store / SETS_FOLDER)
+            for data in packs.checked_sets(p.read_bytes()).values()]
     for name, blobs in (("objects", objects), ("observation sets", sets), ("packs (a compile's sets together)",
                         [d.decompress(p.read_bytes()) for p in hashed.named_files(args.store / SETS_FOLDER)])):
         if blobs:

@@ -14,11 +14,11 @@ manifest key: one read brings a command's entries, their records and observation
 the other variants. A compile's results are published object first, its group last, so a reader
 that finds an entry finds what it names (or, after an eviction, a miss); a group is written whole,
 so it never names a record or pack it lacks. Nothing read is trusted: a frame must expand within its
-bound, a pack must hash to its name and each of its sets to its own, a record must be for the
-action key it is filed under and pass its checksum, an object must hash to the record's sha256 and
-have its size; the reuse rule then checks every entry as it checks a local one (its action key must follow from its inputs, which must
-hash to their local bytes) and the trust list who signed it. A value that fails is refused: one
-warning line, a line in build/.pp4/remote/refused.log, never used.
+bound, a pack must hash to its name and each of its sets to its own, a record must be for the action
+key it is filed under and pass its checksum, an object must hash to the record's sha256 and have its
+size; the reuse rule then checks every entry as it checks a local one (its action key must follow
+from its inputs, which must hash to their local bytes) and the trust list who signed it. A value
+that fails is refused: one warning line, a line in build/.pp4/remote/refused.log, never used.
 
 A group is read, merged and written: two builders publishing the same unit at the same moment may
 lose one's entry (a later miss, never a wrong hit).
