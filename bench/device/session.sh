@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One device session: the setup once (the carried wheels into /tmp/site, ninja, PYTHONPATH: what
 # setup.sh's device_wheels does), then each named measurement in turn, each into $OUT/NAME as it
-# goes, packed into $OUT/NAME.tar.gz once it ends (the device tool returns at most 8 files, 2 folders
-# down), with $OUT/session.txt saying what ran, its exit status and seconds.
+# goes, packed into $OUT/NAME.tar.gz once it ends, in 15 MiB parts where larger (the device tool
+# returns at most 8 files of 16 MiB, 2 folders down), with $OUT/session.txt saying what ran, its exit
+# status and seconds.
 #
 #   bash bench/device/session.sh PURPOSE[:ARG,ARG...] ...     (device tool: carry .whl, and .carry where
 #                                                             a purpose says so)
@@ -55,7 +56,7 @@ setup_once() {
     /usr/local/cuda/bin/nvcc --version | tail -1; g++ --version | head -1; uname -r
     python3 -c 'import torch,sys;print("torch", torch.__version__, torch.version.cuda, sys.version.split()[0])'
   } > "$SESSION_OUT/machine.txt" 2>&1
-  echo "setup: $((SECONDS - t0)) s" | tee -a "$SESSION_OUT/session.txt"
+  echo "setup: $((SECONDS - t0)) s"  # the caller writes what this says into session.txt
 }
 
 run_purpose() {  # run_purpose NAME ARGS...: into $SESSION_OUT/NAME, with what is left as its limit
@@ -78,6 +79,19 @@ run_purpose() {  # run_purpose NAME ARGS...: into $SESSION_OUT/NAME, with what i
   return $rc
 }
 
+# pack NAME: $SESSION_OUT/NAME into NAME.tar.gz, in parts of 15 MiB where it is larger (the device tool
+# brings back no file over 16 MiB): `cat NAME.tar.gz.part-* | tar -xz` joins them.
+pack() {
+  local name=$1 archive=$SESSION_OUT/$1.tar.gz
+  tar -czf "$archive" -C "$SESSION_OUT" "$name" || return 1
+  rm -rf "${SESSION_OUT:?}/$name"
+  if [ "$(stat -c %s "$archive")" -gt $((15 * 1024 * 1024)) ]; then
+    split -b 15M -d "$archive" "$archive.part-" && rm -f "$archive"
+    echo "$name: packed in $(ls "$archive".part-* | wc -l) parts (cat $name.tar.gz.part-* | tar -xz)" \
+      | tee -a "$SESSION_OUT/session.txt"
+  fi
+}
+
 setup_once 2>&1 | tee -a "$SESSION_OUT/session.txt"; [ "${PIPESTATUS[0]}" = 0 ] || exit 1
 NINJA=/tmp/site/bin/ninja; [ "${SESSION_DRY:-}" = 1 ] && NINJA=$(command -v ninja)
 export NINJA PP4_DEVICE_READY=1 PYTHONPATH=/tmp/site:$REPO
@@ -96,6 +110,6 @@ for purpose in "$@"; do
   rc=$?
   [ "$rc" = 0 ] || rc_all=1
   echo "$purpose: rc $rc, $((SECONDS - t0)) s" | tee -a "$SESSION_OUT/session.txt"
-  tar -czf "$SESSION_OUT/$name.tar.gz" -C "$SESSION_OUT" "$name" && rm -rf "${SESSION_OUT:?}/$name"
+  pack "$name"
 done
 exit $rc_all
