@@ -322,6 +322,39 @@ def test_time_macros_however_spelled_are_never_stored(base, how):
     assert now["u.cpp.o"][1] != tag
 
 
+def test_a_pch_folder_in_another_order(toolchain):
+    """gcc takes the first valid precompiled header of `x.h.gch/` in the kernel's order (tmpfs lists
+    the newest first). A compile that reads one is never stored (a .gch's identifier table names
+    __TIMESTAMP__), and its folder's listing is keyed in that order: the same two files in another
+    order give what gcc gives now."""
+    shm = Path("/dev/shm")
+    if not shm.is_dir():
+        pytest.skip("no /dev/shm")
+    base = Path(tempfile.mkdtemp(dir=shm, prefix="pp4-test-"))
+    try:
+        case = Case(base, {"u.cpp": tagged("TAGV", head='#include "x.h"\n')}, spec(["-Winvalid-pch"]))
+        for tag in ("one", "two"):  # both valid for u.cpp (its flags): x.h's text at two times
+            (case.src / "x.h").write_text(f'#define TAGV "{tag}"\n')
+            subprocess.run(["g++", "-O1", "-fPIC", "-std=c++20", "-x", "c++-header", "x.h",
+                            "-o", str(base / f"{tag}.gch")], cwd=case.src, check=True)
+        (case.src / "x.h").write_text('#define TAGV "text"\n')
+
+        def arrange(order):
+            shutil.rmtree(case.src / "x.h.gch", ignore_errors=True)
+            (case.src / "x.h.gch").mkdir()
+            for tag in order:
+                shutil.copy(base / f"{tag}.gch", case.src / "x.h.gch" / f"{tag}.gch")
+
+        arrange(["one", "two"])
+        got, out = case.build()
+        assert got["u.cpp.o"][1] == "two", f"tmpfs lists the newest first, and gcc takes the first valid\n{out}"
+        assert re.search(r"1 not stored: \S+/u\.cpp\.o: it could expand __TIMESTAMP__, named by \S+\.gch", out), out
+        arrange(["two", "one"])
+        assert case.check("one")["u.cpp.o"][0] == "compiled"
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
 def test_a_native_cpu_flag_is_keyed_on_what_the_compiler_makes_of_this_cpu(base):
     """gcc reads the CPU for -march=native with an instruction, not a file: the observer cannot see
     it, so the object is keyed on what the compiler's driver makes of the CPU here (its `-###`

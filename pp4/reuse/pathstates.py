@@ -7,6 +7,9 @@ whether the kernel found something there. After the compile each such path gets 
     -               nothing there (a header looked for and not found, a program looked for on PATH)
     d               a folder
     ls:<sha256>     a folder whose entries were listed, by the sorted names
+    ls:in-order:<sha256>  a folder whose entries a compiler takes in the order the kernel lists
+                    them, the first that fits winning (gcc and a `x.h.gch/` folder of precompiled
+                    headers), by the names in that order
     s               something else (a FIFO, a device)
     !<errno>        the kernel refused (EACCES, ELOOP, ...)
     ld:<sha256>:... the loader's cache, by what it resolves for the names the compile could look up
@@ -36,6 +39,10 @@ from pp4.reuse import loadercache, nativecpu, twins
 from pp4.reuse.actionkey import FileHasher
 
 ABSENT, FOLDER, FILE, SPECIAL, NOFOLLOW, LINK, LISTING = "-", "d", "f", "s", "L", "@", "ls:"
+# Folders whose listing is kept in the kernel's order (getdents: creation order on tmpfs, the name
+# hash's on ext4), not sorted: gcc tries the files of a `x.h.gch/` folder in that order and takes the
+# first valid one. Every other listing is by sorted names, which two file systems agree on.
+IN_ORDER, ORDERED_SUFFIXES = LISTING + "in-order:", (".gch",)
 # After a regular file's sha256: this process may execute it. A compiler driver runs the first
 # program of its search folders it may execute (access X_OK), so a file that stops being executable
 # changes what runs, with the same bytes.
@@ -100,8 +107,10 @@ class States:
         found = self._memo.get(key)
         if found is None:
             try:
-                names = sorted(os.listdir(path))
-                found = LISTING + hashlib.sha256("\0".join(names).encode("utf-8", "surrogateescape")).hexdigest()
+                names = os.listdir(path)  # readdir: the kernel's order
+                ordered = path.rstrip("/").endswith(ORDERED_SUFFIXES)
+                found = (IN_ORDER if ordered else LISTING) + hashlib.sha256(
+                    "\0".join(names if ordered else sorted(names)).encode("utf-8", "surrogateescape")).hexdigest()
             except OSError as e:
                 found = ABSENT if e.errno in ABSENT_ERRORS else "!" + errno.errorcode.get(e.errno, str(e.errno))
             self._memo[key] = found
@@ -235,6 +244,8 @@ def describe(state: str) -> str:
         return "absent"
     if s == FOLDER:
         return "a folder"
+    if s.startswith(IN_ORDER):
+        return f"a folder listing {s[len(IN_ORDER):][:12]} in the kernel's order"
     if s.startswith(LISTING):
         return f"a folder listing {s[len(LISTING):][:12]}"
     if s.startswith(LINK):
