@@ -172,8 +172,8 @@ def _hash_and_scan(fd: int, size: int) -> tuple[str, str]:
     read whole to be scanned, a program or library (ELF) excepted, which is hashed as it is read."""
     if size >= READ_CHUNK and os.pread(fd, 4, 0) == timemacros.ELF:
         return sha256_fd(fd, size), ""
-    chunks = []
-    while chunk := os.read(fd, max(size, READ_CHUNK)):
+    chunks = [os.read(fd, size)] if size else []
+    while chunk := os.read(fd, 1 << 16):  # to the end, which a file grown since its stat moved
         chunks.append(chunk)
-    data = b"".join(chunks)
+    data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
     return hashlib.sha256(data).hexdigest(), timemacros.scan(data)
