@@ -95,7 +95,8 @@ class FileHasher:
                 doc = json.loads(cache.read_text())
                 if (isinstance(doc, dict) and doc.get("format") == HASHES_FORMAT and isinstance(doc.get("sha256"), dict)
                         and isinstance(doc.get("time_macros"), dict)):
-                    self._known, self._macros = doc["sha256"], doc["time_macros"]
+                    self._known = doc["sha256"]
+                    self._macros = {k: v for k, v in doc["time_macros"].items() if isinstance(v, str)}
             except (OSError, ValueError):
                 pass
 

@@ -6,10 +6,8 @@ whether the kernel found something there. After the compile each such path gets 
     <sha256>        a regular file, by content (read, stat'ed, run: every byte can matter)
     -               nothing there (a header looked for and not found, a program looked for on PATH)
     d               a folder
-    ls:<sha256>     a folder whose entries were listed, by the sorted names
-    ls:in-order:<sha256>  a folder whose entries a compiler takes in the order the kernel lists
-                    them, the first that fits winning (gcc and a `x.h.gch/` folder of precompiled
-                    headers), by the names in that order
+    ls:in-order:<sha256>  a folder whose entries were listed, by the names in the order the kernel
+                    lists them (gcc takes the first valid precompiled header of a `x.h.gch/` folder)
     s               something else (a FIFO, a device)
     !<errno>        the kernel refused (EACCES, ELOOP, ...)
     ld:<sha256>:... the loader's cache, by what it resolves for the names the compile could look up
@@ -39,10 +37,12 @@ from pp4.reuse import loadercache, nativecpu, twins
 from pp4.reuse.actionkey import FileHasher
 
 ABSENT, FOLDER, FILE, SPECIAL, NOFOLLOW, LINK, LISTING = "-", "d", "f", "s", "L", "@", "ls:"
-# Folders whose listing is kept in the kernel's order (getdents: creation order on tmpfs, the name
-# hash's on ext4), not sorted: gcc tries the files of a `x.h.gch/` folder in that order and takes the
-# first valid one. Every other listing is by sorted names, which two file systems agree on.
-IN_ORDER, ORDERED_SUFFIXES = LISTING + "in-order:", (".gch",)
+# A listing is kept in the kernel's order (getdents: the newest first on tmpfs, the names' hash's on
+# ext4), not sorted: gcc tries the files of a `x.h.gch/` folder in that order and takes the first
+# valid one, and so may any program that takes the first match of a listing. It costs no reuse that
+# was measured: real gcc and nvcc compiles and a g++ link list no folder pp4 keys (nvcc lists its
+# temporary folder). `ls:<sha256>` (sorted names) was the earlier form: it never holds now.
+IN_ORDER = LISTING + "in-order:"
 # After a regular file's sha256: this process may execute it. A compiler driver runs the first
 # program of its search folders it may execute (access X_OK), so a file that stops being executable
 # changes what runs, with the same bytes.
@@ -108,9 +108,7 @@ class States:
         if found is None:
             try:
                 names = os.listdir(path)  # readdir: the kernel's order
-                ordered = path.rstrip("/").endswith(ORDERED_SUFFIXES)
-                found = (IN_ORDER if ordered else LISTING) + hashlib.sha256(
-                    "\0".join(names if ordered else sorted(names)).encode("utf-8", "surrogateescape")).hexdigest()
+                found = IN_ORDER + hashlib.sha256("\0".join(names).encode("utf-8", "surrogateescape")).hexdigest()
             except OSError as e:
                 found = ABSENT if e.errno in ABSENT_ERRORS else "!" + errno.errorcode.get(e.errno, str(e.errno))
             self._memo[key] = found
