@@ -139,7 +139,8 @@ class ClusterExecutor:
             sys.stderr.write(result["output"])
         write_whole(Path(args.output), result["object"])
         return Done(result["node"], result["duration_s"], result["observations"],
-                    tuple(tuple(f) for f in result.get("time_macros", ())))
+                    tuple(tuple(f) if isinstance(f, list) else (str(f), "its node's gcc -Wdate-time")
+                          for f in result.get("time_macros", ())))  # a bare name: a node of an earlier pp4
 
     def _lock_text(self) -> str | None:
         release = self.toolchain["cuda_release"]
