@@ -27,35 +27,42 @@ could expand is gathered in pp4/reuse/observations.py (time_macros).
 
 from __future__ import annotations
 
+import functools
 import re
 
 NAMES = ("__DATE__", "__TIME__", "__TIMESTAMP__")
 _NAMES = tuple(n.encode() for n in NAMES)
-# gcc's phase 2: a backslash (or ??/, which is one where trigraphs are on) and blanks before a
-# newline (\n, \r\n or \r) join two lines, inside an identifier too.
-_SPLICE = re.compile(rb"(?:\\|\?\?/)[ \t\f\v]*(?:\r\n?|\n)")
-_RARE_SPLICE = re.compile(rb"\\(?:[ \t\f\v]*\r|[ \t\f\v]+\n)")
 ELF = b"\x7fELF"
 
 
-# One pass over the bytes finds whether any name is there (each search costs about what hashing the
-# bytes does); only then is each name looked for.
-_ANY = re.compile(rb"__(?:DATE|TIME)")
+@functools.cache
+def _patterns() -> tuple[re.Pattern, re.Pattern, re.Pattern]:
+    """Compiled on first use, not at import: every compile's wrapper imports this module, and most
+    only restore, reading no file."""
+    # gcc's phase 2: a backslash (or ??/, which is one where trigraphs are on) and blanks before a
+    # newline (\n, \r\n or \r) join two lines, inside an identifier too.
+    splice = re.compile(rb"(?:\\|\?\?/)[ \t\f\v]*(?:\r\n?|\n)")
+    rare_splice = re.compile(rb"\\(?:[ \t\f\v]*\r|[ \t\f\v]+\n)")
+    # One pass over the bytes finds whether any name is there (each search costs about what hashing
+    # the bytes does); only then is each name looked for.
+    any_name = re.compile(rb"__(?:DATE|TIME)")
+    return splice, rare_splice, any_name
 
 
 def scan(data: bytes) -> str:
     """The time macros a file's bytes name, comma-separated ("" for none or for a program)."""
     if data[:4] == ELF:
         return ""
+    splice, rare_splice, any_name = _patterns()
     # A backslash is in one of torch's headers in 20, a question mark in one in 8 (memchr, cheap):
     # only those files are searched for a splice; the common one is taken out as bytes.replace does.
     if b"\\" in data:
         data = data.replace(b"\\\n", b"")
-        if _RARE_SPLICE.search(data):
-            data = _SPLICE.sub(b"", data)
+        if rare_splice.search(data):
+            data = splice.sub(b"", data)
     if b"?" in data and b"??/" in data:
-        data = _SPLICE.sub(b"", data)
-    if _ANY.search(data) is None:
+        data = splice.sub(b"", data)
+    if any_name.search(data) is None:
         return ""
     return ",".join(n for n, b in zip(NAMES, _NAMES) if b in data)
 
