@@ -280,12 +280,27 @@ def test_a_header_named_through_proc(base, prefix):
     assert case.check("two", work_files={"forced.h": '#define VAL "two"\n'})["u.cpp.o"][0] == "compiled"
 
 
-@pytest.mark.parametrize("how", ["define", "pasted", "date_without_epoch"])
+STAMPED_HEADER = 'extern "C" const char pp4_tag[] = "TAG[" __TIMESTAMP__ "]";\n'
+
+
+@pytest.mark.parametrize("how", ["define", "pasted", "date_without_epoch", "isystem", "system_header", "quiet", "json"])
 def test_time_macros_however_spelled_are_never_stored(base, how):
-    head = {"define": "", "pasted": "#define CAT(a, b) a##b\n#define WHEN CAT(__TIME, STAMP__)\n",
-            "date_without_epoch": "#define WHEN __DATE__\n"}[how]
-    flags = ["-DWHEN=__TIMESTAMP__"] if how == "define" else []
-    case = Case(base, {"u.cpp": tagged("WHEN", head=head)}, spec(flags))
+    """__TIMESTAMP__ is the modification time of the file it expands in. Wherever it is spelled and
+    whatever hides gcc's -Wdate-time warning (a system header, -w, JSON diagnostics), the unit is
+    never stored: the bytes the compile read name it (pp4/reuse/timemacros.py)."""
+    head = {"pasted": "#define CAT(a, b) a##b\n#define WHEN CAT(__TIME, STAMP__)\n",
+            "date_without_epoch": "#define WHEN __DATE__\n"}.get(how, "")
+    flags = {"define": ["-DWHEN=__TIMESTAMP__"], "isystem": ["-isystem", "@SRC@/sys"], "quiet": ["-w"],
+             "json": ["-fdiagnostics-format=json"]}.get(how, [])
+    sources = {"u.cpp": tagged("__TIMESTAMP__" if how in ("quiet", "json") else "WHEN", head=head)}
+    stamped = "u.cpp"
+    if how == "isystem":  # expanded in the header, which -isystem makes a system header
+        sources = {"u.cpp": "#include <stamp.h>\n", "sys/stamp.h": STAMPED_HEADER}
+        stamped = "sys/stamp.h"
+    elif how == "system_header":
+        sources = {"u.cpp": '#include "stamp.h"\n', "stamp.h": "#pragma GCC system_header\n" + STAMPED_HEADER}
+        stamped = "stamp.h"
+    case = Case(base, sources, spec(flags))
     if how == "date_without_epoch":
         # pp4 fixes SOURCE_DATE_EPOCH (0 unless set): __DATE__ is then the same in every compile,
         # and such a unit is stored like any other. Only the file's own time is never stored.
@@ -299,12 +314,45 @@ def test_time_macros_however_spelled_are_never_stored(base, how):
     assert status == "compiled"
     # The build's last line says so, and why: the next build folder compiles it again.
     assert re.search(r"\(1 objects: 0 reused, 1 compiled, 1 not stored: \S+/u\.cpp\.o: .*__TIMESTAMP__", out), out
-    source = case.src / "u.cpp"
+    source = case.src / stamped
     old = source.stat().st_mtime - 86400 * 400
     os.utime(source, (old, old))  # the same bytes, another modification time
     now = case.check()
-    assert now["u.cpp.o"][0] == "compiled", "a unit whose object holds its source's time is compiled every time"
+    assert now["u.cpp.o"][0] == "compiled", "a unit whose object holds a file's time is compiled every time"
     assert now["u.cpp.o"][1] != tag
+
+
+def test_a_pch_folder_in_another_order(toolchain):
+    """gcc takes the first valid precompiled header of `x.h.gch/` in the kernel's order (tmpfs lists
+    the newest first). A compile that reads one is never stored (a .gch's identifier table names
+    __TIMESTAMP__), and its folder's listing is keyed in that order: the same two files in another
+    order give what gcc gives now."""
+    shm = Path("/dev/shm")
+    if not shm.is_dir():
+        pytest.skip("no /dev/shm")
+    base = Path(tempfile.mkdtemp(dir=shm, prefix="pp4-test-"))
+    try:
+        case = Case(base, {"u.cpp": tagged("TAGV", head='#include "x.h"\n')}, spec(["-Winvalid-pch"]))
+        for tag in ("one", "two"):  # both valid for u.cpp (its flags): x.h's text at two times
+            (case.src / "x.h").write_text(f'#define TAGV "{tag}"\n')
+            subprocess.run(["g++", "-O1", "-fPIC", "-std=c++20", "-x", "c++-header", "x.h",
+                            "-o", str(base / f"{tag}.gch")], cwd=case.src, check=True)
+        (case.src / "x.h").write_text('#define TAGV "text"\n')
+
+        def arrange(order):
+            shutil.rmtree(case.src / "x.h.gch", ignore_errors=True)
+            (case.src / "x.h.gch").mkdir()
+            for tag in order:
+                shutil.copy(base / f"{tag}.gch", case.src / "x.h.gch" / f"{tag}.gch")
+
+        arrange(["one", "two"])
+        got, out = case.build()
+        assert got["u.cpp.o"][1] == "two", f"tmpfs lists the newest first, and gcc takes the first valid\n{out}"
+        assert re.search(r"1 not stored: \S+/u\.cpp\.o: it could expand __TIMESTAMP__, named by \S+\.gch", out), out
+        arrange(["two", "one"])
+        assert case.check("one")["u.cpp.o"][0] == "compiled"
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def test_a_native_cpu_flag_is_keyed_on_what_the_compiler_makes_of_this_cpu(base):

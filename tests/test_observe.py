@@ -6,10 +6,14 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import errno
+import json
 import os
 import re
+import shutil
 import subprocess
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
@@ -673,3 +677,80 @@ def test_twins_are_keyed_wherever_they_are(tmp_path):
     os.utime(project / "b" / "x.h", (1_000_100, 1_000_100))
     assert pathstates.States(FileHasher()).now(str(project / "a" / "x.h"), recorded, root.real) == \
         twins.PREFIX + "/pp4/src/b/x.h|0,1"
+
+
+def on_tmpfs() -> Path:
+    """A new folder on a tmpfs, which lists a folder's entries newest first: how a test puts the
+    same names in another kernel order."""
+    shm = Path("/dev/shm")
+    if not shm.is_dir():
+        pytest.skip("no /dev/shm")
+    return Path(tempfile.mkdtemp(dir=shm, prefix="pp4-test-"))
+
+
+def test_a_pch_folder_is_keyed_in_the_order_gcc_tries_it():
+    """gcc takes the first valid precompiled header of a `x.h.gch/` folder in the order the kernel
+    lists it: a listed folder's state follows that order, so what was compiled with one order holds
+    under no other. The oracle is gcc's own choice."""
+    gxx = shutil.which("g++")
+    if gxx is None:
+        pytest.skip("no g++")
+    work = on_tmpfs()
+    try:
+        (work / "u.cpp").write_text('#include "x.h"\nextern "C" const char pp4_tag[] = "TAG[" TAGV "]";\n')
+        for tag in ("one", "two"):  # both valid for u.cpp: built from x.h's text at two times
+            (work / "x.h").write_text(f'#define TAGV "{tag}"\n')
+            subprocess.run([gxx, "-x", "c++-header", "x.h", "-o", f"{tag}.gch"], cwd=work, check=True)
+        (work / "x.h").write_text('#define TAGV "text"\n')
+
+        def arranged(order):
+            folder = work / "x.h.gch"
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+            for tag in order:
+                shutil.copy(work / f"{tag}.gch", folder / f"{tag}.gch")
+            subprocess.run([gxx, "-c", "u.cpp", "-o", "u.o"], cwd=work, check=True)
+            chose = re.search(rb"TAG\[(\w+)\]", (work / "u.o").read_bytes()).group(1).decode()
+            return chose, pathstates.States(FileHasher()).listing(str(folder))
+
+        first, state_a = arranged(["one", "two"])
+        listed_a = os.listdir(work / "x.h.gch")
+        second, state_b = arranged(["two", "one"])
+        if os.listdir(work / "x.h.gch") == listed_a:
+            pytest.skip("/dev/shm does not list a folder's entries in the order they were made")
+        assert {first, second} == {"one", "two"}, "gcc's choice follows the kernel's order"
+        assert state_a != state_b and state_a.startswith(pathstates.IN_ORDER)
+        assert arranged(["one", "two"])[1] == state_a
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def test_time_macros_are_found_in_the_bytes_once_and_kept_with_the_hash(tmp_path):
+    from pp4.reuse import timemacros
+
+    assert timemacros.scan(b"#define W __TIME\\\nSTAMP__\n") == "__TIMESTAMP__", "a backslash-newline inside"
+    assert timemacros.scan(b"#define W __TI??/ \r\nME__ __DATE__\n") == "__DATE__,__TIME__", "a trigraph, CR LF"
+    assert timemacros.scan(b"// __TIMESTAMP__ in a comment\n") == "__TIMESTAMP__"
+    assert timemacros.scan(b"\x7fELF...__TIMESTAMP__") == "", "a program's strings are not preprocessed"
+    assert timemacros.scan(b"__TIME __DATE _TIMESTAMP__") == ""
+    header = tmp_path / "t.h"
+    header.write_bytes(b"x" * (3 << 20) + b"\n__TIMES\\\nTAMP__\n")  # past the hasher's chunk
+    cache = tmp_path / "hashes.json"
+    hasher = FileHasher(cache)
+    hasher.STAMP_SLACK_S = -60.0  # keep what was just written (its ctime is now)
+    sha = hasher.sha256(str(header))
+    assert hasher.time_macros(sha) == "__TIMESTAMP__"
+    assert hasher.time_macros("0" * 64) is None, "never hashed: not cleared"
+    hasher.save()
+    doc = json.loads(cache.read_text())
+    assert doc["time_macros"] == {sha: "__TIMESTAMP__"}
+    doc["time_macros"][sha] = "__DATE__"  # what a later process answers comes from here, not the file
+    cache.write_text(json.dumps(doc))
+    later = FileHasher(cache)
+    assert later.sha256(str(header), os.stat(header)) == sha
+    assert later.time_macros(sha) == "__DATE__"
+    doc["format"] = 1  # a cache written before files were scanned clears nothing
+    cache.write_text(json.dumps(doc))
+    older = FileHasher(cache)
+    assert older.time_macros(sha) is None
+    assert older.sha256(str(header), os.stat(header)) == sha and older.time_macros(sha) == "__TIMESTAMP__"

@@ -4,9 +4,10 @@ The command runs with exactly the environment it is given (pp4/toolchain/compile
 temporary folder of its own, no GPU, and two additions that change no object and are in no key:
 nvcc's --threads (how many architectures it compiles at once) and, for compiles, gcc's
 `-Wdate-time -Wno-error=date-time` (nvcc: through -Xcompiler, which reaches both of its
-preprocessing passes). The second is how the compilers are asked about time: a preprocessing that
-expands __DATE__, __TIME__ or __TIMESTAMP__, however the source spells it (a macro, `-DWHEN=...`,
-token pasting), makes gcc say so, and `Ran.time_macros` lists what it said.
+preprocessing passes). The second reports a time macro that token pasting makes (CAT(__TIME,
+STAMP__)), which no file's bytes name, and `Ran.time_macros` lists what it said (plain text or
+-fdiagnostics-format=json); every other spelling is found in the bytes the compile read, which
+-w or a system header cannot hide (pp4/reuse/timemacros.py).
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ from pp4.execution.limits import apply, command_for
 from pp4.toolchain.compilerenv import process_env
 from pp4.toolchain.limits import Limits
 
-DATE_TIME = re.compile(rb'macro "(__DATE__|__TIME__|__TIMESTAMP__)" might prevent reproducible builds')
+# As gcc says it, and as its JSON diagnostics quote it (\").
+DATE_TIME = re.compile(rb'macro \\?"(__DATE__|__TIME__|__TIMESTAMP__)\\?" might prevent reproducible builds')
 TRACE_NAME = ".pp4-trace"
 
 
@@ -43,7 +45,7 @@ class Ran:
     root_problem: str | None
     trace: observe.Trace | None  # None: not observed (why: trace_problem)
     trace_problem: str | None
-    time_macros: tuple[str, ...]  # __DATE__, __TIME__, __TIMESTAMP__ that its preprocessing expanded
+    time_macros: tuple[str, ...]  # __DATE__, __TIME__, __TIMESTAMP__ that gcc's -Wdate-time reported
     tmp: str  # its temporary folder as it saw it
     stderr: bytes
     scratch: str = ""  # the folder of its temporary folder and trace (removed: nothing there outlives it)

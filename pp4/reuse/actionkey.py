@@ -7,6 +7,7 @@ pp4/reuse/observations.py (what a compile observed) and pp4/reuse/pathstates.py 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import stat
@@ -15,7 +16,13 @@ from pathlib import Path
 
 import attrs
 
-from pp4.files import sha256_fd, write_whole
+from pp4.files import READ_CHUNK, sha256_fd, write_whole
+from pp4.reuse import timemacros
+
+# The hasher's cache file. Format 2: `time_macros` (a file's sha256 -> the time macros its bytes
+# name, pp4/reuse/timemacros.py; files that name none are left out) beside `sha256`; a cache of
+# format 1 was kept without them, so it is read as empty.
+HASHES_FORMAT = 2
 
 
 class CommandError(Exception):
@@ -68,7 +75,10 @@ class FileHasher:
     since is hashed again. With a cache file, what earlier processes hashed is kept the same way
     (every compile observes nvcc, cicc, cc1plus and 1,400 headers: 250 MB a compile to read again
     otherwise); a file whose ctime is within STAMP_SLACK_S of when it was hashed is not kept, since
-    a write in the same clock tick could leave its stamp as it was."""
+    a write in the same clock tick could leave its stamp as it was.
+
+    Each file read is also scanned for the time macros it names (pp4/reuse/timemacros.py), and what
+    it names is kept with its sha256, here and in the cache file."""
 
     STAMP_SLACK_S = 2.0
 
@@ -78,11 +88,15 @@ class FileHasher:
         self.cache = cache
         self._known: dict[str, str] = {}
         self._new: dict[str, str] = {}
+        self._macros: dict[str, str] = {}  # sha256 -> the time macros its bytes name, where any
+        self._scanned: set[str] | None = None  # every sha256 scanned, by this process or an earlier one
         if cache is not None:
             try:
                 doc = json.loads(cache.read_text())
-                if isinstance(doc, dict) and doc.get("format") == 1 and isinstance(doc.get("sha256"), dict):
+                if (isinstance(doc, dict) and doc.get("format") == HASHES_FORMAT and isinstance(doc.get("sha256"), dict)
+                        and isinstance(doc.get("time_macros"), dict)):
                     self._known = doc["sha256"]
+                    self._macros = {k: v for k, v in doc["time_macros"].items() if isinstance(v, str)}
             except (OSError, ValueError):
                 pass
 
@@ -110,7 +124,11 @@ class FileHasher:
                         key = "%d:%d:%d:%d:%d" % ident
                         h = self._known.get(key)
                         if h is None:
-                            h = sha256_fd(fd, st.st_size)
+                            h, macros = _hash_and_scan(fd, st.st_size)
+                            if macros:
+                                self._macros[h] = macros
+                            if self._scanned is not None:
+                                self._scanned.add(h)
                             if st.st_ctime < time.time() - self.STAMP_SLACK_S:
                                 self._new[key] = h
                         self._by_file[ident] = h
@@ -121,6 +139,13 @@ class FileHasher:
             self._hashes[path] = h
         return h
 
+    def time_macros(self, sha: str) -> str | None:
+        """The time macros the bytes of a file this hasher hashed name, comma-separated ("" none);
+        None for a sha256 it never met."""
+        if self._scanned is None:  # only after a compile: a restore never asks
+            self._scanned = set(self._known.values()) | set(self._by_file.values())
+        return self._macros.get(sha, "") if sha in self._scanned else None
+
     def save(self) -> None:
         """Keep what this process hashed for the next one (only a cache: a failure loses nothing).
         The file keeps what earlier processes found unless it grew to four times what this one used."""
@@ -130,7 +155,10 @@ class FileHasher:
         if len(kept) > 4 * max(len(self._by_file), 20000):
             kept = {k: v for k, v in kept.items() if k in self._new or k in {"%d:%d:%d:%d:%d" % i for i in self._by_file}}
         try:
-            write_whole(self.cache, json.dumps({"format": 1, "sha256": kept}, separators=(",", ":")))
+            shas = set(kept.values())
+            macros = {sha: m for sha, m in self._macros.items() if sha in shas}
+            write_whole(self.cache, json.dumps({"format": HASHES_FORMAT, "sha256": kept, "time_macros": macros},
+                                               separators=(",", ":")))
         except OSError:
             pass
         self._known, self._new = kept, {}
@@ -138,3 +166,15 @@ class FileHasher:
     def files_hashed(self) -> int:
         """How many distinct files this process has read and hashed."""
         return len(self._by_file)
+
+
+def _hash_and_scan(fd: int, size: int) -> tuple[str, str]:
+    """An open file's sha256, and the time macros its bytes name. A file as big as READ_CHUNK is
+    read whole to be scanned, a program or library (ELF) excepted, which is hashed as it is read."""
+    if size >= READ_CHUNK and os.pread(fd, 4, 0) == timemacros.ELF:
+        return sha256_fd(fd, size), ""
+    chunks = [os.read(fd, size)] if size else []
+    while chunk := os.read(fd, 1 << 16):  # to the end, which a file grown since its stat moved
+        chunks.append(chunk)
+    data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    return hashlib.sha256(data).hexdigest(), timemacros.scan(data)

@@ -12,10 +12,10 @@ from pathlib import Path
 import attrs
 
 from pp4.build import events
-from pp4.reuse import actionkey, observations
+from pp4.reuse import actionkey, observations, timemacros
 from pp4.reuse.notices import env_notices, machine_notices, notify_once
 from pp4.build.config import ReuseConfig
-from pp4.reuse.wrapper import MARKER_SUFFIX, Action, Reuser, signed_part, time_problem
+from pp4.reuse.wrapper import MARKER_SUFFIX, Action, Reuser, signed_part
 
 
 def compile_one(cfg: ReuseConfig, env: dict[str, str], argv: list[str]) -> int:
@@ -82,7 +82,7 @@ def _compile(cfg: ReuseConfig, reuser: Reuser, action: Action) -> int:
         done = cluster.run(action, cfg.root_for(args.source), reuser.limits, reuser.states) if cluster else None
         if done is not None:
             reuser.write_depfile(action, done.observations)
-            stored = reuser.store_compile(action, done.observations, time_problem(done.time_macros, action.env),
+            stored = reuser.store_compile(action, done.observations, timemacros.problem(done.time_macros, action.env),
                                           done.duration_s)
             reuser.event(action, status="compiled", compile_duration_s=done.duration_s, executed_on=done.node, **stored)
             return 0

@@ -11,7 +11,7 @@ import struct
 
 from pp4.execution import observe
 from pp4.execution.root import FIXED
-from pp4.reuse import loadercache, nativecpu, twins
+from pp4.reuse import loadercache, nativecpu, timemacros, twins
 from pp4.reuse.pathstates import (ABSENT, ASKED, AT, ATTRIBUTES, CWD, LISTING, NOFOLLOW, REL, SPECIAL, States,
                                   is_file)
 
@@ -201,6 +201,34 @@ def device_line_times(ran) -> str | None:
             return ("its device line information holds its sources' modification times (nvcc -lineinfo or -G), "
                     "which no key covers: this unit is compiled every time")
     return None
+
+
+def time_macros(ran, pairs, hasher) -> list[tuple[str, str]]:
+    """(name, where) for each time macro a finished compile (pp4.execution.run.Ran) could expand
+    (pp4/reuse/timemacros.py): named by a file it read (pairs: its observations; hasher: the
+    FileHasher that hashed them), by a command line one of its programs was started with, or
+    reported by gcc's -Wdate-time."""
+    out: list[tuple[str, str]] = []
+    for path, state in pairs:
+        if not is_file(state):
+            continue
+        names = hasher.time_macros(state[:64])
+        real = ran.real(path) or path
+        if names is None:  # not hashed by this hasher: read it now
+            try:
+                with open(real, "rb") as f:
+                    names = timemacros.scan(f.read())
+            except OSError:
+                names = ",".join(timemacros.NAMES)  # unreadable now: cannot be cleared
+        out += [(n, real) for n in names.split(",") if n]
+    commands = [("its command", ran.command)]
+    if ran.trace is not None:
+        commands += [(f"the command line of {os.path.basename(e.program)}", e.argv) for e in ran.trace.execs]
+    for where, argv in commands:
+        names = timemacros.scan("\n".join(argv).encode("utf-8", "surrogateescape"))
+        out += [(n, where) for n in names.split(",") if n]
+    out += [(n, "gcc's -Wdate-time warning") for n in ran.time_macros]
+    return out
 
 
 def _loader_cache(ran, pairs: dict) -> None:

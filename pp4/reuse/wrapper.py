@@ -39,7 +39,7 @@ from pp4.execution import depfile
 from pp4.execution.root import Root
 from pp4.files import canonical_json, sha256_and_size
 from pp4.build import events
-from pp4.reuse import inputsets, observations, pathstates, variants
+from pp4.reuse import inputsets, observations, pathstates, timemacros, variants
 from pp4.reuse.notices import notify_once
 from pp4.reuse.actionkey import CompileArgs, FileHasher
 from pp4.store.front import Found, StoreFront
@@ -350,7 +350,8 @@ class Reuser:
     def observations(self, action: Action, ran: "Ran") -> tuple[list[list[str]], str | None]:
         """What a local compile observed, and why it must not be stored, if it must not."""
         pairs, problem = observations.from_run(ran, action.outputs(), self.states)
-        problem = problem or time_problem(ran.time_macros, action.env) or observations.device_line_times(ran)
+        problem = (problem or timemacros.problem(observations.time_macros(ran, pairs, self.hasher), action.env)
+                   or observations.device_line_times(ran))
         if problem is None:
             pairs = sorted(pairs + observations.pins(ran, action.args.output))
         return pairs, problem
@@ -442,16 +443,6 @@ class Reuser:
                                mounts=action.root.mounts if action.root else None,
                                reused_from=payload.get("compiled_for"), compile_duration_s=payload.get("duration_s"),
                                restore_duration_s=round(seconds, 4), env=action.env)
-
-
-def time_problem(time_macros, env: dict[str, str]) -> str | None:
-    """Why a compile that expanded a time macro cannot be stored: __TIMESTAMP__ is its source's
-    modification time; __DATE__ and __TIME__ are the clock's unless SOURCE_DATE_EPOCH fixes them."""
-    loose = [m for m in time_macros if m == "__TIMESTAMP__" or "SOURCE_DATE_EPOCH" not in env]
-    if loose:
-        return (f"its preprocessing expands {', '.join(loose)} (gcc -Wdate-time says so), which no key "
-                "covers: this unit is compiled every time")
-    return None
 
 
 def signed_part(payload: dict) -> dict:

@@ -42,7 +42,7 @@ class Done:
     node: str
     duration_s: float
     observations: list  # [path, state] pairs, every one checked here
-    time_macros: tuple[str, ...]
+    time_macros: tuple  # (name, where): the time macros its compile could expand (pp4/reuse/timemacros.py)
 
 
 def _remote_compile():
@@ -138,7 +138,9 @@ class ClusterExecutor:
         if result["output"]:
             sys.stderr.write(result["output"])
         write_whole(Path(args.output), result["object"])
-        return Done(result["node"], result["duration_s"], result["observations"], tuple(result.get("time_macros", ())))
+        return Done(result["node"], result["duration_s"], result["observations"],
+                    tuple(tuple(f) if isinstance(f, list) else (str(f), "its node's gcc -Wdate-time")
+                          for f in result.get("time_macros", ())))  # a bare name: a node of an earlier pp4
 
     def _lock_text(self) -> str | None:
         release = self.toolchain["cuda_release"]

@@ -122,11 +122,13 @@ def compile_task(task: dict, fetch) -> dict:
                         tmpdir=str(runs))
         ran = run(command, task["env"], limits, runs, root)
         result = {"node": name, "returncode": ran.returncode, "output": ran.stderr.decode(errors="replace"),
-                  "duration_s": round(ran.seconds, 3), "time_macros": list(ran.time_macros)}
+                  "duration_s": round(ran.seconds, 3), "time_macros": []}
         if ran.returncode != 0:
             return result
         outputs = {os.path.normpath(os.path.join(root.cwd, p)) for p in (args.output, args.depfile)}
-        pairs, problem = observations.from_run(ran, outputs, pathstates.States(actionkey.FileHasher()))
+        hasher = actionkey.FileHasher()
+        pairs, problem = observations.from_run(ran, outputs, pathstates.States(hasher))
+        result["time_macros"] = [list(f) for f in observations.time_macros(ran, pairs, hasher)]
         result["observations"], result["unobserved"] = pairs, problem
         result["object"] = Path(root.real(os.path.normpath(os.path.join(root.cwd, args.output)))).read_bytes()
         return result
