@@ -34,6 +34,7 @@ from pp4.build import config as buildconfig
 from pp4.build import events, modules
 from pp4 import statedir
 from pp4.execution import depfile
+from pp4.reuse import quickcheck
 
 # Targets that build nothing: a run that asked only for them leaves every output in place.
 READ_ONLY_TARGETS = {"certify", "report", "wheel-built", "compdb", "compile_commands.json"}
@@ -75,6 +76,7 @@ def recheck(cfg, actions_file: Path, stamp: Path) -> int:
     stale: list[tuple[str, str]] = []  # (output, why)
     watched_sets: set[tuple] = set()
     folders: dict[str, str] = {}  # a path's folder -> its deepest existing folder
+    identities: dict[str, bool] = {}  # what the next run's quick check stats: path -> follow its link
     checked = 0
     outputs = [a["output"] for a in doc["actions"]] + _modules(Path(cfg.builddir()), doc)
     watched = _output_folders(outputs)
@@ -96,6 +98,7 @@ def recheck(cfg, actions_file: Path, stamp: Path) -> int:
             if (sid, mapping) not in watched_sets:  # a set most units share: its folders once
                 watched_sets.add((sid, mapping))
                 _watch(pairs, to_real, watched, folders)
+                _observed(pairs, to_real, identities)
             if not checker.matches(sets_dir, ev.sets_pack, sid, mapping):
                 changed = pathstates.differences(pairs, to_real, states)
                 stale.append((out, changed[0] if changed else "an observation no longer holds"))
@@ -107,13 +110,14 @@ def recheck(cfg, actions_file: Path, stamp: Path) -> int:
         checked += 1
         to_real = link.to_real(record)
         _watch(record.observations, to_real, watched, folders)
+        _observed(record.observations, to_real, identities)
         if not pathstates.holds(record.observations, to_real, states):
             changed = pathstates.differences(record.observations, to_real, states)
             stale.append((module, changed[0] if changed else "an observation no longer holds"))
     hasher.save()
     _write_watched(stamp, watched, cfg.builddir())
+    removing = bool(stale) and not _read_only_run()
     if stale:
-        removing = not _read_only_run()
         for out, _ in stale if removing else ():
             for p in (Path(out), Path(out + MARKER_SUFFIX)):
                 p.unlink(missing_ok=True)
@@ -123,11 +127,43 @@ def recheck(cfg, actions_file: Path, stamp: Path) -> int:
               f"(first, {out}: {why}): {verb}", flush=True)
         if not removing:
             stamp.unlink(missing_ok=True)  # the next building run checks again
+            quickcheck.forget(stamp)
             return 0
+    _write_identities(stamp, identities, watched, outputs, (buildconfig.config_path(cfg.builddir()), actions_file),
+                      cfg.builddir())
     if not stamp.exists():
         stamp.write_text(json.dumps({"checked": checked, "seconds": round(time.monotonic() - t0, 3),
                                      "cpu_seconds": round(time.process_time() - cpu0, 3)}) + "\n")
     return 0
+
+
+def _observed(pairs, to_real, identities: dict[str, bool]) -> None:
+    """The paths whose identity the next run's quick check compares (pp4/reuse/quickcheck.py):
+    every path observed to be there, followed or not as it was observed. An absence is the business
+    of its deepest existing folder (_watch), whose ctime any new entry moves."""
+    from pp4.reuse import pathstates
+
+    for path, state in pairs:
+        if state == pathstates.ABSENT or state.startswith(pathstates.ASKED):
+            continue
+        real = to_real(path)
+        if real is not None and real.startswith("/"):
+            follow = not state.startswith(pathstates.NOFOLLOW)
+            identities[real] = identities.get(real, False) or follow
+
+
+def _write_identities(stamp: Path, identities: dict[str, bool], watched: set[str], outputs: list[str],
+                      documents, builddir) -> None:
+    """The quick check's table: the observed paths, the watched folders but the build folder and
+    pp4's state folder (written every run), the outputs, config and actions."""
+    builddir = os.path.realpath(builddir)
+    table = dict(identities)
+    for folder in watched:
+        if folder != builddir and not _inside(folder, os.path.join(builddir, statedir.FOLDER)):
+            table[folder] = True
+    for path in (*outputs, *map(str, documents)):
+        table[os.path.abspath(path)] = True
+    quickcheck.write_table(stamp, table)
 
 
 def _output_folders(outputs: list[str]) -> set[str]:
