@@ -26,8 +26,6 @@ from conftest import REPO
 from test_build import ninja_bin, run
 from test_hidden_inputs import Case, first_build, objects, same_folder_again, spec, tagged
 
-pytestmark = pytest.mark.slow
-
 OLD = 1_000_000_000  # 2001: older than anything a build made
 
 
@@ -56,6 +54,7 @@ def rebuilt(case: Case, work: Path, want: str) -> None:
     settled(work)
 
 
+@pytest.mark.slow
 def test_edits_that_keep_or_set_back_mtimes_rebuild_in_the_same_folder(base):
     case = Case(base, {"u.cpp": tagged("VAL", head='#include "cfg.h"\n'), "one/cfg.h": '#define VAL "one"\n',
                        "two/cfg.h": '#define VAL "two"\n', "spare.h": '#define VAL "spare"\n'},
@@ -104,6 +103,7 @@ def test_edits_that_keep_or_set_back_mtimes_rebuild_in_the_same_folder(base):
     rebuilt(case, work, "tar:two")
 
 
+@pytest.mark.slow
 def test_a_library_changed_with_its_old_mtime_relinks_the_module(base):
     lib_dir = base / "lib"
     lib_dir.mkdir()
@@ -136,6 +136,7 @@ def test_a_library_changed_with_its_old_mtime_relinks_the_module(base):
     assert run([ninja_bin(), "certify"], work).returncode == 0
 
 
+@pytest.mark.slow
 def test_two_ninja_runs_in_one_build_folder(base):
     """The second ninja stops with one line naming the first, before it builds or records anything:
     every object is compiled once, ninja's deps log keeps every object's dependencies (a header
@@ -172,3 +173,37 @@ def test_two_ninja_runs_in_one_build_folder(base):
     (case.src / "inc" / "cfg.h").write_text('#define VAL "b"\n')  # a new mtime: ninja's deps must show it
     again = run([ninja_bin()], work).stdout
     assert sorted(re.findall(r"^\[\d+/\d+\] CXX \S+/(\S+)$", again, re.M)) == sorted(f"{u}.o" for u in units), again
+
+
+def test_the_state_folder_names_what_the_quick_check_writes():
+    from pp4 import statedir
+    from pp4.reuse import quickcheck
+
+    assert quickcheck.LOCK == statedir.NINJA_LOCK
+    assert quickcheck.table_path(statedir.RECHECK_STAMP) == statedir.RECHECK_IDS
+
+
+def test_the_quick_check_sees_an_edit_that_put_its_mtime_back(tmp_path, monkeypatch):
+    """The table against real files: an edit of the same size with its times put back, a link
+    pointed elsewhere with its mtime put back, and no table where an identity is too recent."""
+    from pp4.reuse import quickcheck
+
+    header, link, stamp = tmp_path / "h.h", tmp_path / "inc", tmp_path / "recheck.stamp"
+    header.write_text("one\n")
+    link.symlink_to("a")
+    os.utime(header, (OLD, OLD))
+    assert not quickcheck.write_table(stamp, {str(header): True, str(link): False})  # ctimes of now
+    assert not quickcheck.holds(stamp)
+    monkeypatch.setattr(quickcheck, "SLACK_S", 0.0)
+    assert quickcheck.write_table(stamp, {str(header): True, str(link): False})
+    assert quickcheck.holds(stamp)
+    time.sleep(0.01)
+    header.write_text("two\n")
+    os.utime(header, (OLD, OLD))
+    assert not quickcheck.holds(stamp)
+    assert quickcheck.write_table(stamp, {str(header): True, str(link): False})
+    time.sleep(0.01)
+    link.unlink()
+    link.symlink_to("b")
+    os.utime(link, (OLD, OLD), follow_symlinks=False)
+    assert not quickcheck.holds(stamp)

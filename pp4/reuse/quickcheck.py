@@ -36,11 +36,14 @@ from pp4 import ninjarun  # noqa: E402
 # (stat, following links) or l (lstat), IDENT dev:ino:size:mode:mtime_ns:ctime_ns, or - for nothing.
 FORMAT = b"pp4-recheck-identities 1\n"
 SLACK_S = 2.0
-LOCK = "ninja.lock"  # in the state folder, beside the stamp: the ninja run building in this folder
+# In the state folder, beside the stamp (pp4/statedir.py names both: NINJA_LOCK, RECHECK_IDS; not
+# imported here, since it loads pathlib): the ninja run building in this folder, and the table.
+LOCK = "ninja.lock"
+IDS_SUFFIX = ".ids"
 
 
 def table_path(stamp) -> str:
-    return f"{stamp}.ids"
+    return f"{stamp}{IDS_SUFFIX}"
 
 
 def identity(path: str, follow: bool) -> str:
