@@ -55,7 +55,8 @@ def identity(path: str, follow: bool) -> str:
 
 
 def holds(stamp) -> bool:
-    """Whether the table exists and every identity in it is as it was."""
+    """Whether the table exists and every identity in it is as it was. (Bytes throughout: at EXL3's
+    5,600 paths the stat calls are most of its time.)"""
     try:
         with open(table_path(stamp), "rb") as f:
             data = f.read()
@@ -66,9 +67,16 @@ def holds(stamp) -> bool:
     fields = data[len(FORMAT):].split(b"\0")
     if len(fields) % 2 != 1 or fields[-1]:
         return False
-    for i in range(0, len(fields) - 1, 2):
-        mode, _, ident = fields[i].decode().partition(" ")
-        if identity(os.fsdecode(fields[i + 1]), mode == "f") != ident:
+    pairs = iter(fields[:-1])
+    stat, lstat = os.stat, os.lstat
+    for head, path in zip(pairs, pairs):
+        try:
+            st = stat(path) if head[:2] == b"f " else lstat(path)
+        except OSError:
+            now = b"-"
+        else:
+            now = b"%d:%d:%d:%d:%d:%d" % (st.st_dev, st.st_ino, st.st_size, st.st_mode, st.st_mtime_ns, st.st_ctime_ns)
+        if head[2:] != now:
             return False
     return True
 
