@@ -46,11 +46,14 @@ def table_path(stamp) -> str:
     return f"{stamp}{IDS_SUFFIX}"
 
 
-def identity(path: str, follow: bool) -> str:
-    try:
-        st = os.stat(path) if follow else os.lstat(path)
-    except OSError:
-        return "-"
+def identity(path: str, follow: bool, known=None) -> str:
+    """known: stat results by (path, follow) already taken (pathstates.States.stats)."""
+    st = known.get((path, follow)) if known else None
+    if st is None:
+        try:
+            st = os.stat(path) if follow else os.lstat(path)
+        except OSError:
+            return "-"
     return f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mode}:{st.st_mtime_ns}:{st.st_ctime_ns}"
 
 
@@ -81,14 +84,15 @@ def holds(stamp) -> bool:
     return True
 
 
-def write_table(stamp, paths: dict[str, bool]) -> bool:
+def write_table(stamp, paths: dict[str, bool], known=None, since_ns: int | None = None) -> bool:
     """Write the table of paths (path -> whether stat follows its last link); False (and no table,
-    so the next run checks in full) where an identity is too recent to be trusted."""
+    so the next run checks in full) where an identity is too recent to be trusted. known: stat
+    results taken since since_ns (else now), by (path, follow)."""
     target = table_path(stamp)
-    settled = time.time_ns() - int(SLACK_S * 1e9)
+    settled = (time.time_ns() if since_ns is None else since_ns) - int(SLACK_S * 1e9)
     parts = [FORMAT]
     for path in sorted(paths):
-        ident = identity(path, paths[path])
+        ident = identity(path, paths[path], known)
         if ident != "-" and int(ident.rsplit(":", 1)[1]) > settled:
             _remove(target)
             return False

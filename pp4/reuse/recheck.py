@@ -70,6 +70,7 @@ def recheck(cfg, actions_file: Path, stamp: Path) -> int:
     doc = json.loads(actions_file.read_text())
     hasher = FileHasher(paths.file_hashes())
     states = pathstates.States(hasher)
+    states.stats, since_ns = {}, time.time_ns()  # the next run's table takes its identities from these stats
     checker = inputsets.SetChecker(states)
     sets_dir = inputsets.directory(cfg.state_dir)
     known = events.Events(cfg.state_dir)
@@ -130,7 +131,7 @@ def recheck(cfg, actions_file: Path, stamp: Path) -> int:
             quickcheck.forget(stamp)
             return 0
     _write_identities(stamp, identities, watched, outputs, (buildconfig.config_path(cfg.builddir()), actions_file),
-                      cfg.builddir())
+                      cfg.builddir(), states.stats, since_ns)
     if not stamp.exists():
         stamp.write_text(json.dumps({"checked": checked, "seconds": round(time.monotonic() - t0, 3),
                                      "cpu_seconds": round(time.process_time() - cpu0, 3)}) + "\n")
@@ -153,7 +154,7 @@ def _observed(pairs, to_real, identities: dict[str, bool]) -> None:
 
 
 def _write_identities(stamp: Path, identities: dict[str, bool], watched: set[str], outputs: list[str],
-                      documents, builddir) -> None:
+                      documents, builddir, known, since_ns: int) -> None:
     """The quick check's table: the observed paths, the watched folders but the build folder and
     pp4's state folder (written every run), the outputs, config and actions."""
     builddir = os.path.realpath(builddir)
@@ -163,7 +164,7 @@ def _write_identities(stamp: Path, identities: dict[str, bool], watched: set[str
             table[folder] = True
     for path in (*outputs, *map(str, documents)):
         table[os.path.abspath(path)] = True
-    quickcheck.write_table(stamp, table)
+    quickcheck.write_table(stamp, table, known, since_ns)
 
 
 def _output_folders(outputs: list[str]) -> set[str]:
