@@ -252,6 +252,7 @@ def render(settings: BuildSettings, rules: str, plans: list[ModulePlan],
     # older than this run's, so the check runs before build.ninja's edge and not again after it.
     recheck = recheck_stamp(settings.builddir)
     _build(w, recheck, "reuse_recheck", implicit=[EVERY_RUN])
+    _build(w, EVERY_RUN, "phony")  # where there is no /proc: always out of date, the check runs twice a run
     _build(w, ["build.ninja", *settings.generator_outputs], "configure", implicit=[*settings.generator_inputs, *listing],
            order_only=[recheck])
     # An input of configure that is gone (the sources configure unpacks into a deleted build folder,
