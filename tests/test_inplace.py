@@ -207,3 +207,46 @@ def test_the_quick_check_sees_an_edit_that_put_its_mtime_back(tmp_path, monkeypa
     link.symlink_to("b")
     os.utime(link, (OLD, OLD), follow_symlinks=False)
     assert not quickcheck.holds(stamp)
+
+
+CLAIMING = """
+import subprocess, sys, time
+sys.path.insert(0, {repo!r})
+from pp4.reuse import quickcheck
+if sys.argv[1] == "claim":  # the check, run by a ninja (its parent)
+    print(quickcheck.claim({state!r}) or "claimed", flush=True)
+else:  # a ninja: what its check says, then (nested) what a ninja one of its edges starts says, then wait
+    subprocess.run([sys.executable, __file__, "claim"])
+    if sys.argv[1] == "nest":
+        subprocess.run([{fake!r}, __file__, "once"])
+    if sys.argv[1] != "once":
+        print("waiting", flush=True)
+        time.sleep(60)
+"""
+
+
+def test_one_ninja_run_at_a_time_holds_the_folder_and_its_own_nested_runs_pass(tmp_path):
+    """Real processes named ninja (a link to Python: the kernel names a process by the file it ran):
+    the first claims the folder, a ninja it starts passes and leaves the claim as it was, another
+    ninja is refused with the first's pid, and once the first has ended the next one claims it."""
+    from pp4.reuse import quickcheck
+
+    fake, state = tmp_path / "ninja", tmp_path / "build" / ".pp4"
+    fake.symlink_to(sys.executable)
+    script = tmp_path / "claiming.py"
+    script.write_text(CLAIMING.format(repo=str(REPO), state=str(state), fake=str(fake)))
+    first = subprocess.Popen([str(fake), str(script), "nest"], stdout=subprocess.PIPE, text=True)
+    try:
+        said = [first.stdout.readline().strip() for _ in range(3)]
+        assert said == ["claimed", "claimed", "waiting"], said
+        held = (state / quickcheck.LOCK).read_text()
+        assert held.startswith(f"{first.pid}-"), held
+        other = subprocess.run([str(fake), str(script), "once"], capture_output=True, text=True).stdout
+        assert f"pp4: ninja {first.pid} is already building in {tmp_path / 'build'}" in other, other
+        assert (state / quickcheck.LOCK).read_text() == held
+    finally:
+        first.kill()
+        first.wait()
+    after = subprocess.Popen([str(fake), str(script), "once"], stdout=subprocess.PIPE, text=True)
+    assert after.communicate()[0].strip() == "claimed"
+    assert (state / quickcheck.LOCK).read_text().startswith(f"{after.pid}-")

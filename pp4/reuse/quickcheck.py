@@ -124,13 +124,19 @@ def claim(state_dir: str) -> str | None:
         return None  # not run by ninja (a test, a bench): nothing to share
     import fcntl
 
-    os.makedirs(state_dir, exist_ok=True)
-    fd = os.open(os.path.join(state_dir, LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        os.makedirs(state_dir, exist_ok=True)
+        fd = os.open(os.path.join(state_dir, LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as e:  # a folder this user cannot write: ninja, which writes its logs beside it, will say so
+        print(f"pp4: cannot record this ninja run in {state_dir}: {e}", file=sys.stderr)
+        return None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)  # held only while reading and writing the holder
         holder = os.read(fd, 200).decode(errors="replace").strip()
-        if holder and holder != mine and ninjarun.is_running(holder) and not _ancestor(int(holder.split("-")[0])):
+        if holder and holder != mine and ninjarun.is_running(holder):
             pid = int(holder.split("-")[0])
+            if _ancestor(pid):
+                return None  # a ninja an edge of the holder started: the holder stays
             since = ninjarun.started(pid)
             when = time.strftime(" since %H:%M:%S", time.localtime(since)) if since else ""
             builddir = os.path.dirname(os.path.abspath(state_dir))
