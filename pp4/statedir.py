@@ -11,7 +11,7 @@ here and nowhere else; each writer gets its path from `part()`.
     cluster/             the cluster's back-off                                  pp4/reuse/cluster/executor.py
     links/               what each module's link observed                        pp4/build/modules.py
     untrusted.log        stored entries not restored for who stored them          pp4/reuse/wrapper.py
-    recheck.stamp        the check before ninja decides, and the folders it watches pp4/reuse/recheck.py
+    recheck.stamp        the check before ninja decides (restat: made once)        pp4/reuse/recheck.py
     recheck.stamp.ids    the identities the quick check compares on every run     pp4/reuse/quickcheck.py
     ninja.lock           the ninja run building in the folder (pid-starttime)     pp4/reuse/quickcheck.py
     prepass.stamp        the prepass's stamp and dependency file, for ninja       pp4/plan/ninjafile.py
