@@ -11,7 +11,9 @@ here and nowhere else; each writer gets its path from `part()`.
     cluster/             the cluster's back-off                                  pp4/reuse/cluster/executor.py
     links/               what each module's link observed                        pp4/build/modules.py
     untrusted.log        stored entries not restored for who stored them          pp4/reuse/wrapper.py
-    recheck.stamp        the check before ninja decides, and the folders it watches pp4/reuse/recheck.py
+    recheck.stamp        the check before ninja decides (restat: made once)        pp4/reuse/recheck.py
+    recheck.stamp.ids    the identities the quick check compares on every run     pp4/reuse/quickcheck.py
+    ninja.lock           the ninja run building in the folder (pid-starttime)     pp4/reuse/quickcheck.py
     prepass.stamp        the prepass's stamp and dependency file, for ninja       pp4/plan/ninjafile.py
     estimates.json       each object's estimated CPU seconds, its H200 figure, jobs configure.py
     source-folders.json  the names in a setup.py's source folders (ninja's stamp)  pp4/sources/listing.py
@@ -38,6 +40,9 @@ REMOTE = "remote"
 CLUSTER = "cluster"
 PREPASS_STAMP = "prepass.stamp"
 RECHECK_STAMP = "recheck.stamp"
+# Named again in pp4/reuse/quickcheck.py, which runs with only built-in modules (this one loads pathlib):
+RECHECK_IDS = RECHECK_STAMP + ".ids"
+NINJA_LOCK = "ninja.lock"
 UNTRUSTED = "untrusted.log"
 LINKS = "links"
 ESTIMATES = "estimates.json"

@@ -6,8 +6,9 @@ observation set a real compile of a torch-including unit made (TEMPLATE: a build
 such a unit, e.g. P2P's bindings.cpp: some 15,700 observations, 5,500 files) plus its own source and
 eight project headers, and an object of random bytes; then the objects are deleted and the prepass
 restores them all, 1 + ROUNDS times (the median of the warm runs is reported). Then the check every
-ninja run makes before it decides (pp4/reuse/recheck.py), with every object there: each one's
-observations against the machine, ROUNDS times.
+ninja run makes before it decides in full (pp4/reuse/recheck.py), with every object there: each
+one's observations against the machine, ROUNDS times; then the quick check that runs first on every
+run (pp4/reuse/quickcheck.py: identities only, in a Python of its own), ROUNDS times.
 
     python bench/build/prepass_observed.py TEMPLATE_BUILD_DIR [--units 264] [--rounds 5] [--match bindings.cpp]
 
@@ -21,6 +22,7 @@ import json
 import os
 import random
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -31,7 +33,7 @@ sys.path.insert(0, str(REPO))
 
 from pp4.execution.root import Root  # noqa: E402
 from pp4.build import events
-from pp4.reuse import inputsets, prepass, recheck  # noqa: E402
+from pp4.reuse import inputsets, prepass, quickcheck, recheck  # noqa: E402
 from pp4.store import hashed, packs, signing  # noqa: E402
 from pp4.reuse import wrapper as reuse  # noqa: E402
 from pp4.reuse.actionkey import parse_compile  # noqa: E402
@@ -122,6 +124,22 @@ def main() -> int:
         checks.append((time.process_time() - cpu0, time.monotonic() - t0))
         if any(not Path(a["output"]).exists() for a in actions):
             sys.exit("the check removed objects whose observations all hold")
+    # The quick check every ninja run makes first (pp4/reuse/quickcheck.py), as build.ninja starts it:
+    # a Python of its own that stats every path in the table the full check wrote, once its
+    # identities are older than the slack (else no table is written).
+    time.sleep(quickcheck.SLACK_S + 0.2)
+    stamp = build / ".pp4" / "recheck.stamp"
+    recheck.recheck(cfg, actions_file, stamp)
+    table = Path(quickcheck.table_path(stamp))
+    entries = table.read_bytes().count(b"\0") // 2 if table.exists() else 0
+    quick = []
+    for _ in range(args.rounds):
+        t0 = time.monotonic()
+        proc = subprocess.run([sys.executable, "-S", "-I", quickcheck.__file__, str(build / "pp4.json"),
+                               str(actions_file), str(stamp)], capture_output=True, text=True)
+        quick.append(time.monotonic() - t0)
+        if proc.returncode != 0 or proc.stdout or proc.stderr or not entries:
+            sys.exit(f"the quick check did not pass on its own table ({entries} entries): {proc.stdout}{proc.stderr}")
     warm = runs[1:]
     packed = list(hashed.named_files(inputsets.directory(work / "store")))
     sets = len({sid for p in packed for sid in packs.names(p.read_bytes())})
@@ -130,7 +148,8 @@ def main() -> int:
           f"(packed, {size / 1e6:.1f} MB) in the store: prepass median {statistics.median(c for c, _ in warm):.3f} CPU-s, "
           f"{statistics.median(w for _, w in warm):.3f} s wall (cold {runs[0][0]:.3f} CPU-s); the check before ninja "
           f"decides, every object there: median {statistics.median(c for c, _ in checks):.3f} CPU-s, "
-          f"{statistics.median(w for _, w in checks):.3f} s wall")
+          f"{statistics.median(w for _, w in checks):.3f} s wall; the quick check every run makes first, "
+          f"{entries} identities: median {statistics.median(quick):.3f} s wall, its own process")
     return 0
 
 

@@ -24,6 +24,8 @@ RUNTIME_LOADER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__
 
 # What each compile edge starts (a path, as above): it hands the edge to the build's compile server.
 REUSE_CLIENT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "reuse", "client.py")
+RECHECK_QUICK = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "reuse", "quickcheck.py")
+EVERY_RUN = "/proc/self"
 PREFIX_CHECK = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "toolchain", "prefixcheck.py")
 # The rules build.ninja is written around: package data, beside this module.
 RULES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "build.ninja.in")
@@ -165,6 +167,7 @@ def render(settings: BuildSettings, rules: str, plans: list[ModulePlan],
     w.newline()
     w.variable("python", _shell(settings.python))
     w.variable("reuse_client", _shell([REUSE_CLIENT]))
+    w.variable("recheck_quick", _shell([RECHECK_QUICK]))
     w.variable("configure", _shell(settings.configure))
     w.variable("configure_args", _shell(settings.configure_args))
     w.variable("ninja", _shell([settings.ninja]))
@@ -243,8 +246,13 @@ def render(settings: BuildSettings, rules: str, plans: list[ModulePlan],
     # and it waits for the check without depending on it (configure never runs for it).
     # (configure writes actions.json, which the check reads: not a dependency, or the two would wait
     # on each other.)
+    # It runs once in every ninja run: an edit that kept its file's and its folder's mtimes shows in
+    # nothing else ninja reads (pp4/reuse/quickcheck.py). Its input is this ninja's own /proc entry,
+    # made when the run started: newer than the check's last run (restat records when it started),
+    # older than this run's, so the check runs before build.ninja's edge and not again after it.
     recheck = recheck_stamp(settings.builddir)
-    _build(w, recheck, "reuse_recheck")
+    _build(w, recheck, "reuse_recheck", implicit=[EVERY_RUN])
+    _build(w, EVERY_RUN, "phony")  # where there is no /proc: always out of date, the check runs twice a run
     _build(w, ["build.ninja", *settings.generator_outputs], "configure", implicit=[*settings.generator_inputs, *listing],
            order_only=[recheck])
     # An input of configure that is gone (the sources configure unpacks into a deleted build folder,

@@ -72,6 +72,9 @@ class States:
     def __init__(self, hasher: FileHasher):
         self.hasher = hasher
         self._memo: dict[tuple[str, str], str] = {}
+        # When a dict: every stat this object makes, by (path, followed), kept (the check before ninja
+        # decides writes the next run's table of identities from them: pp4/reuse/quickcheck.py).
+        self.stats: dict[tuple[str, bool], os.stat_result] | None = None
 
     def state(self, path: str, follow: bool = True) -> str:
         key = (path, "f" if follow else "l")
@@ -85,6 +88,8 @@ class States:
             st = os.stat(path) if follow else os.lstat(path)
         except OSError as e:
             return ABSENT if e.errno in ABSENT_ERRORS else "!" + errno.errorcode.get(e.errno, str(e.errno))
+        if self.stats is not None:
+            self.stats[(path, follow)] = st
         prefix = "" if follow else NOFOLLOW
         if stat.S_ISLNK(st.st_mode):
             try:

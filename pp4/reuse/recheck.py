@@ -1,26 +1,25 @@
-"""The check before ninja decides (`python -m pp4.reuse --recheck CONFIG ACTIONS STAMP`): every
-existing object's and module's observations against the machine now, and out-of-date ones removed
-so that this very ninja run builds them again.
+"""The check before ninja decides (`python -m pp4.reuse --recheck CONFIG ACTIONS STAMP`, which
+pp4/reuse/quickcheck.py, run by build.ninja on every ninja run, becomes where an identity in its
+table moved): every existing object's and module's observations against the machine now, and
+out-of-date ones removed so that this very ninja run builds them again.
 
 ninja decides what to run from mtimes and its dependency log, which name the files a compile read.
-It cannot see a header that appears earlier in the search path, a link pointed elsewhere, a folder
-whose listing changed, or a library that appears in an earlier -L folder: nothing it knows of
-changed. Each of those changes the folder it happened in, though (a new entry, or a link replaced
-by rename, changes the folder's mtime). So build.ninja's own edge, which ninja brings up to date
-before it decides anything else, waits (order-only) for this check, whose dependencies are those
-folders: the deepest existing folder of every path an object or module looked for and did not
-find, the folder of every link and folder it observed, every folder it listed, the folder of every
-file it read. The check runs only when one of them changed; it compares every observation of every
+It cannot see an edit whose mtime was put back, a header that appears earlier in the search path, a
+link pointed elsewhere, a folder whose listing changed, or a library that appears in an earlier -L
+folder: nothing it knows of changed. build.ninja's own edge, which ninja brings up to date before it
+decides anything else, waits (order-only) for this check. It compares every observation of every
 existing output with the machine now (through the same `pathstates.States` the lookup uses, files
-hashed once and kept by stamp) and removes the outputs that no longer hold (and their restore
-markers), then ninja, which re-reads every file's state after build.ninja's edge, rebuilds exactly
-those and what uses them.
+hashed once and kept by an identity that holds the ctime) and removes the outputs that no longer
+hold (and their restore markers), then ninja, which re-reads every file's state after build.ninja's
+edge, rebuilds exactly those and what uses them. Then it writes the quick check's table: the
+identity of every path the outputs observed to be there, the folders where what they found absent
+would appear (the deepest existing folder of each; every folder they listed, or read a file or link
+in), the outputs, config and actions.
 
 The stamp is made once and never rewritten (restat): build.ninja does not depend on it, so the
-check never makes configure run. The build folder itself, where ninja keeps its lock, is not
-watched; nor is pp4's state folder. When ninja was started to audit or report (`ninja certify`,
+check never makes configure run. When ninja was started to audit or report (`ninja certify`,
 `ninja report`, ...), nothing is removed: the check says what is out of date and leaves the
-stamp's removal to make the next building run check again.
+stamp's removal, and the table's, to make the next building run check again in full.
 """
 
 from __future__ import annotations
@@ -33,7 +32,7 @@ from pathlib import Path
 from pp4.build import config as buildconfig
 from pp4.build import events, modules
 from pp4 import statedir
-from pp4.execution import depfile
+from pp4.reuse import quickcheck
 
 # Targets that build nothing: a run that asked only for them leaves every output in place.
 READ_ONLY_TARGETS = {"certify", "report", "wheel-built", "compdb", "compile_commands.json"}
@@ -41,7 +40,7 @@ READ_ONLY_TARGETS = {"certify", "report", "wheel-built", "compdb", "compile_comm
 
 def nothing_built(config_file: Path, actions_file: Path, stamp: Path) -> bool:
     """A build folder none of whose outputs exist yet (a new one, or one cleaned): there is
-    nothing to check, only the outputs' folders to watch. Made and said without loading the reuse
+    nothing to check (and no table: the next run checks in full again). Made and said without loading the reuse
     rule, which a new build folder's check would load for nothing. False where an output exists."""
     t0 = time.monotonic()
     doc = json.loads(actions_file.read_text())
@@ -51,7 +50,7 @@ def nothing_built(config_file: Path, actions_file: Path, stamp: Path) -> bool:
     outputs = [a["output"] for a in doc["actions"]] + _modules(builddir, doc)
     if any(os.path.lexists(out) for out in outputs):
         return False
-    _write_watched(stamp, _output_folders(outputs), builddir)
+    stamp.parent.mkdir(parents=True, exist_ok=True)
     if not stamp.exists():
         stamp.write_text(json.dumps({"checked": 0, "seconds": round(time.monotonic() - t0, 3)}) + "\n")
     return True
@@ -69,12 +68,14 @@ def recheck(cfg, actions_file: Path, stamp: Path) -> int:
     doc = json.loads(actions_file.read_text())
     hasher = FileHasher(paths.file_hashes())
     states = pathstates.States(hasher)
+    states.stats, since_ns = {}, time.time_ns()  # the next run's table takes its identities from these stats
     checker = inputsets.SetChecker(states)
     sets_dir = inputsets.directory(cfg.state_dir)
     known = events.Events(cfg.state_dir)
     stale: list[tuple[str, str]] = []  # (output, why)
     watched_sets: set[tuple] = set()
     folders: dict[str, str] = {}  # a path's folder -> its deepest existing folder
+    identities: dict[str, bool] = {}  # what the next run's quick check stats: path -> follow its link
     checked = 0
     outputs = [a["output"] for a in doc["actions"]] + _modules(Path(cfg.builddir()), doc)
     watched = _output_folders(outputs)
@@ -96,6 +97,7 @@ def recheck(cfg, actions_file: Path, stamp: Path) -> int:
             if (sid, mapping) not in watched_sets:  # a set most units share: its folders once
                 watched_sets.add((sid, mapping))
                 _watch(pairs, to_real, watched, folders)
+                _observed(pairs, to_real, identities)
             if not checker.matches(sets_dir, ev.sets_pack, sid, mapping):
                 changed = pathstates.differences(pairs, to_real, states)
                 stale.append((out, changed[0] if changed else "an observation no longer holds"))
@@ -107,13 +109,13 @@ def recheck(cfg, actions_file: Path, stamp: Path) -> int:
         checked += 1
         to_real = link.to_real(record)
         _watch(record.observations, to_real, watched, folders)
+        _observed(record.observations, to_real, identities)
         if not pathstates.holds(record.observations, to_real, states):
             changed = pathstates.differences(record.observations, to_real, states)
             stale.append((module, changed[0] if changed else "an observation no longer holds"))
     hasher.save()
-    _write_watched(stamp, watched, cfg.builddir())
+    removing = bool(stale) and not _read_only_run()
     if stale:
-        removing = not _read_only_run()
         for out, _ in stale if removing else ():
             for p in (Path(out), Path(out + MARKER_SUFFIX)):
                 p.unlink(missing_ok=True)
@@ -123,31 +125,54 @@ def recheck(cfg, actions_file: Path, stamp: Path) -> int:
               f"(first, {out}: {why}): {verb}", flush=True)
         if not removing:
             stamp.unlink(missing_ok=True)  # the next building run checks again
+            quickcheck.forget(stamp)
             return 0
+    _write_identities(stamp, identities, watched, outputs, (buildconfig.config_path(cfg.builddir()), actions_file),
+                      cfg.builddir(), states.stats, since_ns)
     if not stamp.exists():
         stamp.write_text(json.dumps({"checked": checked, "seconds": round(time.monotonic() - t0, 3),
                                      "cpu_seconds": round(time.process_time() - cpu0, 3)}) + "\n")
     return 0
 
 
+def _observed(pairs, to_real, identities: dict[str, bool]) -> None:
+    """The paths whose identity the next run's quick check compares (pp4/reuse/quickcheck.py):
+    every path observed to be there, followed or not as it was observed. An absence is the business
+    of its deepest existing folder (_watch), whose ctime any new entry moves."""
+    from pp4.reuse import pathstates
+
+    for path, state in pairs:
+        if state == pathstates.ABSENT or state.startswith(pathstates.ASKED):
+            continue
+        real = to_real(path)
+        if real is not None and real.startswith("/"):
+            follow = not state.startswith(pathstates.NOFOLLOW)
+            identities[real] = identities.get(real, False) or follow
+
+
+def _write_identities(stamp: Path, identities: dict[str, bool], watched: set[str], outputs: list[str],
+                      documents, builddir, known, since_ns: int) -> None:
+    """The quick check's table: the observed paths, the watched folders but the build folder and
+    pp4's state folder (written every run), the outputs, config and actions."""
+    builddir = os.path.realpath(builddir)
+    table = dict(identities)
+    for folder in watched:
+        if folder != builddir and not _inside(folder, os.path.join(builddir, statedir.FOLDER)):
+            table[folder] = True
+    for path in (*outputs, *map(str, documents)):
+        table[os.path.abspath(path)] = True
+    quickcheck.write_table(stamp, table, known, since_ns)
+
+
 def _output_folders(outputs: list[str]) -> set[str]:
-    """The outputs' folders, made now: an output written there (a compile, a restore, a link) means
-    there is something new to watch, so the next run checks once more, even after a first build."""
+    """The outputs' folders, made now: an output written there (a compile, a restore, a link) moves
+    the folder's identity, so the next run checks in full once more, even after a first build."""
     watched = set()
     for out in outputs:
         folder = os.path.dirname(os.path.abspath(out))
         os.makedirs(folder, exist_ok=True)
         watched.add(os.path.realpath(folder))
     return watched
-
-
-def _write_watched(stamp: Path, watched: set[str], builddir) -> None:
-    """The stamp's dependency file: the watched folders but the build folder, where ninja keeps its
-    lock, and pp4's state folder in it."""
-    builddir = os.path.realpath(builddir)
-    watched = {w for w in watched if w != builddir and not _inside(w, os.path.join(builddir, statedir.FOLDER))}
-    stamp.parent.mkdir(parents=True, exist_ok=True)
-    depfile.write(str(stamp) + ".d", str(stamp), sorted(watched))
 
 
 def _watch(pairs, to_real, watched: set[str], folders: dict[str, str]) -> None:
