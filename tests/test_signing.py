@@ -67,7 +67,8 @@ class Builder:
             self.keys("trust", str(other.public))
         return self
 
-    def configure(self, remote: str | None, *options: str, src: Path | None = None) -> tuple[Path, subprocess.CompletedProcess]:
+    def configure(self, remote: str | None, *options: str,
+                  src: Path | None = None) -> tuple[Path, subprocess.CompletedProcess]:
         """configure in a fresh folder with an empty local store: (the folder, configure's process)."""
         self.n += 1
         work = self.base / f"work-{self.name}-{self.n}"

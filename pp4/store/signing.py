@@ -455,7 +455,8 @@ class Trust:
         """Whether an entry may be restored: at least `require` distinct trusted, unrevoked keys
         signed its statement, and no trusted key disputes it."""
         if action_key in self.disputed:
-            return Verdict(False, why=f"a builder disputed this entry: its compile gave other bytes ({disputes_file()})")
+            return Verdict(False, why="a builder disputed this entry: its compile gave other bytes "
+                                      f"({disputes_file()})")
         message = None
         good: dict[bytes, PublicKey] = {}
         untrusted: list[tuple[bytes, dict]] = []
@@ -601,7 +602,8 @@ def parse_dispute(line: str) -> dict:
     if canonical_json(doc).decode() != line:
         raise SigningKeyError("not in its one spelling (canonical JSON)")
     raw = raw_signer(doc["signer"])
-    if raw is None or not PublicKey(raw).verifies(doc["sig"], dispute_statement(doc["action_key"], doc["object_sha256"])):
+    message = dispute_statement(doc["action_key"], doc["object_sha256"])
+    if raw is None or not PublicKey(raw).verifies(doc["sig"], message):
         raise SigningKeyError("its signature does not verify")
     return doc
 
