@@ -253,10 +253,11 @@ def test_two_builders_that_agree_countersign_and_require_signers_counts_them(tmp
     got, data, out = reader.build(remote, "--require-signers", "2")
     assert got["status"] == "reused" and data == first, out
     assert len(got["signatures"]) == 2
-    # one who trusts ci alone is told who else signed, by the name it gives itself, and how to trust it
-    got, _, out = Builder(tmp_path, "half").trusts(ci).build(remote, "--require-signers", "2", "--remote-store-mode",
-                                                             "read")
-    assert got["status"] == "compiled" and "also signed by 'second', key" in out and "keys trust" in out, out
+    if remote.startswith("file:"):  # what a notice says is the trust list's, whatever the backend
+        # one who trusts ci alone is told who else signed, by the name it gives itself, and how to trust it
+        got, _, out = Builder(tmp_path, "half").trusts(ci).build(remote, "--require-signers", "2",
+                                                                 "--remote-store-mode", "read")
+        assert got["status"] == "compiled" and "also signed by 'second', key" in out and "keys trust" in out, out
 
 
 def test_two_builders_that_disagree_dispute_the_entry_for_good(tmp_path, remote):
@@ -287,8 +288,9 @@ def test_two_builders_that_disagree_dispute_the_entry_for_good(tmp_path, remote)
     for builder in (checker, reader):
         got, data, out = builder.build(remote, "--remote-store-mode", "read")
         assert got["status"] == "compiled" and data == first and "a builder disputed this entry" in out, out
-    got, data, out = Builder(tmp_path, "careful").trusts(ci, checker).build(remote, "--require-signers", "2")
-    assert got["status"] == "compiled" and data == first
+    if remote.startswith("file:"):  # the trust list's decision, whatever the backend
+        got, data, out = Builder(tmp_path, "careful").trusts(ci, checker).build(remote, "--require-signers", "2")
+        assert got["status"] == "compiled" and data == first
 
 
 def test_an_old_signed_entry_replayed_is_restored_only_where_it_holds(tmp_path, shared):
