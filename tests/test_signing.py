@@ -389,6 +389,8 @@ def test_a_trust_file_others_can_write_is_refused_and_nothing_forged_is_restored
     team.chmod(0o666)
     got, data, out = reader.ninja(work)
     assert got["status"] == "compiled" and data == first and f"chmod go-w {team}" in out, out
+    audit = subprocess.run([ninja_bin(), "certify"], cwd=work, env=reader.env(), capture_output=True, text=True)
+    assert audit.returncode != 0 and f"chmod go-w {team}" in audit.stdout + audit.stderr  # nor does it certify
     _, proc = reader.configure(shared)
     assert proc.returncode != 0 and f"chmod go-w {team}" in proc.stdout + proc.stderr
     team.unlink()
