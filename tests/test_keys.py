@@ -204,6 +204,20 @@ def test_a_trust_folder_others_may_write_or_a_linked_one_is_refused(config, tmp_
         signing.load_trust()
 
 
+def test_a_folder_above_the_configuration_others_may_write_is_refused_unless_sticky(tmp_path, monkeypatch):
+    """Whoever may rename an entry of a folder above the configuration folder can swap in a trust
+    list of its own: such a folder is refused, unless sticky (as /tmp: only an entry's owner renames it)."""
+    above = tmp_path / "above"
+    monkeypatch.setenv("PP4_CONFIG_DIR", str(above / "config"))
+    signing.new_key(name="me")
+    above.chmod(0o777)
+    with pytest.raises(signing.SigningKeyError, match=f"the folder above the .* {above} is writable .*"
+                                                      f"`chmod go-w {above}`"):
+        signing.load_trust()
+    above.chmod(0o1777)
+    assert signing.load_trust().keys == {}
+
+
 def test_files_pp4_writes_pass_its_own_checks_under_a_loose_umask(tmp_path, monkeypatch):
     monkeypatch.setenv("PP4_CONFIG_DIR", str(tmp_path / "fresh" / "config"))
     old = os.umask(0o002)

@@ -366,6 +366,19 @@ def _check_folders(path: Path, what: str) -> None:
         why = _writable_by_others(f, st, f"the folder of {what}")
         if why:
             raise SigningKeyError(why)
+    # Above it, whoever may rename an entry could put another folder in its place: each folder up
+    # to / is this user's or root's, and one others may write is sticky (as /tmp is: there only an
+    # entry's owner renames it).
+    for f in inside[-1].parents:
+        try:
+            st = os.stat(f)
+        except OSError:
+            continue
+        if st.st_mode & stat.S_ISVTX and st.st_uid in (os.geteuid(), 0):
+            continue
+        why = _writable_by_others(f, st, f"the folder above {what}")
+        if why:
+            raise SigningKeyError(why)
 
 
 def read_config_file(path: Path, what: str) -> str | None:
