@@ -83,14 +83,15 @@ def locked(directory: Path):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def write_whole(path: Path, content: str | bytes) -> None:
+def write_whole(path: Path, content: str | bytes, mode: int = 0o666) -> None:
     """Write a file whole, then rename it into place: a reader sees the old file or the new one,
-    never part of it, and a writer killed half-way leaves no partial file under the name."""
+    never part of it, and a writer killed half-way leaves no partial file under the name. mode: at
+    most these permissions (the umask takes more away)."""
     data = content.encode() if isinstance(content, str) else content
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        with open(tmp, "wb") as f:
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode), "wb") as f:
             f.write(data)
         os.replace(tmp, path)
     finally:

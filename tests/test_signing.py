@@ -11,6 +11,7 @@ with a real compile (--no-reuse) of the same sources.
 
 from __future__ import annotations
 
+import base64
 import gzip
 import hashlib
 import json
@@ -66,22 +67,33 @@ class Builder:
             self.keys("trust", str(other.public))
         return self
 
-    def build(self, remote: str | None, *options: str, src: Path | None = None) -> tuple[dict, bytes, str]:
-        """configure and ninja in a fresh folder with an empty local store: (certificate object,
-        object bytes, output)."""
+    def configure(self, remote: str | None, *options: str,
+                  src: Path | None = None) -> tuple[Path, subprocess.CompletedProcess]:
+        """configure in a fresh folder with an empty local store: (the folder, configure's process)."""
         self.n += 1
         work = self.base / f"work-{self.name}-{self.n}"
         work.mkdir()
         shutil.copytree(src or FIXTURE, work / "src")
-        out = ""
         remote_opts = ["--remote-store", remote] if remote else []
-        for cmd in ([sys.executable, str(REPO / "configure.py"), "--arch", "9.0", "--ext-spec", "src/plain.toml",
-                     "--store", str(work / "store"), *remote_opts, *options], [ninja_bin()]):
-            proc = subprocess.run(cmd, cwd=work, env=self.env(), capture_output=True, text=True, timeout=300)
-            out += proc.stdout + proc.stderr
-            assert proc.returncode == 0, f"{cmd} failed:\n{out}"
+        proc = subprocess.run([sys.executable, str(REPO / "configure.py"), "--arch", "9.0", "--ext-spec",
+                               "src/plain.toml", "--store", str(work / "store"), *remote_opts, *options],
+                              cwd=work, env=self.env(), capture_output=True, text=True, timeout=300)
+        return work, proc
+
+    def ninja(self, work: Path, out: str = "") -> tuple[dict, bytes, str]:
+        """ninja in a configured folder: (certificate object, object bytes, output)."""
+        proc = subprocess.run([ninja_bin()], cwd=work, env=self.env(), capture_output=True, text=True, timeout=300)
+        out += proc.stdout + proc.stderr
+        assert proc.returncode == 0, f"ninja failed:\n{out}"
         (obj,) = json.loads(gzip.decompress((work / "build" / "certificate.json.gz").read_bytes()))["objects"]
         return obj, (work / obj["output"]).read_bytes(), out
+
+    def build(self, remote: str | None, *options: str, src: Path | None = None) -> tuple[dict, bytes, str]:
+        """configure and ninja in a fresh folder with an empty local store: (certificate object,
+        object bytes, output)."""
+        work, proc = self.configure(remote, *options, src=src)
+        assert proc.returncode == 0, f"configure failed:\n{proc.stdout + proc.stderr}"
+        return self.ninja(work, proc.stdout + proc.stderr)
 
 
 def redis_url(tmp_path):
@@ -207,7 +219,7 @@ def test_a_revoked_key_is_never_trusted_again(tmp_path, shared):
     assert laptop.build(shared)[0]["status"] == "reused"
     laptop.keys("revoke", str(ci.public))
     got, data, out = laptop.build(shared)
-    assert got["status"] == "compiled" and data == first and "signed by a revoked key" in out, out
+    assert got["status"] == "compiled" and data == first and "signed by a revoked key (ci)" in out, out
     assert signing.read_public(ci.public).key not in laptop.keys("list").split("\n")[0]
 
 
@@ -234,13 +246,18 @@ def test_two_builders_that_agree_countersign_and_require_signers_counts_them(tmp
     obj, first, _ = ci.build(remote)
     second = Builder(tmp_path, "second").trusts(ci)
     got, data, out = second.build(remote, "--require-signers", "2")
-    assert got["status"] == "compiled" and "2 required" in out, out
+    assert got["status"] == "compiled" and "signed by 1 trusted builder(s) (ci), 2 required: 1 more needed" in out, out
     record = published(remote, obj["action_key"])
     assert {s["signer"] for s in record.signatures} == {signing.read_public(b.public).key for b in (ci, second)}
     reader = Builder(tmp_path, "reader").trusts(ci, second)
     got, data, out = reader.build(remote, "--require-signers", "2")
     assert got["status"] == "reused" and data == first, out
     assert len(got["signatures"]) == 2
+    if remote.startswith("file:"):  # what a notice says is the trust list's, whatever the backend
+        # one who trusts ci alone is told who else signed, by the name it gives itself, and how to trust it
+        got, _, out = Builder(tmp_path, "half").trusts(ci).build(remote, "--require-signers", "2",
+                                                                 "--remote-store-mode", "read")
+        assert got["status"] == "compiled" and "also signed by 'second', key" in out and "keys trust" in out, out
 
 
 def test_two_builders_that_disagree_dispute_the_entry_for_good(tmp_path, remote):
@@ -260,14 +277,20 @@ def test_two_builders_that_disagree_dispute_the_entry_for_good(tmp_path, remote)
     assert "DISAGREES with the store" in out, out
     disputed = published(remote, obj["action_key"])
     assert [d["signer"] for d in disputed.disputes] == [signing.read_public(checker.public).key]
-    reader = Builder(tmp_path, "reader").trusts(ci, checker)
-    got, data, out = reader.build(remote)
+    reader = Builder(tmp_path, "reader").trusts(ci, checker)  # reads only: it sees the dispute, makes none
+    got, data, out = reader.build(remote, "--remote-store-mode", "read")
     assert got["status"] == "compiled" and data == first and "disputed by checker" in out, out
-    # and the checker itself never restores it again, whatever the store says later
+    # The writer rewrites the record without the dispute: neither the checker nor the reader, which
+    # saw it, restores the entry again; one requiring two signers never did (the writer holds one key).
     forge(remote, obj["action_key"], object_bytes=evil,
           signatures=[signed_by(ci, obj["action_key"], evil, record.payload, obj["input_sets"])])
-    got, data, out = checker.build(remote)
-    assert got["status"] == "compiled" and data == first
+    assert not published(remote, obj["action_key"]).disputes
+    for builder in (checker, reader):
+        got, data, out = builder.build(remote, "--remote-store-mode", "read")
+        assert got["status"] == "compiled" and data == first and "a builder disputed this entry" in out, out
+    if remote.startswith("file:"):  # the trust list's decision, whatever the backend
+        got, data, out = Builder(tmp_path, "careful").trusts(ci, checker).build(remote, "--require-signers", "2")
+        assert got["status"] == "compiled" and data == first
 
 
 def test_an_old_signed_entry_replayed_is_restored_only_where_it_holds(tmp_path, shared):
@@ -316,3 +339,78 @@ def test_a_key_readable_by_others_is_refused_with_what_to_do(tmp_path):
                            str(FIXTURE / "plain.toml"), "--store", str(tmp_path / "store"), "--signing-key", str(key)],
                           cwd=tmp_path, env=builder.env(), capture_output=True, text=True)
     assert proc.returncode != 0 and "no signing key at" in proc.stdout + proc.stderr and "keys new" in proc.stdout + proc.stderr
+
+
+def other_spelling(key: str) -> str:
+    """The same 32 bytes in another base64 spelling (the last character's unused bits set), which
+    base64.b64decode(validate=True) reads as the same key."""
+    alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/"
+    return key[:42] + alphabet[alphabet.index(key[42]) ^ 1] + "="
+
+
+def test_one_key_in_two_spellings_is_one_signer(tmp_path, shared):
+    """A writer that holds ci's key forges an entry signed twice, the signer named in two spellings,
+    and hands out ci's key in its other spelling as a second builder's: a reader requiring two signers
+    refuses the file at configure, and with ci alone compiles; the object is a real compile's."""
+    ci = Builder(tmp_path, "ci")
+    obj, first, _ = ci.build(shared)
+    record = published(shared, obj["action_key"])
+    evil = evil_of(first)
+    signature = signed_by(ci, obj["action_key"], evil, record.payload, obj["input_sets"])
+    assert base64.b64decode(other_spelling(signature["signer"]), validate=True) == base64.b64decode(signature["signer"])
+    forge(shared, obj["action_key"], object_bytes=evil,
+          signatures=[signature, dict(signature, signer=other_spelling(signature["signer"]))])
+    again = tmp_path / "ci-laptop.pub"
+    again.write_text(f"pp4-ed25519 {other_spelling(signature['signer'])} ci-laptop\n")
+    reader = Builder(tmp_path, "reader").trusts(ci)
+    work, proc = reader.configure(shared, "--require-signers", "2", "--trust", str(again))
+    assert proc.returncode != 0 and f"{again}: the public key is not in canonical base64" in proc.stdout + proc.stderr
+    got, data, out = reader.build(shared, "--require-signers", "2")
+    assert got["status"] == "compiled" and data == first and "1 more needed" in out, out
+
+
+def test_a_trust_file_others_can_write_is_refused_and_nothing_forged_is_restored(tmp_path, shared):
+    """The writer signs a forged entry with its own key and gets that key onto the reader's trust
+    list through a trust file it can write: one world-writable, or a link into the shared store's
+    folder. configure refuses either, naming the file and the fix; made so after configure, the build
+    restores nothing and compiles."""
+    ci = Builder(tmp_path, "ci")
+    obj, first, _ = ci.build(shared)
+    writer = Builder(tmp_path, "writer")
+    record = published(shared, obj["action_key"])
+    evil = evil_of(first)
+    forge(shared, obj["action_key"], object_bytes=evil,
+          signatures=[signed_by(writer, obj["action_key"], evil, record.payload, obj["input_sets"])])
+    reader = Builder(tmp_path, "reader").trusts(ci)
+    team = reader.config / "trusted" / "team.pub"
+    work, proc = reader.configure(shared)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    team.write_text(writer.public.read_text())
+    team.chmod(0o666)
+    got, data, out = reader.ninja(work)
+    assert got["status"] == "compiled" and data == first and f"chmod go-w {team}" in out, out
+    audit = subprocess.run([ninja_bin(), "certify"], cwd=work, env=reader.env(), capture_output=True, text=True)
+    assert audit.returncode != 0 and f"chmod go-w {team}" in audit.stdout + audit.stderr  # nor does it certify
+    _, proc = reader.configure(shared)
+    assert proc.returncode != 0 and f"chmod go-w {team}" in proc.stdout + proc.stderr
+    team.unlink()
+    in_store = Path(shared[len("file://"):]) / "team.pub"
+    in_store.write_text(writer.public.read_text())
+    team.symlink_to(in_store)
+    _, proc = reader.configure(shared)
+    assert proc.returncode != 0 and f"{team} is a symbolic link" in proc.stdout + proc.stderr
+    assert len((proc.stdout + proc.stderr).strip().splitlines()[-1]) > 0
+
+
+def test_key_misuses_are_refused_at_configure_with_the_fix(tmp_path):
+    """--trust given a private key, and --require-signers more than the keys trusted."""
+    ci = Builder(tmp_path, "ci")
+    reader = Builder(tmp_path, "reader")
+    _, proc = reader.configure(None, "--trust", str(ci.config / "keys" / "signing.key"))
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "is a private key; give the .pub beside it" in out and "base64" not in out, out
+    _, proc = reader.configure(None, "--require-signers", "5", "--trust", str(ci.public))
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "--require-signers 5: your trust list has 2 key(s) (reader, ci)" in out, out
+    assert "trust 3 more: `python -m pp4.store keys trust FILE`" in out, out
+

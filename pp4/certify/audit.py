@@ -237,12 +237,8 @@ def _trust(config: buildconfig.BuildConfig):
     from pp4.store import signing
 
     settings = config.reuse_config().trust
-    key = Path(settings.get("signing_key") or signing.default_key_path())
     try:
-        own = signing.read_public(signing.public_path(key))
-    except signing.SigningKeyError:
-        own = None
-    try:
+        own = signing.read_own_public(settings.get("signing_key"))
         return signing.load_trust(settings.get("keys"), settings.get("require_signers", 1), own), None
     except signing.SigningKeyError as e:
         return None, str(e)

@@ -171,7 +171,14 @@ def trust_settings(args) -> dict:
                   f"with it; teammates restore it after `python -m pp4.store keys trust {signing.public_path(key)}`")
         else:
             made = signing.load_signer(key)
-        print(f"configure: entries are signed by {made.public.name or made.public.key[:12]}; restored when signed by "
+        trust = signing.load_trust(keys, args.require_signers, made.public)
+        if len(trust.keys) < args.require_signers:
+            have = ", ".join(k.label for k in trust.keys.values())
+            raise ConfigureError(f"--require-signers {args.require_signers}: your trust list has {len(trust.keys)} "
+                                 f"key(s) ({have}), so no entry could ever be restored; trust "
+                                 f"{args.require_signers - len(trust.keys)} more: `python -m pp4.store keys trust "
+                                 "FILE` with a teammate's .pub (or --trust FILE), or require fewer")
+        print(f"configure: entries are signed by {made.public.label}; restored when signed by "
               f"{args.require_signers} trusted builder(s): you"
               + (f" and {len(keys)} given with --trust" if keys else "") + " and those of `python -m pp4.store keys list`")
     except signing.SigningKeyError as e:

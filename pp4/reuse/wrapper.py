@@ -135,9 +135,8 @@ class Reuser:
         except signing.SigningKeyError as e:
             self.key_problem = str(e)
             notify_once(self.cfg.state_dir, [f"{e}: compiles run, and nothing is stored"], tag="signing-key")
-            path = signing.public_path(Path(self.cfg.trust.get("signing_key") or signing.default_key_path()))
             try:
-                own = signing.read_public(path)
+                own = signing.read_own_public(self.cfg.trust.get("signing_key"))
             except signing.SigningKeyError:
                 own = None
         try:

@@ -101,19 +101,19 @@ def keys_main(args) -> int:
             trust = signing.load_trust(own=_own_public())
             for key in trust.keys.values():
                 print(key.line(), end="")
-            for key in sorted(trust.revoked):
-                print(f"revoked {key}")
+            for key in trust.revoked.values():
+                print(f"revoked {key.line()}", end="")
             return EXIT_OK
         if not args.key:
             print(f"pp4.store: error: keys {args.action} needs a public key file", file=sys.stderr)
             return EXIT_ERROR
         if args.action == "trust":
             key = signing.read_public(args.key)
-            print(f"trusted {key.name or key.key}: {signing.trust_key(key)}")
+            print(f"trusted {key.label}: {signing.trust_key(key)}")
             return EXIT_OK
         key = signing.read_public(args.key) if Path(args.key).exists() else signing.parse_public(args.key, "the key")
         signing.revoke_key(key)
-        print(f"revoked {key.name or key.key}: never trusted again by your builds ({signing.revoked_file()})")
+        print(f"revoked {key.label}: never trusted again by your builds ({signing.revoked_file()})")
         return EXIT_OK
     except signing.SigningKeyError as exc:
         print(f"pp4.store: error: {exc}", file=sys.stderr)
@@ -124,7 +124,7 @@ def _own_public():
     from pp4.store import signing
 
     try:
-        return signing.read_public(signing.public_path(signing.default_key_path()))
+        return signing.read_own_public(None)
     except signing.SigningKeyError:
         return None
 

@@ -208,6 +208,8 @@ class StoreFront:
         else:
             verdict = self.trust.verdict(record.action_key, record.object_sha256, record.object_size,
                                          entry.input_sets, record.payload, record.signatures, record.disputes)
+        if verdict.dispute is not None:  # seen once, kept: a record rewritten without it revives nothing
+            signing.remember_dispute(verdict.dispute)
         if not verdict.ok and not any(k == record.action_key for k, _ in self.refused):
             self.refused.append((record.action_key, verdict.why or "not trusted"))
         return verdict
@@ -298,11 +300,11 @@ class StoreFront:
 
     def _signature(self, action_key: str, sha256: str, size: int, entry: ManifestEntry, payload: dict) -> dict:
         message = signing.statement(action_key, sha256, size, entry.input_sets, payload)
-        return {"signer": self.signer.public.key, "sig": self.signer.sign(message)}
+        return {"signer": self.signer.public.key, "sig": self.signer.sign(message), "name": self.signer.public.name}
 
     def _countersign(self, record: ActionRecord, entry: ManifestEntry) -> ActionRecord:
         """The record with this builder's signature added (kept in the local store), if it lacks one."""
-        if any(s.get("signer") == self.signer.public.key for s in record.signatures):
+        if any(signing.raw_signer(s.get("signer")) == self.signer.public.raw for s in record.signatures):
             return record
         signature = self._signature(record.action_key, record.object_sha256, record.object_size, entry, record.payload)
         try:
@@ -315,15 +317,17 @@ class StoreFront:
         dispute into the local and the remote record, remembers the action as disputed, and says so
         loudly. Its own object is used by this build, and stored nowhere."""
         dispute = {"signer": self.signer.public.key, "object_sha256": sha256,
-                   "sig": self.signer.sign(signing.dispute_statement(record.action_key, sha256))}
-        signing.remember_dispute(record.action_key)
+                   "sig": self.signer.sign(signing.dispute_statement(record.action_key, sha256)),
+                   "name": self.signer.public.name}
+        signing.remember_dispute(dict(dispute, action_key=record.action_key))
         try:
             self.local.amend(attrs.evolve(record, disputes=(*record.disputes, dispute)))
         except (OSError, StoreError):
             pass
         if self.remote is not None and self.remote.writes:
             self.remote.add_dispute(group, record.action_key, dispute)
-        signers = ", ".join(s.get("signer", "?")[:12] for s in record.signatures) or "nobody"
+        label = self.trust.label if self.trust is not None else (lambda signer: f"{str(signer)[:12]}...")
+        signers = ", ".join(label(s.get("signer")) for s in record.signatures) or "nobody"
         problem = (f"DISAGREES with the store: this compile of action {record.action_key[:16]} gave {sha256[:16]}, the "
                    f"entry signed by {signers} holds {record.object_sha256[:16]}: either the entry was forged (poisoning) "
                    "or the compiler is not deterministic here. The entry is disputed and never restored again")
