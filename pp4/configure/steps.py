@@ -33,7 +33,7 @@ from pp4.store.remote import redact
 from pp4.toolchain import archs as arch_names
 from pp4.toolchain import compat, compilerenv, compilers
 from pp4.toolchain import provision as toolchain
-from pp4.toolchain.limits import Limits, parse_cpu_list
+from pp4.toolchain.limits import Limits, cpu_text, parse_cpu_list
 from pp4.toolchain.torchenv import torch_package_dir
 
 
@@ -245,7 +245,7 @@ def say_what_was_chosen(c: Configuration) -> None:
     by_target = costs.target_costs(c.ordered, c.table, c.scale)
     if by_target:
         print(f"configure: {by_target}")
-    print(f"configure: {c.jobs} job(s) on CPUs {choices.cpu_text(c.cpus)}, nice +{c.args.nice}"
+    print(f"configure: {c.jobs} job(s) on CPUs {cpu_text(c.cpus)}, nice +{c.args.nice}"
           + (f", {c.args.max_memory} address space per compile" if c.args.max_memory else ""))
     print(f"configure: build.ninja {'written' if c.changed else 'unchanged'}; run `ninja`"
           + (f" (re-run: {rerun_of(c.started)} {shlex.join(c.argv)})" if c.argv else ""))
