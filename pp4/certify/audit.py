@@ -63,6 +63,7 @@ class Audit:
         self.failures: list[str] = []
         self.per_object: list[tuple[str, str, str]] = []
         self.stale: list[str] = []  # outputs that compiling now would not give: --invalidate removes them
+        self.unvouched: list[str] = []  # restored objects whose entry's signers are no longer trusted enough
         self.trust, self.trust_problem = _trust(config)
 
     def fail(self, what: str) -> None:
@@ -176,6 +177,8 @@ class Audit:
         trust = self.trust if obj["status"] == "reused" else attrs.evolve(self.trust, require=1)
         verdict = trust.verdict(obj["action_key"], obj["object_sha256"], obj["object_size"], obj["input_sets"],
                                 payload, signatures)
+        if not verdict.ok and obj["status"] == "reused":
+            self.unvouched.append(obj["output"])
         return [] if verdict.ok else [f"its entry's signatures do not hold now: {verdict.why}"]
 
     def invalidate(self) -> list[str]:
@@ -296,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no certificate yet ({args.certificate} is written by `ninja`): audited what is built, "
               f"{', '.join(m['target'] for m in doc['modules'])}")
     print(f"  {len(objs)} objects: {reused} reused, {len(objs) - reused} compiled, {failed} failed; "
-          f"{len(audit.doc['modules'])} modules; {inputs} files hashed in {time.monotonic() - t0:.2f} s "
+          f"{len(audit.doc['modules'])} module{'' if len(audit.doc['modules']) == 1 else 's'}; {inputs} files hashed in {time.monotonic() - t0:.2f} s "
           f"({time.process_time():.2f} CPU-s with start-up)")
     if not_built:
         print(f"  not built yet: {', '.join(not_built)} (`ninja TARGET` builds one; `ninja` builds and certifies all)")
@@ -318,6 +321,10 @@ def main(argv: list[str] | None = None) -> int:
         if audit.stale and not args.invalidate:
             print(f"{len(dict.fromkeys(audit.stale))} output(s) no longer match how they were built. To rebuild "
                   f"exactly those: {sys.executable} -m pp4.certify.audit --invalidate {args.certificate} && ninja", file=sys.stderr)
+        if audit.unvouched:
+            print(f"{len(audit.unvouched)} restored object(s) were vouched for by keys this build no longer trusts "
+                  "enough: run `ninja`, which compiles them (or restores them from entries still trusted), then "
+                  "`ninja certify`", file=sys.stderr)
         return 1
     print("audit passed")
     return 0

@@ -100,6 +100,10 @@ def recheck(cfg, actions_file: Path, stamp: Path) -> int:
                 changed = pathstates.differences(pairs, to_real, states)
                 stale.append((out, changed[0] if changed else "an observation no longer holds"))
                 break
+    gone = {out for out, _ in stale}
+    stale += no_longer_vouched(cfg, known, [a["output"] for a in doc["actions"]
+                                            if a["output"] not in gone and os.path.exists(a["output"])])
+    watched.update(_trust_files())
     for module in outputs[len(doc["actions"]):]:
         record = modules.read_link(cfg.state_dir, module)
         if record is None or not os.path.exists(module) or record.not_observed:
@@ -128,6 +132,62 @@ def recheck(cfg, actions_file: Path, stamp: Path) -> int:
         stamp.write_text(json.dumps({"checked": checked, "seconds": round(time.monotonic() - t0, 3),
                                      "cpu_seconds": round(time.process_time() - cpu0, 3)}) + "\n")
     return 0
+
+
+def no_longer_vouched(cfg, known, outputs: list[str]) -> list[tuple[str, str]]:
+    """The objects restored from the store whose entry's signers this build trusts now are fewer than
+    it requires (a key revoked, or taken off the trust list, since): (output, why). An object this
+    builder compiled is its own and stays; a trust list that cannot be read leaves all in place
+    (the lookups say why)."""
+    from pp4.store import signing
+
+    try:
+        own = signing.read_public(signing.public_path(Path(cfg.trust.get("signing_key") or signing.default_key_path())))
+    except signing.SigningKeyError:
+        own = None
+    try:
+        trust = signing.load_trust(cfg.trust.get("keys"), cfg.trust.get("require_signers", 1), own)
+    except signing.SigningKeyError:
+        return []
+    names = {}
+    try:  # the labels revoked keys had, for the message (the file: "KEY [LABEL]" lines)
+        for line in signing.revoked_file().read_text().splitlines():
+            key, _, name = line.strip().partition(" ")
+            names[key] = name.strip()
+    except OSError:
+        pass
+    found = []
+    for out in outputs:
+        ev = known.get(out)
+        if ev is None or ev.status != "reused":
+            continue
+        signers = [str(s.get("signer")) for s in ev.signatures if isinstance(s, dict)]
+        still = [k for k in signers if k in trust.keys]
+        if len(still) < trust.require:
+            lost = [names.get(k) or f"{k[:12]}..." for k in signers if k not in trust.keys]
+            found.append((out, f"restored from an entry signed by {', '.join(lost) or 'nobody'}, no longer trusted "
+                               f"({len(still)} trusted signer(s) left, {trust.require} required)"))
+    return found
+
+
+def _trust_files() -> set[str]:
+    """What the trust list is read from, watched so that a key revoked or taken off it makes the
+    check run: the revoked keys' file, made empty where there is none (its folder, the user's
+    configuration, changes for other reasons too), and the trusted keys' folder where there is one."""
+    from pp4.store import signing
+
+    revoked, trusted = signing.revoked_file(), signing.trusted_folder()
+    found = {str(trusted)} if trusted.is_dir() else set()
+    try:
+        with open(revoked, "a"):
+            pass
+        found.add(str(revoked))
+    except OSError:  # no configuration folder (then no key either) or one this user may not write
+        folder = revoked.parent
+        while not folder.is_dir() and folder != folder.parent:
+            folder = folder.parent
+        found.add(str(folder))
+    return found
 
 
 def _output_folders(outputs: list[str]) -> set[str]:
