@@ -4,7 +4,11 @@ command run as a user runs them, on the small C++ fixture (g++ only: the point i
 
 from __future__ import annotations
 
+import gzip
+import hashlib
+import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -90,3 +94,122 @@ def test_not_a_size_is_said_once_with_examples(tmp_path, project):
     stats = run([PY, "-m", "pp4.store", "--store", str(tmp_path / "store"), "stats"], tmp_path,
                 env_with(PP4_STORE_MAX_BYTES="lots"))
     assert one_error_line(stats) == f"pp4.store: error: PP4_STORE_MAX_BYTES: not a size: 'lots' {SIZES}"
+
+
+# ------------------------------------------------------------------ a tiny C++ project of one module
+
+
+def tiny_project(folder: Path, flag: str = "-O1", k: int = 1) -> Path:
+    """One module of two C++ units (no pybind11, no torch header: each compiles in a fraction of a
+    second); a.cpp reads inc/k.h, b.cpp reads nothing of the project."""
+    (folder / "inc").mkdir(parents=True, exist_ok=True)
+    (folder / "inc" / "k.h").write_text(f"#define K {k}\n")
+    (folder / "a.cpp").write_text('#include "k.h"\nint a() { return K; }\n')
+    (folder / "b.cpp").write_text("int b() { return 2; }\n")
+    spec = folder / "ext.toml"
+    spec.write_text(f'name = "pp4_tiny"\nkind = "cpp"\nsources = ["a.cpp", "b.cpp"]\ninclude_dirs = ["inc"]\n'
+                    f'cxx_flags = ["{flag}"]\n')
+    return spec
+
+
+def ninja(work: Path, *targets: str, env=None) -> subprocess.CompletedProcess:
+    return run([ninja_bin(), *targets], work, env)
+
+
+def statuses(work: Path) -> dict[str, str]:
+    doc = json.loads(gzip.decompress((work / "build" / "certificate.json.gz").read_bytes()))
+    return {Path(o["output"]).name: o["status"] for o in doc["objects"]}
+
+
+def why(work: Path, obj: str, env=None) -> list[str]:
+    proc = run([PY, "-m", "pp4.reuse", "why", obj], work, env)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stdout + proc.stderr
+    return proc.stdout.splitlines()
+
+
+def certificate_keys(work: Path) -> dict[str, str]:
+    doc = json.loads(gzip.decompress((work / "build" / "certificate.json.gz").read_bytes()))
+    return {Path(o["output"]).name: o["action_key"] for o in doc["objects"]}
+
+
+A_OBJ = "build/pp4_tiny/obj/a.cpp.o"
+
+
+def test_why_names_the_header_that_differs_then_the_flag(tmp_path, toolchain):
+    src, work = tmp_path / "src", tmp_path / "w"
+    spec = tiny_project(src)
+    assert configure(work, spec, "--store", str(tmp_path / "store")).returncode == 0
+    assert ninja(work).returncode == 0
+    first = certificate_keys(work)["a.cpp.o"]
+    old = hashlib.sha256((src / "inc" / "k.h").read_bytes()).hexdigest()
+
+    tiny_project(src, k=2)
+    rebuilt = ninja(work)
+    assert rebuilt.returncode == 0 and statuses(work) == {"a.cpp.o": "compiled", "b.cpp.o": "reused"}, rebuilt.stdout
+    new = hashlib.sha256((src / "inc" / "k.h").read_bytes()).hexdigest()
+    lines = why(work, A_OBJ)
+    assert lines[0] == (f"{A_OBJ} was compiled, not restored: the first observation that differs: {src}/inc/k.h: "
+                        f"sha256 {old[:12]} when compiled, sha256 {new[:12]} now"), lines
+    assert re.fullmatch(rf"  compared with: action {first[:16]}, stored \d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d UTC for "
+                        rf"{re.escape(str(work))}/{A_OBJ}, signed by pp4-tests", lines[1]), lines
+    assert len(lines) == 2, lines
+    b_key = certificate_keys(work)["b.cpp.o"]  # its source file rewritten with the same bytes: restored
+    assert why(work, "build/pp4_tiny/obj/b.cpp.o") == [f"build/pp4_tiny/obj/b.cpp.o was restored (wrapper, local store), "
+                                                       f"entry {b_key[:16]}, signed by pp4-tests"]
+
+    tiny_project(src, flag="-O2", k=2)
+    assert ninja(work).returncode == 0
+    lines = why(work, A_OBJ)
+    assert lines[0].startswith(f"{A_OBJ} was compiled, not restored: no entry of this command in the store "
+                               "(manifest key "), lines
+    assert lines[1].startswith(f"  the command differs from the one stored for {A_OBJ} on "), lines
+    assert lines[1].endswith("signed by pp4-tests): -O1 then, -O2 now"), lines
+
+    tiny_project(src, flag="-O1", k=1)  # what the first build compiled: every object restored
+    assert ninja(work).returncode == 0
+    assert why(work, A_OBJ) == [f"{A_OBJ} was restored (prepass, local store), entry {first[:16]}, "
+                                "signed by pp4-tests"]
+    assert why(work, "build/nothing.o")[0].startswith("build/nothing.o is not an object of this build (its objects: ")
+
+
+def test_revoking_a_key_rebuilds_what_only_it_vouched_for(tmp_path, toolchain):
+    """Alice builds and stores; Bob, who trusts her, restores a.cpp.o and compiles his own b.cpp.o;
+    Bob revokes her key: `ninja certify` fails saying to run ninja, `ninja` compiles a.cpp.o again
+    (and leaves his own b.cpp.o), then certify passes."""
+    store = tmp_path / "store"
+    alice_cfg, bob_cfg = tmp_path / "alice-config", tmp_path / "bob-config"
+    alice, bob = env_with(PP4_CONFIG_DIR=str(alice_cfg)), env_with(PP4_CONFIG_DIR=str(bob_cfg))
+    for who, env in (("alice", alice), ("bob", bob)):
+        assert run([PY, "-m", "pp4.store", "keys", "new", "--name", who], tmp_path, env).returncode == 0
+    assert run([PY, "-m", "pp4.store", "keys", "trust", str(alice_cfg / "keys" / "signing.pub")], tmp_path,
+               bob).returncode == 0
+    spec_a = tiny_project(tmp_path / "src-a")
+    assert configure(tmp_path / "wa", spec_a, "--store", str(store), env=alice).returncode == 0
+    assert ninja(tmp_path / "wa", env=alice).returncode == 0
+
+    spec_b = tiny_project(tmp_path / "src-b")
+    (tmp_path / "src-b" / "b.cpp").write_text("int b() { return 3; }\n")  # Bob's own change
+    work = tmp_path / "wb"
+    assert configure(work, spec_b, "--store", str(store), env=bob).returncode == 0
+    assert ninja(work, env=bob).returncode == 0
+    assert statuses(work) == {"a.cpp.o": "reused", "b.cpp.o": "compiled"}
+    b_before = (work / "build/pp4_tiny/obj/b.cpp.o").stat()
+
+    revoked = run([PY, "-m", "pp4.store", "keys", "revoke", str(alice_cfg / "keys" / "signing.pub")], tmp_path, bob)
+    assert revoked.returncode == 0, revoked.stderr
+    audit = ninja(work, "certify", env=bob)
+    assert audit.returncode != 0 and "Traceback" not in audit.stdout + audit.stderr, audit.stdout
+    assert ("1 restored object(s) were vouched for by keys this build no longer trusts enough: run `ninja`, which "
+            "compiles them (or restores them from entries still trusted), then `ninja certify`") in audit.stderr, \
+        audit.stderr
+    assert (work / "build/pp4_tiny/obj/a.cpp.o").exists()  # certify builds nothing
+
+    rebuilt = ninja(work, env=bob)
+    assert rebuilt.returncode == 0, rebuilt.stdout
+    assert (f"pp4: 1 output(s) no longer match what made them, which ninja's file times cannot show (first, {A_OBJ}: "
+            "restored from an entry signed by alice, no longer trusted (0 trusted signer(s) left, 1 required)): "
+            "removed, so this run builds them again") in rebuilt.stdout.splitlines(), rebuilt.stdout
+    assert statuses(work) == {"a.cpp.o": "compiled", "b.cpp.o": "compiled"}
+    assert (work / "build/pp4_tiny/obj/b.cpp.o").stat().st_ino == b_before.st_ino  # his own object stayed
+    assert "audit passed" in ninja(work, "certify", env=bob).stdout
+    assert ninja(work, env=bob).stdout.strip() == "ninja: no work to do."
