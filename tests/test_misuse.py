@@ -213,3 +213,50 @@ def test_revoking_a_key_rebuilds_what_only_it_vouched_for(tmp_path, toolchain):
     assert (work / "build/pp4_tiny/obj/b.cpp.o").stat().st_ino == b_before.st_ino  # his own object stayed
     assert "audit passed" in ninja(work, "certify", env=bob).stdout
     assert ninja(work, env=bob).stdout.strip() == "ninja: no work to do."
+
+
+def test_the_picture_names_every_row_and_what_each_grey_bar_did():
+    """Rows for the build's own edges are named for what they do, not for a folder of their path
+    ("root", ".pp4"), and a grey bar says which module it linked or pinned, not "other"."""
+    import xml.etree.ElementTree as ET
+
+    from pp4.report import picture
+    from pp4.report.timeline import Step
+
+    outputs = ["/root/.cache/pp4/toolchains/cuda-13.0-x/.pp4-toolchain.json", "build/.pp4/recheck.stamp",
+               "build/.pp4/prepass.stamp", "build/pp4_tiny/obj/a.cpp.o", "build/pp4_tiny/pp4_tiny.cpython-311.so",
+               "build/pp4_tiny/pp4_tiny.cpython-311.so.pin.json", "build/certificate.json.gz"]
+    steps = [Step(o, float(i), i + 0.9, "compiled" if o.endswith(".o") else "other") for i, o in enumerate(outputs)]
+    root = ET.fromstring(picture.svg(steps, [], "a build"))
+    ns = "{http://www.w3.org/2000/svg}"
+    texts = [t.text for t in root.iter(f"{ns}text")]
+    rows = sorted(t for t in texts if re.fullmatch(r"\S+: \d+ edges?.*", t))
+    assert rows == ["certificate: 1 edge", "pp4_tiny: 3 edges", "prepass: 1 edge", "recheck: 1 edge",
+                    "toolchain: 1 edge"], rows
+    titles = [r.find(f"{ns}title").text for r in root.iter(f"{ns}rect") if r.find(f"{ns}title") is not None]
+    assert "build/pp4_tiny/pp4_tiny.cpython-311.so: link of pp4_tiny, 0.9 s" in titles, titles
+    assert "build/pp4_tiny/pp4_tiny.cpython-311.so.pin.json: pin of pp4_tiny, 0.9 s" in titles, titles
+    assert not any(t.endswith(("other", "other, 0.9 s")) or ": other," in t for t in titles + texts), titles
+    assert "link, pin, check or certificate" in texts
+    trace = picture.chrome_trace(steps, [])["traceEvents"]
+    assert [e["args"]["how"] for e in trace][-3:] == ["link of pp4_tiny", "pin of pp4_tiny", "certificate"]
+
+
+def test_the_prepass_counts_what_the_asked_target_needs(tmp_path, toolchain):
+    """`ninja pp4_one` in a fresh folder: the line counts pp4_one's objects, and says apart what it
+    found for the build's other targets."""
+    src = tmp_path / "src"
+    tiny_project(src)
+    spec = src / "two.toml"
+    spec.write_text('[[extension]]\nname = "pp4_one"\nkind = "cpp"\nsources = ["a.cpp"]\ninclude_dirs = ["inc"]\n\n'
+                    '[[extension]]\nname = "pp4_two"\nkind = "cpp"\nsources = ["b.cpp"]\n')
+    store = str(tmp_path / "store")
+    assert configure(tmp_path / "w1", spec, "--store", store).returncode == 0
+    assert ninja(tmp_path / "w1").returncode == 0
+    assert configure(tmp_path / "w2", spec, "--store", store).returncode == 0
+    one = ninja(tmp_path / "w2", "pp4_one")
+    assert one.returncode == 0, one.stdout
+    said = [ln for ln in one.stdout.splitlines() if ln.startswith("pp4.reuse: ")]
+    assert len(said) == 1 and re.fullmatch(r"pp4\.reuse: 1 of 1 missing objects of pp4_one restored from the store "
+                                           r"in \d+\.\d\d s \(\d+\.\d\d CPU-s\); 1 of 1 of other targets too",
+                                           said[0]), said

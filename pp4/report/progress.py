@@ -99,30 +99,6 @@ def _say(path: str, text: str) -> bool:
 WINDOW_S = 300.0
 
 
-def asked_objects(targets: list[str] | None, actions: dict) -> tuple[set[str] | None, str]:
-    """The objects the targets asked for need, and their name for the line: (None, "") for every
-    object (the default target, `all`, the certificate, a setup.py project's wheel, a target this
-    cannot map). A module's target, its `wheel-` target, its module file or pin, or an object."""
-    by_target: dict[str, set[str]] = {}
-    for a in actions.get("actions", []):
-        by_target.setdefault(a["target"], set()).add(a["output"])
-    by_file = {os.path.normpath(ln[k]): ln["target"] for ln in actions.get("links", []) for k in ("output", "pin")}
-    objects = {o for outs in by_target.values() for o in outs}
-    wanted: set[str] = set()
-    names: list[str] = []
-    for t in targets or ["all"]:
-        module = t.removeprefix("wheel-") if t.removeprefix("wheel-") in by_target else by_file.get(os.path.normpath(t))
-        if module is not None:
-            wanted |= by_target[module]
-            names.append(module)
-        elif os.path.normpath(t) in objects:
-            wanted.add(os.path.normpath(t))
-            names.append(os.path.basename(t))
-        else:
-            return None, ""
-    return wanted, ", ".join(dict.fromkeys(names))
-
-
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
@@ -282,7 +258,7 @@ def report(state_dir: str, ninja: int) -> int:
         return 0
     try:
         with open(os.path.join(os.path.dirname(os.path.abspath(state_dir)), "actions.json")) as f:
-            asked, asked_name = asked_objects(ninjarun.requested_targets(ninja), json.load(f))
+            asked, asked_name = ninjarun.asked_objects(ninjarun.requested_targets(ninja), json.load(f))
     except (OSError, ValueError, KeyError, TypeError):
         asked, asked_name = None, ""
     try:
