@@ -38,3 +38,8 @@ def human_duration(seconds: float) -> str:
     if seconds < 5400:
         return f"{seconds / 60:.0f} min"
     return f"{seconds / 3600:.1f} h"
+
+
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """"1 module", "2 modules": a count and its noun, agreeing."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import attrs
 
+from pp4.sizes import counted
 from pp4.build import config as buildconfig
 from pp4 import interrupt
 from pp4.certify import certificate, pin
@@ -298,8 +299,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(f"no certificate yet ({args.certificate} is written by `ninja`): audited what is built, "
               f"{', '.join(m['target'] for m in doc['modules'])}")
-    print(f"  {len(objs)} objects: {reused} reused, {len(objs) - reused} compiled, {failed} failed; "
-          f"{len(audit.doc['modules'])} module{'' if len(audit.doc['modules']) == 1 else 's'}; {inputs} files hashed in {time.monotonic() - t0:.2f} s "
+    print(f"  {counted(len(objs), 'object')}: {reused} reused, {len(objs) - reused} compiled, {failed} failed; "
+          f"{counted(len(audit.doc['modules']), 'module')}; {inputs} files hashed in {time.monotonic() - t0:.2f} s "
           f"({time.process_time():.2f} CPU-s with start-up)")
     if not_built:
         print(f"  not built yet: {', '.join(not_built)} (`ninja TARGET` builds one; `ninja` builds and certifies all)")

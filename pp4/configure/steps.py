@@ -27,7 +27,7 @@ from pp4.plan import modules as plan
 from pp4.plan import ninjafile
 from pp4.plan.torchflags import setuptools_flags, torch_build_flags
 from pp4.report import progress
-from pp4.sizes import parse_size
+from pp4.sizes import counted, parse_size
 from pp4.sources import exl3, listing
 from pp4.store.remote import redact
 from pp4.toolchain import archs as arch_names
@@ -239,8 +239,8 @@ def write_build_ninja(c: Configuration) -> None:
 def say_what_was_chosen(c: Configuration) -> None:
     print(f"configure: {c.report.summary()}")
     print(f"configure: compilers: nvcc {c.chosen.nvcc} with host compiler {c.chosen.ccbin}; C++ {c.chosen.cxx}")
-    print(f"configure: {len(c.plans)} module(s): "
-          + ", ".join(f"{p.extension.target} ({len(p.steps)} units)" for p in c.plans))
+    print(f"configure: {counted(len(c.plans), 'module')}: "
+          + ", ".join(f"{p.extension.target} ({counted(len(p.steps), 'unit')})" for p in c.plans))
     print(f"configure: {costs.cost_line(c.plans, c.ordered, c.table, c.jobs, c.scale, c.scaled_on, c.learned[1])}")
     by_target = costs.target_costs(c.ordered, c.table, c.scale)
     if by_target:
