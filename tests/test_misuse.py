@@ -260,3 +260,47 @@ def test_the_prepass_counts_what_the_asked_target_needs(tmp_path, toolchain):
     assert len(said) == 1 and re.fullmatch(r"pp4\.reuse: 1 of 1 missing objects of pp4_one restored from the store "
                                            r"in \d+\.\d\d s \(\d+\.\d\d CPU-s\); 1 of 1 of other targets too",
                                            said[0]), said
+
+
+@pytest.mark.slow
+def test_ctrl_c_says_how_far_the_build_got_and_the_resumed_build_says_so_at_once(tmp_path, toolchain):
+    """Three units behind a compiler that sleeps 2 s, one job, ninja on a terminal (a pty) and the
+    interval left at its minute: the first progress line comes within seconds, Ctrl-C ends with
+    how far it got and how to go on; the resumed build (a pipe) prints a line at its start too."""
+    import pty
+    import signal
+    import time
+
+    from test_progress import slow_project
+
+    work, env = slow_project(tmp_path, 2)
+    env.pop("PP4_PROGRESS_S")
+    primary, secondary = pty.openpty()
+    proc = subprocess.Popen([ninja_bin()], cwd=work, env=env, stdin=subprocess.DEVNULL, stdout=secondary,
+                            stderr=secondary, start_new_session=True)
+    os.close(secondary)
+    seen, deadline, interrupted = b"", time.monotonic() + 120, False
+    while time.monotonic() < deadline and b"pp4: the build stopped" not in seen:
+        try:
+            chunk = os.read(primary, 4096)
+        except OSError:  # the terminal's last writer closed it
+            break
+        seen += chunk
+        if not interrupted and b"pp4: progress" in seen and b"CXX build/slow/obj/b.cpp.o" in seen:
+            proc.send_signal(signal.SIGINT)  # as Ctrl-C: ninja's process group
+            interrupted = True
+    proc.wait(timeout=60)
+    os.close(primary)
+    text = seen.decode(errors="replace").replace("\r\x1b[K", "\n")
+    assert interrupted, text
+    assert "ninja: build stopped: interrupted by user." in text, text
+    stop = re.search(r"pp4: the build stopped with (\d) of 3 objects built \(this run: (\d) compiled, 0 restored\); "
+                     r"run ninja again to go on from there: what is built is kept, and only the rest compiles", text)
+    assert stop and stop.group(1) == stop.group(2) and 1 <= int(stop.group(1)) < 3, text
+    assert "Traceback" not in text
+
+    resumed = run([ninja_bin()], work, env)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert re.search(rf"^pp4: progress \d\d:\d\d:\d\d: {stop.group(1)} of 3 objects built \(this run: 0 compiled",
+                     resumed.stdout, re.M), resumed.stdout
+    assert "pp4: the build stopped" not in resumed.stdout

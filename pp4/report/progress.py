@@ -25,6 +25,7 @@ ninja ends, the reporter adds this run's compiles to this machine's speed record
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import glob
 import json
@@ -179,18 +180,9 @@ def running_objects(commands: list[str], objects) -> set[str]:
     return named & set(objects)
 
 
-def line(work: str, state_dir: str, estimates: dict, since: float, now: float, asked: set[str] | None = None,
-         asked_name: str = "", cpu_used: float | None = None, running: set[str] = frozenset(),
-         cpus: float | None = None) -> str:
-    """The progress line. This run compiled or restored an object when its compile edge's event
-    is newer than ninja's start (pp4/build/events.py), or when the prepass restored it in this run
-    (in the prepass's batch, with a fresh mtime); built: present, and not being written now (newer
-    than ninja's start but with no word of how yet). Counted: the objects in `asked` (None: all).
-
-    The CPU left: the estimate of each object not built, times what this run's compiles took over
-    their estimates, less what the running compiles have spent (cpu_used less the CPU of the
-    compiles done; never more than nine tenths of a running one's own estimate). The end: that
-    CPU at `cpus`, the CPUs the build has had lately, else at one a job."""
+def _where(work: str, state_dir: str, estimates: dict, since: float, asked: set[str] | None):
+    """(the objects counted with their estimates, those built, those this run compiled, restored,
+    the CPU of each compile of this run): line()'s reading of the build folder."""
     objects: dict[str, float] = {o: s for o, s in estimates.get("objects", {}).items() if asked is None or o in asked}
     fresh, present = set(), set()
     for out in objects:
@@ -220,8 +212,24 @@ def line(work: str, state_dir: str, estimates: dict, since: float, now: float, a
                 restored |= (set(json.load(f).get("events", {})) & fresh) - compiled
     except (OSError, ValueError, AttributeError):
         pass
-    built = present - (fresh - compiled - restored)
+    return objects, present - (fresh - compiled - restored), compiled, restored, cpu_of
+
+
+def line(work: str, state_dir: str, estimates: dict, since: float, now: float, asked: set[str] | None = None,
+         asked_name: str = "", cpu_used: float | None = None, running: set[str] = frozenset(),
+         cpus: float | None = None) -> str:
+    """The progress line. This run compiled or restored an object when its compile edge's event
+    is newer than ninja's start (pp4/build/events.py), or when the prepass restored it in this run
+    (in the prepass's batch, with a fresh mtime); built: present, and not being written now (newer
+    than ninja's start but with no word of how yet). Counted: the objects in `asked` (None: all).
+
+    The CPU left: the estimate of each object not built, times what this run's compiles took over
+    their estimates, less what the running compiles have spent (cpu_used less the CPU of the
+    compiles done; never more than nine tenths of a running one's own estimate). The end: that
+    CPU at `cpus`, the CPUs the build has had lately, else at one a job."""
+    objects, built, compiled, restored, cpu_of = _where(work, state_dir, estimates, since, asked)
     timed = [o for o in cpu_of if o in estimates.get("objects", {})]  # every compile of the run, asked or not
+
     estimated = sum(estimates["objects"][o] for o in timed)
     # What this run's compiles took over their estimates (a whole-run mean: a slow unit counts as
     # much as it weighs). Before any has ended, the estimate as configure scaled it.
@@ -240,6 +248,19 @@ def line(work: str, state_dir: str, estimates: dict, since: float, now: float, a
             + (f" (the estimate times {factor:.2f}, as this run's {len(timed)} compiles went)" if timed else "")
             + (f", the build gets {cpus:.1f} CPUs" if cpus is not None else "")
             + f": done in about {human_duration(eta)} ({clock})")
+
+def stopped(work: str, state_dir: str, estimates: dict, since: float, asked: set[str] | None = None,
+            asked_name: str = "") -> str | None:
+    """The line for a ninja run that ended before every object it was asked for was built (Ctrl-C,
+    a failed compile): how far it got and how to go on. None when it built them all."""
+    objects, built, compiled, restored, _ = _where(work, state_dir, estimates, since, asked)
+    if len(built) >= len(objects):
+        return None
+    of = f" of {asked_name}" if asked_name else ""
+    return (f"pp4: the build stopped with {len(built)} of {len(objects)} objects{of} built (this run: "
+            f"{len(compiled & built)} compiled, {len(restored & built)} restored); run ninja again to go on from "
+            "there: what is built is kept, and only the rest compiles")
+
 
 def report(state_dir: str, ninja: int) -> int:
     lock = os.open(statedir.part(state_dir, statedir.PROGRESS_LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -268,9 +289,12 @@ def report(state_dir: str, ninja: int) -> int:
     out, terminal = _outlet(ninja)
     log_path = statedir.part(state_dir, statedir.PROGRESS_LOG)
     open(log_path, "w").close()  # this run's lines only
+    # A terminal is held open, to say after ninja ended how far it got (a pipe is not: its reader
+    # would wait for this process).
+    held = _held(out) if terminal else None
     run = Run(ninja)
     run.sample(time.time())
-    next_at = time.time() + interval
+    next_at = time.time() + min(interval, 1.0)  # the first line at once: a resumed build's first compile takes minutes
     while ninjarun.started(ninja) == since:  # ninja still runs (the same process, not a reused pid)
         time.sleep(min(1.0, interval))
         now = time.time()
@@ -285,8 +309,24 @@ def report(state_dir: str, ninja: int) -> int:
         # On a terminal, over ninja's status line, which ninja draws again.
         if out is not None and not _say(out, ("\r\x1b[K" if terminal else "") + text + "\n"):
             out = None
+    end = stopped(work, state_dir, estimates, since, asked, asked_name)
+    if end is not None:
+        with open(log_path, "a") as log:
+            log.write(end + "\n")
+        if held is not None:
+            with contextlib.suppress(OSError):
+                os.write(held, ("\r\x1b[K" + end + "\n").encode())
+    if held is not None:
+        os.close(held)
     learn(state_dir, estimates, since)
     return 0
+
+
+def _held(path: str) -> int | None:
+    try:
+        return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError:
+        return None
 
 
 def learn(state_dir: str, estimates: dict, since: float) -> None:

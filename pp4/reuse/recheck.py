@@ -36,6 +36,7 @@ from pp4 import statedir
 from pp4.execution import depfile
 
 # Targets that build nothing: a run that asked only for them leaves every output in place.
+OLD_TIME = 1_000_000_000  # 2001: the time of a revoked-keys file this check makes empty
 READ_ONLY_TARGETS = {"certify", "report", "wheel-built", "compdb", "compile_commands.json"}
 
 
@@ -179,8 +180,12 @@ def _trust_files() -> set[str]:
     revoked, trusted = signing.revoked_file(), signing.trusted_folder()
     found = {str(trusted)} if trusted.is_dir() else set()
     try:
-        with open(revoked, "a"):
-            pass
+        if not revoked.exists():
+            # Made with an old time: newer than what ninja recorded for this check, it would run it
+            # again at once; a revocation then appends, which makes it new.
+            with open(revoked, "a"):
+                pass
+            os.utime(revoked, (OLD_TIME, OLD_TIME))
         found.add(str(revoked))
     except OSError:  # no configuration folder (then no key either) or one this user may not write
         folder = revoked.parent
