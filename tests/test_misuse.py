@@ -304,3 +304,28 @@ def test_ctrl_c_says_how_far_the_build_got_and_the_resumed_build_says_so_at_once
     assert re.search(rf"^pp4: progress \d\d:\d\d:\d\d: {stop.group(1)} of 3 objects built \(this run: 0 compiled",
                      resumed.stdout, re.M), resumed.stdout
     assert "pp4: the build stopped" not in resumed.stdout
+
+
+def test_a_project_std_older_than_torch_needs_is_warned_at_configure(tmp_path, toolchain):
+    """torch's own headers say the C++ they need (#error below 202002L: C++20 for torch 2.14);
+    a spec's -std=c++17 comes after torch's -std in the command and wins, so configure says so
+    before anything compiles. Here the oracle reads torch's header itself."""
+    from pp4.toolchain.torchenv import torch_package_dir
+
+    include = torch_package_dir() / "include"
+    needs_20 = any(re.search(r"__cplusplus\s*<\s*202002L", (include / rel).read_text(errors="replace"))
+                   for rel in ("torch/headeronly/macros/Macros.h", "c10/macros/Macros.h") if (include / rel).is_file())
+    if not needs_20:
+        pytest.skip("this torch's headers do not need C++20")
+    import torch
+
+    spec = tiny_project(tmp_path / "src", flag="-std=c++17")
+    out = configure(tmp_path / "w", spec, "--no-reuse")
+    assert out.returncode == 0, out.stderr
+    assert (f"configure: warning: pp4_tiny compiles with -std=c++17 (its C++ flags), but torch {torch.__version__.split('+')[0]}'s "
+            "headers need C++20: its units that include them will fail. Drop -std=c++17 from the project's flags "
+            "(torch's -std=c++20 is used then) or write -std=c++20") in out.stdout.splitlines(), out.stdout
+    assert out.stdout.index("warning: pp4_tiny") < out.stdout.index("build.ninja written")
+    spec = tiny_project(tmp_path / "src", flag="-std=gnu++20")
+    assert "-std" not in "".join(ln for ln in configure(tmp_path / "w2", spec, "--no-reuse").stdout.splitlines()
+                                 if "warning" in ln)
