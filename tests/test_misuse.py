@@ -153,6 +153,9 @@ def test_why_names_the_header_that_differs_then_the_flag(tmp_path, toolchain):
     assert re.fullmatch(rf"  compared with: action {first[:16]}, stored \d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d UTC for "
                         rf"{re.escape(str(work))}/{A_OBJ}, signed by pp4-tests", lines[1]), lines
     assert len(lines) == 2, lines
+    explained = ninja(work, "explain")  # every object compiled: a.cpp.o alone; builds nothing
+    assert explained.returncode == 0 and "\n".join(lines) in explained.stdout, explained.stdout
+    assert "b.cpp.o" not in explained.stdout and "CXX" not in explained.stdout
     b_key = certificate_keys(work)["b.cpp.o"]  # its source file rewritten with the same bytes: restored
     assert why(work, "build/pp4_tiny/obj/b.cpp.o") == [f"build/pp4_tiny/obj/b.cpp.o was restored (wrapper, local store), "
                                                        f"entry {b_key[:16]}, signed by pp4-tests"]

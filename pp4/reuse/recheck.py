@@ -37,7 +37,7 @@ from pp4.execution import depfile
 
 # Targets that build nothing: a run that asked only for them leaves every output in place.
 OLD_TIME = 1_000_000_000  # 2001: the time of a revoked-keys file this check makes empty
-READ_ONLY_TARGETS = {"certify", "report", "wheel-built", "compdb", "compile_commands.json"}
+READ_ONLY_TARGETS = {"certify", "report", "explain", "wheel-built", "compdb", "compile_commands.json"}
 
 
 def nothing_built(config_file: Path, actions_file: Path, stamp: Path) -> bool:

@@ -1,5 +1,6 @@
 """`python -m pp4.reuse why OBJECT`: why an object of the build in this folder was compiled, not
-restored (what ccache's debug log and Bazel's execution-log diff answer).
+restored (what ccache's debug log and Bazel's execution-log diff answer); `why --all` (`ninja
+explain`): each object whose newest event is a compile.
 
 The object's event (pp4/build/events.py) has the command and environment it ran with, hence its
 manifest key. The entries the local store holds for that key, other than the one this compile
@@ -136,9 +137,17 @@ def explain(cfg: ReuseConfig, actions_file: Path, output: str) -> list[str]:
     return lines
 
 
+def compiled_objects(cfg: ReuseConfig, actions_file: Path) -> list[str]:
+    """The objects of the build whose newest event is a compile (`ninja explain` explains each)."""
+    known = events.Events(cfg.state_dir)
+    outputs = [actionkey.parse_compile(d["argv"]).output for d in json.loads(actions_file.read_text())["actions"]]
+    return [o for o in outputs if (ev := known.get(o)) is not None and ev.status == "compiled"]
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
-        print("usage: python -m pp4.reuse why OBJECT   (in the folder of build.ninja; OBJECT as ninja names it)")
+        print("usage: python -m pp4.reuse why OBJECT   (in the folder of build.ninja; OBJECT as ninja names it, "
+              "or --all: every object compiled)")
         return 2
     builddir = buildconfig.builddir_of(".")
     if builddir is None:
@@ -148,6 +157,11 @@ def main(argv: list[str]) -> int:
     if os.path.isabs(output):
         output = os.path.relpath(output)
     cfg = ReuseConfig.load(builddir)
-    for line in explain(cfg, buildconfig.actions_path(builddir), os.path.normpath(output)):
-        print(line)
+    actions = buildconfig.actions_path(builddir)
+    wanted = compiled_objects(cfg, actions) if output == "--all" else [os.path.normpath(output)]
+    if not wanted:
+        print("pp4: no object of this build was compiled when last built: each was restored")
+    for one in wanted:
+        for line in explain(cfg, actions, one):
+            print(line)
     return 0
