@@ -12,7 +12,8 @@ def parse_size(text: str, positive: bool = False) -> int:
     """Bytes; exact for whole numbers, even beyond float precision. positive: 0 is refused too."""
     match = _SIZE_RE.fullmatch(str(text))
     if not match:
-        raise ValueError(f"not a size: {text!r} (write a byte count or a number with K, M, G, T or P: 48G, 512M, 1.5GiB, 1048576)")
+        raise ValueError(f"not a size: {text!r} (write a byte count or a number with K, M, G, T or P: "
+                         "48G, 512M, 1.5GiB, 1048576)")
     number, unit = match.groups()
     scale = 1024 ** ("KMGTP".index(unit.upper()) + 1) if unit else 1
     value = int(float(number) * scale) if "." in number else int(number) * scale

@@ -157,8 +157,8 @@ def test_why_names_the_header_that_differs_then_the_flag(tmp_path, toolchain):
     assert explained.returncode == 0 and "\n".join(lines) in explained.stdout, explained.stdout
     assert "b.cpp.o" not in explained.stdout and "CXX" not in explained.stdout
     b_key = certificate_keys(work)["b.cpp.o"]  # its source file rewritten with the same bytes: restored
-    assert why(work, "build/pp4_tiny/obj/b.cpp.o") == [f"build/pp4_tiny/obj/b.cpp.o was restored (wrapper, local store), "
-                                                       f"entry {b_key[:16]}, signed by pp4-tests"]
+    assert why(work, "build/pp4_tiny/obj/b.cpp.o") == [
+        f"build/pp4_tiny/obj/b.cpp.o was restored (wrapper, local store), entry {b_key[:16]}, signed by pp4-tests"]
 
     tiny_project(src, flag="-O2", k=2)
     assert ninja(work).returncode == 0
@@ -325,7 +325,8 @@ def test_a_project_std_older_than_torch_needs_is_warned_at_configure(tmp_path, t
     spec = tiny_project(tmp_path / "src", flag="-std=c++17")
     out = configure(tmp_path / "w", spec, "--no-reuse")
     assert out.returncode == 0, out.stderr
-    assert (f"configure: warning: pp4_tiny compiles with -std=c++17 (its C++ flags), but torch {torch.__version__.split('+')[0]}'s "
+    version = torch.__version__.split("+")[0]
+    assert (f"configure: warning: pp4_tiny compiles with -std=c++17 (its C++ flags), but torch {version}'s "
             "headers need C++20: its units that include them will fail. Drop -std=c++17 from the project's flags "
             "(torch's -std=c++20 is used then) or write -std=c++20") in out.stdout.splitlines(), out.stdout
     assert out.stdout.index("warning: pp4_tiny") < out.stdout.index("build.ninja written")

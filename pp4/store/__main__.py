@@ -198,7 +198,8 @@ def format_gc(result: GcResult) -> str:
         [
             f"gc {result.root}: {human_bytes(result.bytes_before)} -> {human_bytes(result.bytes_after)} "
             f"(target {human_bytes(result.bound)})",
-            f"  evicted {result.records_evicted} least-recently-used action records and {counted(result.objects_evicted, 'object')}",
+            f"  evicted {result.records_evicted} least-recently-used action records and "
+            f"{counted(result.objects_evicted, 'object')}",
             f"  removed {result.invalid_records_removed} invalid records, {result.orphan_objects_removed} orphaned objects, "
             f"{result.tmp_files_removed} stale staging files",
             f"  removed {result.manifest_entries_removed} manifest entries of evicted actions, "
