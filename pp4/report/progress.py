@@ -229,7 +229,6 @@ def line(work: str, state_dir: str, estimates: dict, since: float, now: float, a
     CPU at `cpus`, the CPUs the build has had lately, else at one a job."""
     objects, built, compiled, restored, cpu_of = _where(work, state_dir, estimates, since, asked)
     timed = [o for o in cpu_of if o in estimates.get("objects", {})]  # every compile of the run, asked or not
-
     estimated = sum(estimates["objects"][o] for o in timed)
     # What this run's compiles took over their estimates (a whole-run mean: a slow unit counts as
     # much as it weighs). Before any has ended, the estimate as configure scaled it.
@@ -248,6 +247,7 @@ def line(work: str, state_dir: str, estimates: dict, since: float, now: float, a
             + (f" (the estimate times {factor:.2f}, as this run's {len(timed)} compiles went)" if timed else "")
             + (f", the build gets {cpus:.1f} CPUs" if cpus is not None else "")
             + f": done in about {human_duration(eta)} ({clock})")
+
 
 def stopped(work: str, state_dir: str, estimates: dict, since: float, asked: set[str] | None = None,
             asked_name: str = "") -> str | None:

@@ -35,8 +35,8 @@ from pp4.build import events, modules
 from pp4 import statedir
 from pp4.execution import depfile
 
-# Targets that build nothing: a run that asked only for them leaves every output in place.
 OLD_TIME = 1_000_000_000  # 2001: the time of a revoked-keys file this check makes empty
+# Targets that build nothing: a run that asked only for them leaves every output in place.
 READ_ONLY_TARGETS = {"certify", "report", "explain", "wheel-built", "compdb", "compile_commands.json"}
 
 
