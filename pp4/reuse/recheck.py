@@ -14,7 +14,9 @@ file it read. The check runs only when one of them changed; it compares every ob
 existing output with the machine now (through the same `pathstates.States` the lookup uses, files
 hashed once and kept by stamp) and removes the outputs that no longer hold (and their restore
 markers), then ninja, which re-reads every file's state after build.ninja's edge, rebuilds exactly
-those and what uses them.
+those and what uses them. The trust list is watched too (the revoked keys' file, the trusted keys'
+folder): an object restored from an entry whose signers the build no longer trusts enough is
+removed the same way (no_longer_vouched); one this builder compiled stays.
 
 The stamp is made once and never rewritten (restat): build.ninja does not depend on it, so the
 check never makes configure run. The build folder itself, where ninja keeps its lock, is not
