@@ -120,3 +120,27 @@ def binary() -> str:
         except OSError:
             pass
     return installed()
+
+
+def asked_objects(targets: list[str] | None, actions: dict) -> tuple[set[str] | None, str]:
+    """The objects the targets asked for need, and their name for the line: (None, "") for every
+    object (the default target, `all`, the certificate, a setup.py project's wheel, a target this
+    cannot map). A module's target, its `wheel-` target, its module file or pin, or an object."""
+    by_target: dict[str, set[str]] = {}
+    for a in actions.get("actions", []):
+        by_target.setdefault(a["target"], set()).add(a["output"])
+    by_file = {os.path.normpath(ln[k]): ln["target"] for ln in actions.get("links", []) for k in ("output", "pin")}
+    objects = {o for outs in by_target.values() for o in outs}
+    wanted: set[str] = set()
+    names: list[str] = []
+    for t in targets or ["all"]:
+        module = t.removeprefix("wheel-") if t.removeprefix("wheel-") in by_target else by_file.get(os.path.normpath(t))
+        if module is not None:
+            wanted |= by_target[module]
+            names.append(module)
+        elif os.path.normpath(t) in objects:
+            wanted.add(os.path.normpath(t))
+            names.append(os.path.basename(t))
+        else:
+            return None, ""
+    return wanted, ", ".join(dict.fromkeys(names))

@@ -12,7 +12,8 @@ def parse_size(text: str, positive: bool = False) -> int:
     """Bytes; exact for whole numbers, even beyond float precision. positive: 0 is refused too."""
     match = _SIZE_RE.fullmatch(str(text))
     if not match:
-        raise ValueError(f"not a size: {text!r} (use a byte count or a number with K, M, G, T or P, e.g. 48G)")
+        raise ValueError(f"not a size: {text!r} (write a byte count or a number with K, M, G, T or P: "
+                         "48G, 512M, 1.5GiB, 1048576)")
     number, unit = match.groups()
     scale = 1024 ** ("KMGTP".index(unit.upper()) + 1) if unit else 1
     value = int(float(number) * scale) if "." in number else int(number) * scale
@@ -38,3 +39,8 @@ def human_duration(seconds: float) -> str:
     if seconds < 5400:
         return f"{seconds / 60:.0f} min"
     return f"{seconds / 3600:.1f} h"
+
+
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """"1 module", "2 modules": a count and its noun, agreeing."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"

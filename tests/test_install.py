@@ -126,7 +126,7 @@ def test_an_installed_pp4_configures_and_builds_a_spec_project_without_the_check
     # which holds only what the observer saw whole, gives the object back.
     shutil.rmtree(work / "build")
     again = run([ninja_bin()], work, env)
-    assert "CONFIGURE" in again.stdout and "1 objects (1 from the local store)" in again.stdout, again.stdout
+    assert "CONFIGURE" in again.stdout and "1 object (1 from the local store)" in again.stdout, again.stdout
     cert = json.loads(gzip.decompress((work / "build" / "certificate.json.gz").read_bytes()))
     assert [o["status"] for o in cert["objects"]] == ["reused"], cert["objects"]
     assert json.loads(run([python, "-c", load], work, env).stdout.strip().splitlines()[-1])[0] == 42

@@ -81,7 +81,7 @@ def test_a_spec_in_its_own_folder_builds_one_target_certifies_what_is_built_and_
     audit = run([ninja_bin(), "certify"], work)
     assert compiled(audit.stdout) == [], "ninja certify compiled something"
     assert "audited what is built, pp4_answer" in audit.stdout and "not built yet: pp4_other" in audit.stdout
-    assert "2 objects: 0 reused, 2 compiled, 0 failed; 1 modules" in audit.stdout and "audit passed" in audit.stdout
+    assert "2 objects: 0 reused, 2 compiled, 0 failed; 1 module" in audit.stdout and "audit passed" in audit.stdout
     assert not list((work / "build" / "pp4_other").rglob("*.o"))
 
     everything = run([ninja_bin()], work)

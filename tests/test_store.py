@@ -704,7 +704,7 @@ def test_cli_stats_gc_verify(store: Store, tmp_path: Path) -> None:
 
     gc = cli(store.root, "gc", "--max-bytes", "1K")
     assert gc.returncode == 0, gc.stderr
-    assert "evicted 2 least-recently-used action records and 1 objects" in gc.stdout
+    assert "evicted 2 least-recently-used action records and 1 object" in gc.stdout
     assert "entries:  0 action records" in cli(store.root, "stats").stdout
 
 

@@ -16,6 +16,7 @@ import os
 import time
 from pathlib import Path
 
+from pp4.sizes import counted
 from pp4 import ninjarun
 from pp4.certify import certificate, pin
 from pp4.execution.root import Root
@@ -74,5 +75,6 @@ def ahead(config_path: Path, actions_path: Path, reuser, doc: dict, restored: se
 def summary(restored: set[str], by_tier: dict[str, int], modules: int, started: float) -> str:
     """The build's last line, where the prepass did everything: no edge after it had work."""
     tiers = " and ".join(f"{n} from the {tier} store" for tier, n in sorted(by_tier.items()) if n)
-    return (f"pp4: this build restored everything before its edges ran: {len(restored)} objects ({tiers}) and "
+    return (f"pp4: this build restored everything before its edges ran: {counted(len(restored), 'object')} "
+            f"({tiers}) and "
             f"{modules} module{'s' if modules != 1 else ''}, in {time.monotonic() - started:.1f} s")

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import attrs
 
+from pp4.sizes import counted
 from pp4.build import config as buildconfig
 from pp4 import interrupt
 from pp4.certify import certificate, pin
@@ -63,6 +64,7 @@ class Audit:
         self.failures: list[str] = []
         self.per_object: list[tuple[str, str, str]] = []
         self.stale: list[str] = []  # outputs that compiling now would not give: --invalidate removes them
+        self.unvouched: list[str] = []  # restored objects whose entry's signers are no longer trusted enough
         self.trust, self.trust_problem = _trust(config)
 
     def fail(self, what: str) -> None:
@@ -176,6 +178,8 @@ class Audit:
         trust = self.trust if obj["status"] == "reused" else attrs.evolve(self.trust, require=1)
         verdict = trust.verdict(obj["action_key"], obj["object_sha256"], obj["object_size"], obj["input_sets"],
                                 payload, signatures)
+        if not verdict.ok and obj["status"] == "reused":
+            self.unvouched.append(obj["output"])
         return [] if verdict.ok else [f"its entry's signatures do not hold now: {verdict.why}"]
 
     def invalidate(self) -> list[str]:
@@ -238,8 +242,7 @@ def _trust(config: buildconfig.BuildConfig):
 
     settings = config.reuse_config().trust
     try:
-        own = signing.read_own_public(settings.get("signing_key"))
-        return signing.load_trust(settings.get("keys"), settings.get("require_signers", 1), own), None
+        return signing.build_trust(settings), None
     except signing.SigningKeyError as e:
         return None, str(e)
 
@@ -291,8 +294,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(f"no certificate yet ({args.certificate} is written by `ninja`): audited what is built, "
               f"{', '.join(m['target'] for m in doc['modules'])}")
-    print(f"  {len(objs)} objects: {reused} reused, {len(objs) - reused} compiled, {failed} failed; "
-          f"{len(audit.doc['modules'])} modules; {inputs} files hashed in {time.monotonic() - t0:.2f} s "
+    print(f"  {counted(len(objs), 'object')}: {reused} reused, {len(objs) - reused} compiled, {failed} failed; "
+          f"{counted(len(audit.doc['modules']), 'module')}; {inputs} files hashed in {time.monotonic() - t0:.2f} s "
           f"({time.process_time():.2f} CPU-s with start-up)")
     if not_built:
         print(f"  not built yet: {', '.join(not_built)} (`ninja TARGET` builds one; `ninja` builds and certifies all)")
@@ -314,6 +317,10 @@ def main(argv: list[str] | None = None) -> int:
         if audit.stale and not args.invalidate:
             print(f"{len(dict.fromkeys(audit.stale))} output(s) no longer match how they were built. To rebuild "
                   f"exactly those: {sys.executable} -m pp4.certify.audit --invalidate {args.certificate} && ninja", file=sys.stderr)
+        if audit.unvouched:
+            print(f"{len(audit.unvouched)} restored object(s) were vouched for by keys this build no longer trusts "
+                  "enough: run `ninja`, which compiles them (or restores them from entries still trusted), then "
+                  "`ninja certify`", file=sys.stderr)
         return 1
     print("audit passed")
     return 0

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import attrs
 
+from pp4.sizes import counted
 from pp4.build import config as buildconfig
 from pp4 import interrupt
 from pp4.certify import pin
@@ -192,7 +193,7 @@ def write(config_path: Path, actions_path: Path, out: Path, say=print, read_set=
     why = f", {len(unstored)} not stored: {unstored[0]['output']}: {unstored[0]['not_stored']}" if unstored else ""
     if len(unstored) > 1:
         why += " (each one's reason: build/certificate.json.gz, `not_stored`)"
-    say(f"certificate {out}: sha256 {digest} ({len(objects)} objects: {reused} reused"
+    say(f"certificate {out}: sha256 {digest} ({counted(len(objects), 'object')}: {reused} reused"
           + (f" ({remote} from the remote store)" if remote else "") + f", {len(objects) - reused} compiled{why})")
     return digest
 

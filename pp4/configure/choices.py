@@ -17,7 +17,7 @@ from pp4.configure.options import DEFAULT_EXTENSIONS, ConfigureError
 from pp4.execution import cluster
 from pp4.files import write_if_changed
 from pp4.sources import exl3, extensions, setuppy
-from pp4.store.remote import tier
+from pp4.store.remote import RemoteUnavailable, tier
 from pp4.toolchain import compilerenv, compilers
 from pp4.toolchain import provision as toolchain
 from pp4.toolchain.locks import lock_for_cuda
@@ -141,7 +141,7 @@ def remote_settings(args, builddir: Path) -> dict | None:
     try:
         settings = tier.settings(args.remote_store, args.remote_store_mode, args.remote_expire_days,
                                  statedir.of_build(builddir))
-    except ValueError as e:
+    except (ValueError, RemoteUnavailable) as e:  # a folder that is not there: a typo more often than a late mount
         raise ConfigureError(str(e)) from None
     problem = tier.reachable(settings["url"], statedir.of_build(builddir), settings["ttl"])
     if problem:
@@ -229,15 +229,4 @@ def choose_compilers(exts: list[extensions.Extension], tc: toolchain.Toolchain,
     toolkit = [(rel, str(tc.prefix / rel)) for rel in toolchain.IDENTITY_FILES]
     flags = ["-ccbin", named.pop()] if named else []
     return compilers.choose(dict(os.environ), str(tc.nvcc), toolkit, flags)
-
-
-def cpu_text(cpus: tuple[int, ...]) -> str:
-    runs, start = [], None
-    for i, c in enumerate(cpus):
-        if start is None:
-            start = c
-        if i + 1 == len(cpus) or cpus[i + 1] != c + 1:
-            runs.append(f"{start}-{c}" if start != c else f"{c}")
-            start = None
-    return ",".join(runs)
 

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 from pp4.execution import cluster
+from pp4.sizes import parse_size
 from pp4.toolchain import archs as arch_names
+from pp4.toolchain.limits import cpus_not_allowed, parse_cpu_list
 
 BUILTIN_EXTENSIONS = ["p2p", "exl3", "exl3-facc", "exl3-decode"]
 DEFAULT_EXTENSIONS = BUILTIN_EXTENSIONS
@@ -100,6 +103,15 @@ def check_option_values(args) -> None:
                              "at a time (its 0, one thread per CPU, would step over --cpus and -j)")
     if not -20 <= args.nice <= 19:
         raise ConfigureError(f"--nice {args.nice}: niceness is -20 to 19 (a compile can only be made nicer: 0 to 19)")
+    if args.max_memory:
+        try:
+            parse_size(args.max_memory, positive=True)
+        except ValueError as e:
+            raise ConfigureError(f"--max-memory: {e}") from None
+    if args.cpus:
+        problem = cpus_not_allowed(parse_cpu_list(args.cpus), os.sched_getaffinity(0))
+        if problem:
+            raise ConfigureError(problem)
     for arch in arch_names.split(args.arch):  # the spelling now; nvcc's own list once it is provisioned
         arch_names.parse(arch)
 

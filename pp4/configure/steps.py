@@ -25,15 +25,15 @@ from pp4.files import write_if_changed
 from pp4.plan import estimate
 from pp4.plan import modules as plan
 from pp4.plan import ninjafile
-from pp4.plan.torchflags import setuptools_flags, torch_build_flags
+from pp4.plan.torchflags import older_standard, setuptools_flags, torch_build_flags
 from pp4.report import progress
-from pp4.sizes import parse_size
+from pp4.sizes import counted, parse_size
 from pp4.sources import exl3, listing
 from pp4.store.remote import redact
 from pp4.toolchain import archs as arch_names
 from pp4.toolchain import compat, compilerenv, compilers
 from pp4.toolchain import provision as toolchain
-from pp4.toolchain.limits import Limits, parse_cpu_list
+from pp4.toolchain.limits import Limits, cpu_text, parse_cpu_list
 from pp4.toolchain.torchenv import torch_package_dir
 
 
@@ -145,6 +145,7 @@ def plan_modules(c: Configuration) -> None:
                       "(setuptools adds it to every compile)")
     c.plans = [plan.module_plan(e, torch, c.tc, c.archs, c.builddir, c.root, log, c.supported, c.chosen, c.folded,
                                 setuptools) for e in c.exts]
+    warn_older_standard(c.plans, torch)
     # The shipped table and the text estimate are the H200's: scaled by how this machine compared
     # on the units this build has timed, once there are enough of them, else by what its builds
     # taught (pp4/plan/estimate.py).
@@ -236,16 +237,29 @@ def write_build_ninja(c: Configuration) -> None:
     write_if_changed(c.builddir / "configure.json", json.dumps({"argv": c.argv, "cwd": str(c.root)}, indent=1) + "\n")
 
 
+def warn_older_standard(plans, torch) -> None:
+    """Said before anything compiles: a project's -std older than the C++ torch's headers need fails
+    in every unit that includes them (BuildExtension adds torch's -std only where a project gives none)."""
+    for p in plans:
+        for language, flags, what in (("cxx", p.cxx_flags, "C++ flags"), ("cuda", p.cuda_flags, "nvcc flags")):
+            old = older_standard(flags, torch.cxx_standard) if any(s.language == language for s in p.steps) else None
+            if old:
+                print(f"configure: warning: {p.extension.target} compiles with {old} (its {what}), but torch "
+                      f"{torch.version}'s headers need {torch.cxx_standard.replace('c++', 'C++')}: its units that "
+                      f"include them will fail. Drop {old} from the project's flags (torch's -std="
+                      f"{torch.cxx_standard} is used then) or write -std={torch.cxx_standard}")
+
+
 def say_what_was_chosen(c: Configuration) -> None:
     print(f"configure: {c.report.summary()}")
     print(f"configure: compilers: nvcc {c.chosen.nvcc} with host compiler {c.chosen.ccbin}; C++ {c.chosen.cxx}")
-    print(f"configure: {len(c.plans)} module(s): "
-          + ", ".join(f"{p.extension.target} ({len(p.steps)} units)" for p in c.plans))
+    print(f"configure: {counted(len(c.plans), 'module')}: "
+          + ", ".join(f"{p.extension.target} ({counted(len(p.steps), 'unit')})" for p in c.plans))
     print(f"configure: {costs.cost_line(c.plans, c.ordered, c.table, c.jobs, c.scale, c.scaled_on, c.learned[1])}")
     by_target = costs.target_costs(c.ordered, c.table, c.scale)
     if by_target:
         print(f"configure: {by_target}")
-    print(f"configure: {c.jobs} job(s) on CPUs {choices.cpu_text(c.cpus)}, nice +{c.args.nice}"
+    print(f"configure: {c.jobs} job(s) on CPUs {cpu_text(c.cpus)}, nice +{c.args.nice}"
           + (f", {c.args.max_memory} address space per compile" if c.args.max_memory else ""))
     print(f"configure: build.ninja {'written' if c.changed else 'unchanged'}; run `ninja`"
           + (f" (re-run: {rerun_of(c.started)} {shlex.join(c.argv)})" if c.argv else ""))

@@ -28,7 +28,7 @@ from pp4.execution import machine, observe
 from pp4.execution.root import TMP, Root, enter, unavailable
 from pp4.execution.limits import apply, command_for
 from pp4.toolchain.compilerenv import process_env
-from pp4.toolchain.limits import Limits
+from pp4.toolchain.limits import Limits, cpus_not_allowed
 
 # As gcc says it, and as its JSON diagnostics quote it (\").
 DATE_TIME = re.compile(rb'macro \\?"(__DATE__|__TIME__|__TIMESTAMP__)\\?" might prevent reproducible builds')
@@ -107,6 +107,10 @@ def run(argv: list[str], env: dict[str, str], limits: Limits, scratch_parent: st
     refused = machine.before(writes)
     if refused is not None:
         raise machine.MachineError(f"{machine.PREFIX} {refused}")
+    # Said here, not in the child: a sched_setaffinity refused there is only "Exception occurred in preexec_fn".
+    unplaceable = limits.cpus and cpus_not_allowed(limits.cpus, os.sched_getaffinity(0))
+    if unplaceable:
+        raise machine.MachineError(f"pp4: {unplaceable} (the build's limits, build/pp4.json)")
     root_problem = None
     if root is not None:
         root_problem = unavailable(str(scratch_parent))

@@ -287,6 +287,7 @@ def render(settings: BuildSettings, rules: str, plans: list[ModulePlan],
            + list(projects))
     _build(w, "wheel-built", "wheel_built")  # never made: it runs every time, as certify does
     _build(w, "report", "report")
+    _build(w, "explain", "explain")
     _build(w, "all", "phony", [p.extension.target for p in plans] + [cert])
     w.default("all")
     return out.getvalue()

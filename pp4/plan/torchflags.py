@@ -50,6 +50,25 @@ def cxx_standard(include_root: Path) -> str:
     return "c++17"
 
 
+# A -std value's year: gcc's and nvcc's spellings, GNU dialects too (gnu++17 is C++17 with extensions).
+_YEARS = {"98": 1998, "03": 2003, "0x": 2011, "11": 2011, "1y": 2014, "14": 2014, "1z": 2017, "17": 2017,
+          "2a": 2020, "20": 2020, "2b": 2023, "23": 2023, "2c": 2026, "26": 2026}
+
+
+def standard_year(value: str) -> int | None:
+    """"c++17", "gnu++2a" -> 2017, 2020; None for what is not a C++ standard."""
+    m = re.fullmatch(r"(?:c|gnu)\+\+(\w\w)", value)
+    return _YEARS.get(m.group(1)) if m else None
+
+
+def older_standard(flags, needed: str) -> str | None:
+    """The -std flag of a compile's flags (the last wins, as in gcc and nvcc) when it names an older C++
+    than `needed` (torch's, e.g. "c++20"); None when none does."""
+    given = [f for f in flags if f.startswith("-std=")]
+    year, want = (standard_year(given[-1][len("-std="):]) if given else None), standard_year(needed)
+    return given[-1] if year is not None and want is not None and year < want else None
+
+
 @attrs.frozen
 class SetuptoolsFlags:
     """What setuptools' build_ext adds to every compile of a setup.py build (torch's BuildExtension

@@ -14,6 +14,7 @@ import attrs
 from pp4.report.timeline import Step
 
 COLOURS = {"compiled": "#d9534f", "restored, local": "#5cb85c", "restored, remote": "#5bc0de", "other": "#999999"}
+KEY = {"other": "link, pin, check or certificate"}  # the colour key's words where the name alone says little
 
 
 def lanes(steps: list[Step]) -> list[int]:
@@ -35,7 +36,7 @@ def chrome_trace(steps: list[Step], path: list[Step]) -> dict:
     on_path = {s.output for s in path}
     trace = []
     for step, lane in zip(steps, lanes(steps)):
-        args = {"how": step.how, "critical path": step.output in on_path}
+        args = {"how": what(step), "critical path": step.output in on_path}
         if step.cpu_s is not None:
             args["cpu_s"] = step.cpu_s
         trace.append({"name": os.path.basename(step.output), "cat": step.how, "ph": "X", "pid": 1, "tid": lane,
@@ -69,10 +70,33 @@ CHAR_W, FONT_PX, ROW = 7, 11, 16
 WIDTH, MARGIN = 1200, 10
 
 
+# The build's own edges, by their output's name: what each is, in one word (a row of the picture).
+OWN_EDGES = {"prepass.stamp": "prepass", "recheck.stamp": "recheck", ".pp4-toolchain.json": "toolchain",
+             "build.ninja": "configure", "compile_commands.json": "compdb"}
+
+
 def module_of(output: str) -> str:
-    """build/MODULE/...: the module an output belongs to; the build's own files are "build"."""
+    """The row an edge is counted in: build/MODULE/... belongs to MODULE; the build's own edges are
+    named for what they do (prepass, recheck, toolchain, configure, certificate)."""
     parts = output.split("/")
-    return parts[1] if len(parts) >= 3 else "build"
+    name = parts[-1]
+    if name in OWN_EDGES:
+        return OWN_EDGES[name]
+    if not output.startswith("/") and len(parts) >= 3 and not parts[1].startswith("."):
+        return parts[1]
+    return name.split(".")[0] or name
+
+
+def what(step: Step) -> str:
+    """What an edge did, in words: how an object was made, else which module it linked or pinned."""
+    if step.how != "other":
+        return step.how
+    module = module_of(step.output)
+    if step.output.endswith(".pin.json"):
+        return f"pin of {module}"
+    if step.output.endswith(".so"):
+        return f"link of {module}"
+    return module
 
 
 def _wrap(text: str, chars: int) -> list[str]:
@@ -122,7 +146,7 @@ def layout(steps: list[Step], path: list[Step], title: str) -> tuple[int, int, l
         x, y = MARGIN + step.start_s * scale, top + lane * ROW
         w = max(step.seconds * scale - (1 if step.seconds * scale >= 3 else 0), 0.5)  # a gap to the next bar
         boxes.append(Box(x, y, w, ROW - 2, COLOURS[step.how], step.output in on_path,
-                         f"{step.output}: {step.how}, {step.seconds:.1f} s"))
+                         f"{step.output}: {what(step)}, {step.seconds:.1f} s"))
         name = os.path.basename(step.output)
         fits = int((w - 4) // CHAR_W)
         if fits >= len(name):
@@ -159,8 +183,8 @@ def layout(steps: list[Step], path: list[Step], title: str) -> tuple[int, int, l
     x = MARGIN
     for how, colour in [*COLOURS.items(), ("critical path (outlined)", "#ffffff")]:
         boxes.append(Box(x, y, 10, 10, colour, how.startswith("critical")))
-        labels.append(Label(x + 14, y + 9, how))
-        x += 24 + CHAR_W * len(how)
+        labels.append(Label(x + 14, y + 9, KEY.get(how, how)))
+        x += 24 + CHAR_W * len(KEY.get(how, how))
     return WIDTH, int(y + 20), boxes, labels
 
 

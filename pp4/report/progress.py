@@ -25,6 +25,7 @@ ninja ends, the reporter adds this run's compiles to this machine's speed record
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import glob
 import json
@@ -97,30 +98,6 @@ def _say(path: str, text: str) -> bool:
 # The CPU the build gets is measured over this much of the recent past: long enough to span a
 # compile's start and end, short enough that a machine that got busier shows within a few lines.
 WINDOW_S = 300.0
-
-
-def asked_objects(targets: list[str] | None, actions: dict) -> tuple[set[str] | None, str]:
-    """The objects the targets asked for need, and their name for the line: (None, "") for every
-    object (the default target, `all`, the certificate, a setup.py project's wheel, a target this
-    cannot map). A module's target, its `wheel-` target, its module file or pin, or an object."""
-    by_target: dict[str, set[str]] = {}
-    for a in actions.get("actions", []):
-        by_target.setdefault(a["target"], set()).add(a["output"])
-    by_file = {os.path.normpath(ln[k]): ln["target"] for ln in actions.get("links", []) for k in ("output", "pin")}
-    objects = {o for outs in by_target.values() for o in outs}
-    wanted: set[str] = set()
-    names: list[str] = []
-    for t in targets or ["all"]:
-        module = t.removeprefix("wheel-") if t.removeprefix("wheel-") in by_target else by_file.get(os.path.normpath(t))
-        if module is not None:
-            wanted |= by_target[module]
-            names.append(module)
-        elif os.path.normpath(t) in objects:
-            wanted.add(os.path.normpath(t))
-            names.append(os.path.basename(t))
-        else:
-            return None, ""
-    return wanted, ", ".join(dict.fromkeys(names))
 
 
 _TICK = os.sysconf("SC_CLK_TCK")
@@ -203,18 +180,9 @@ def running_objects(commands: list[str], objects) -> set[str]:
     return named & set(objects)
 
 
-def line(work: str, state_dir: str, estimates: dict, since: float, now: float, asked: set[str] | None = None,
-         asked_name: str = "", cpu_used: float | None = None, running: set[str] = frozenset(),
-         cpus: float | None = None) -> str:
-    """The progress line. This run compiled or restored an object when its compile edge's event
-    is newer than ninja's start (pp4/build/events.py), or when the prepass restored it in this run
-    (in the prepass's batch, with a fresh mtime); built: present, and not being written now (newer
-    than ninja's start but with no word of how yet). Counted: the objects in `asked` (None: all).
-
-    The CPU left: the estimate of each object not built, times what this run's compiles took over
-    their estimates, less what the running compiles have spent (cpu_used less the CPU of the
-    compiles done; never more than nine tenths of a running one's own estimate). The end: that
-    CPU at `cpus`, the CPUs the build has had lately, else at one a job."""
+def _where(work: str, state_dir: str, estimates: dict, since: float, asked: set[str] | None):
+    """(the objects counted with their estimates, those built, those this run compiled, restored,
+    the CPU of each compile of this run): line()'s reading of the build folder."""
     objects: dict[str, float] = {o: s for o, s in estimates.get("objects", {}).items() if asked is None or o in asked}
     fresh, present = set(), set()
     for out in objects:
@@ -244,7 +212,22 @@ def line(work: str, state_dir: str, estimates: dict, since: float, now: float, a
                 restored |= (set(json.load(f).get("events", {})) & fresh) - compiled
     except (OSError, ValueError, AttributeError):
         pass
-    built = present - (fresh - compiled - restored)
+    return objects, present - (fresh - compiled - restored), compiled, restored, cpu_of
+
+
+def line(work: str, state_dir: str, estimates: dict, since: float, now: float, asked: set[str] | None = None,
+         asked_name: str = "", cpu_used: float | None = None, running: set[str] = frozenset(),
+         cpus: float | None = None) -> str:
+    """The progress line. This run compiled or restored an object when its compile edge's event
+    is newer than ninja's start (pp4/build/events.py), or when the prepass restored it in this run
+    (in the prepass's batch, with a fresh mtime); built: present, and not being written now (newer
+    than ninja's start but with no word of how yet). Counted: the objects in `asked` (None: all).
+
+    The CPU left: the estimate of each object not built, times what this run's compiles took over
+    their estimates, less what the running compiles have spent (cpu_used less the CPU of the
+    compiles done; never more than nine tenths of a running one's own estimate). The end: that
+    CPU at `cpus`, the CPUs the build has had lately, else at one a job."""
+    objects, built, compiled, restored, cpu_of = _where(work, state_dir, estimates, since, asked)
     timed = [o for o in cpu_of if o in estimates.get("objects", {})]  # every compile of the run, asked or not
     estimated = sum(estimates["objects"][o] for o in timed)
     # What this run's compiles took over their estimates (a whole-run mean: a slow unit counts as
@@ -265,6 +248,20 @@ def line(work: str, state_dir: str, estimates: dict, since: float, now: float, a
             + (f", the build gets {cpus:.1f} CPUs" if cpus is not None else "")
             + f": done in about {human_duration(eta)} ({clock})")
 
+
+def stopped(work: str, state_dir: str, estimates: dict, since: float, asked: set[str] | None = None,
+            asked_name: str = "") -> str | None:
+    """The line for a ninja run that ended before every object it was asked for was built (Ctrl-C,
+    a failed compile): how far it got and how to go on. None when it built them all."""
+    objects, built, compiled, restored, _ = _where(work, state_dir, estimates, since, asked)
+    if len(built) >= len(objects):
+        return None
+    of = f" of {asked_name}" if asked_name else ""
+    return (f"pp4: the build stopped with {len(built)} of {len(objects)} objects{of} built (this run: "
+            f"{len(compiled & built)} compiled, {len(restored & built)} restored); run ninja again to go on from "
+            "there: what is built is kept, and only the rest compiles")
+
+
 def report(state_dir: str, ninja: int) -> int:
     lock = os.open(statedir.part(state_dir, statedir.PROGRESS_LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
@@ -282,7 +279,7 @@ def report(state_dir: str, ninja: int) -> int:
         return 0
     try:
         with open(os.path.join(os.path.dirname(os.path.abspath(state_dir)), "actions.json")) as f:
-            asked, asked_name = asked_objects(ninjarun.requested_targets(ninja), json.load(f))
+            asked, asked_name = ninjarun.asked_objects(ninjarun.requested_targets(ninja), json.load(f))
     except (OSError, ValueError, KeyError, TypeError):
         asked, asked_name = None, ""
     try:
@@ -292,9 +289,12 @@ def report(state_dir: str, ninja: int) -> int:
     out, terminal = _outlet(ninja)
     log_path = statedir.part(state_dir, statedir.PROGRESS_LOG)
     open(log_path, "w").close()  # this run's lines only
+    # A terminal is held open, to say after ninja ended how far it got (a pipe is not: its reader
+    # would wait for this process).
+    held = _held(out) if terminal else None
     run = Run(ninja)
     run.sample(time.time())
-    next_at = time.time() + interval
+    next_at = time.time() + min(interval, 1.0)  # the first line at once: a resumed build's first compile takes minutes
     while ninjarun.started(ninja) == since:  # ninja still runs (the same process, not a reused pid)
         time.sleep(min(1.0, interval))
         now = time.time()
@@ -309,8 +309,24 @@ def report(state_dir: str, ninja: int) -> int:
         # On a terminal, over ninja's status line, which ninja draws again.
         if out is not None and not _say(out, ("\r\x1b[K" if terminal else "") + text + "\n"):
             out = None
+    end = stopped(work, state_dir, estimates, since, asked, asked_name)
+    if end is not None:
+        with open(log_path, "a") as log:
+            log.write(end + "\n")
+        if held is not None:
+            with contextlib.suppress(OSError):
+                os.write(held, ("\r\x1b[K" + end + "\n").encode())
+    if held is not None:
+        os.close(held)
     learn(state_dir, estimates, since)
     return 0
+
+
+def _held(path: str) -> int | None:
+    try:
+        return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError:
+        return None
 
 
 def learn(state_dir: str, estimates: dict, since: float) -> None:

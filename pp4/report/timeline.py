@@ -15,7 +15,7 @@ import attrs
 from pp4 import ninjarun
 from pp4.build import config as buildconfig
 from pp4.build import events
-from pp4.sizes import human_duration
+from pp4.sizes import counted, human_duration
 
 # Targets that report on a build rather than build: a run of only these is not "the last build".
 REPORTING = {"report", "certify", "wheel-built"}
@@ -180,12 +180,12 @@ def summary(steps: list[Step], path: list[Step]) -> str:
     longest = max(path, key=lambda s: s.seconds) if path else None
     # A compile kept out of the store is compiled again by every build: say so where it is seen.
     unstored = [s for s in compiled if s.not_stored]
-    return (f"pp4: last build: {len(steps)} edges in {human_duration(wall)}; compiled {len(compiled)}"
+    return (f"pp4: last build: {counted(len(steps), 'edge')} in {human_duration(wall)}; compiled {len(compiled)}"
             + (f" ({human_duration(cpu)} of CPU)" if compiled else "")
             + (f", {len(unstored)} of them not stored (first, {unstored[0].output}: {unstored[0].not_stored[:160]})"
                if unstored else "")
             + f", restored {restored['local']} from the local store and {restored['remote']} from the remote one; "
-            + f"critical path {len(path)} edges, {human_duration(sum(s.seconds for s in path))}"
+            + f"critical path {counted(len(path), 'edge')}, {human_duration(sum(s.seconds for s in path))}"
             + (f" (longest: {longest.output}, {human_duration(longest.seconds)})" if longest else ""))
 
 

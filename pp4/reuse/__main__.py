@@ -6,6 +6,8 @@
     python -m pp4.reuse --recheck CONFIG ACTIONS STAMP                    before ninja decides: outputs whose
                                                                           observations no longer hold
                                                                           (pp4/reuse/recheck.py)
+    python -m pp4.reuse why OBJECT                                        why an object was compiled, not
+                                                                          restored (pp4/reuse/why.py)
 """
 
 from __future__ import annotations
@@ -31,6 +33,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str]) -> int:
+    if argv and argv[0] == "why":
+        from pp4.reuse import why
+
+        return why.main(argv[1:])
     if argv and argv[0] == "--recheck" and len(argv) == 4:
         from pp4.reuse import recheck
 

@@ -10,6 +10,7 @@ import json
 import time
 from pathlib import Path
 
+from pp4 import ninjarun
 from pp4.execution import depfile
 from pp4.execution.root import Root
 from pp4.build import events
@@ -46,6 +47,7 @@ def prepass(cfg: ReuseConfig, actions_file: Path, stamp: Path, on_miss=None, aft
             continue  # ninja decides about existing objects; their edges run the full wrapper
         missing.append(reuser.action(args, doc["env"]))
     checked = len(missing)
+    checked_actions = list(missing)
     # The local store first, each compile on its own; then what the remote tier holds for the rest,
     # all of them at once in a few round trips (pp4/store/front.py: prefetch), and the local store
     # again, which now holds it.
@@ -106,8 +108,22 @@ def prepass(cfg: ReuseConfig, actions_file: Path, stamp: Path, on_miss=None, aft
         # so that the build's last line, which it writes, counts the whole prepass)
         after(reuser, planned, put, t0, {tier: sum(e.tier == tier for e in hits) for tier in ("local", "remote")})
     if checked:
-        remote = sum(e.tier == "remote" for e in hits)
-        print(f"pp4.reuse: {restored} of {checked} missing objects restored from the store"
-              + (f" ({remote} from the remote store)" if remote else "")
-              + f" in {time.monotonic() - t0:.2f} s ({cpu:.2f} CPU-s)")
+        print(restored_line([a.args.output for a in checked_actions], put, hits, planned,
+                            f" in {time.monotonic() - t0:.2f} s ({cpu:.2f} CPU-s)"))
     return 0
+
+
+def restored_line(checked: list[str], put: set[str], hits: list[events.CompileEvent], planned: dict,
+                  took: str) -> str:
+    """What the prepass restored, counted among the objects the targets ninja was asked for need
+    (all of the build's missing ones are looked up: a later `ninja` finds them in place)."""
+    asked, name = ninjarun.asked_objects(ninjarun.requested_targets(), planned)
+    remote = sum(e.tier == "remote" for e in hits if asked is None or e.output in asked)
+    mine = [o for o in checked if asked is None or o in asked]
+    others = len(checked) - len(mine)
+    text = (f"pp4.reuse: {len(put.intersection(mine))} of {len(mine)} missing objects"
+            + (f" of {name}" if asked is not None else "") + " restored from the store"
+            + (f" ({remote} from the remote store)" if remote else "") + took)
+    if others:
+        text += f"; {len(put) - len(put.intersection(mine))} of {others} of other targets too"
+    return text

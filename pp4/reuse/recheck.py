@@ -15,6 +15,9 @@ edge, rebuilds exactly those and what uses them. Then it writes the quick check'
 identity of every path the outputs observed to be there, the folders where what they found absent
 would appear (the deepest existing folder of each; every folder they listed, or read a file or link
 in), the outputs, config and actions.
+The trust list is in the table too (the revoked keys' file, the trusted keys' folder): an object
+restored from an entry whose signers the build no longer trusts enough is removed the same way
+(no_longer_vouched); one this builder compiled stays.
 
 The stamp is made once and never rewritten (restat): build.ninja does not depend on it, so the
 check never makes configure run. When ninja was started to audit or report (`ninja certify`,
@@ -35,7 +38,7 @@ from pp4 import statedir
 from pp4.reuse import quickcheck
 
 # Targets that build nothing: a run that asked only for them leaves every output in place.
-READ_ONLY_TARGETS = {"certify", "report", "wheel-built", "compdb", "compile_commands.json"}
+READ_ONLY_TARGETS = {"certify", "report", "explain", "wheel-built", "compdb", "compile_commands.json"}
 
 
 def nothing_built(config_file: Path, actions_file: Path, stamp: Path) -> bool:
@@ -102,6 +105,10 @@ def recheck(cfg, actions_file: Path, stamp: Path) -> int:
                 changed = pathstates.differences(pairs, to_real, states)
                 stale.append((out, changed[0] if changed else "an observation no longer holds"))
                 break
+    gone = {out for out, _ in stale}
+    stale += no_longer_vouched(cfg, known, [a["output"] for a in doc["actions"]
+                                            if a["output"] not in gone and os.path.exists(a["output"])])
+    watched.update(_trust_files())
     for module in outputs[len(doc["actions"]):]:
         record = modules.read_link(cfg.state_dir, module)
         if record is None or not os.path.exists(module) or record.not_observed:
@@ -162,6 +169,45 @@ def _write_identities(stamp: Path, identities: dict[str, bool], watched: set[str
     for path in (*outputs, *map(str, documents)):
         table[os.path.abspath(path)] = True
     quickcheck.write_table(stamp, table, known, since_ns)
+
+
+def no_longer_vouched(cfg, known, outputs: list[str]) -> list[tuple[str, str]]:
+    """The objects restored from the store whose entry's signers this build trusts now are fewer than
+    it requires (a key revoked, or taken off the trust list, since): (output, why). An object this
+    builder compiled is its own and stays; a trust list that cannot be read leaves all in place
+    (the lookups say why)."""
+    from pp4.store import signing
+
+    try:
+        trust = signing.build_trust(cfg.trust)
+    except signing.SigningKeyError:
+        return []
+    found = []
+    for out in outputs:
+        ev = known.get(out)
+        if ev is None or ev.status != "reused":
+            continue
+        signers = {signing.raw_signer(s.get("signer")): s.get("signer") for s in ev.signatures if isinstance(s, dict)}
+        still = [raw for raw in signers if raw in trust.keys]
+        if len(still) < trust.require:
+            lost = [trust.label(text) for raw, text in signers.items() if raw not in trust.keys]
+            found.append((out, f"restored from an entry signed by {', '.join(lost) or 'nobody'}, no longer trusted "
+                               f"({len(still)} trusted signer(s) left, {trust.require} required)"))
+    return found
+
+
+def _trust_files() -> set[str]:
+    """What the trust list is read from, in the quick check's table so that a key revoked or taken
+    off the list makes the full check run: the revoked keys' file and the trusted keys' folder, or
+    the folder above where either is yet to be made (making it moves that folder's ctime)."""
+    from pp4.store import signing
+
+    found = set()
+    for path in (signing.revoked_file(), signing.trusted_folder()):
+        while not path.exists() and path != path.parent:
+            path = path.parent
+        found.add(str(path))
+    return found
 
 
 def _output_folders(outputs: list[str]) -> set[str]:

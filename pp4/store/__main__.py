@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from pp4 import interrupt
-from pp4.sizes import human_bytes, parse_size
+from pp4.sizes import counted, human_bytes, parse_size
 from pp4.store import packs
 from pp4.store.layout import SETS_FOLDER
 from pp4.store.local import Store, default_store_dir
@@ -198,7 +198,8 @@ def format_gc(result: GcResult) -> str:
         [
             f"gc {result.root}: {human_bytes(result.bytes_before)} -> {human_bytes(result.bytes_after)} "
             f"(target {human_bytes(result.bound)})",
-            f"  evicted {result.records_evicted} least-recently-used action records and {result.objects_evicted} objects",
+            f"  evicted {result.records_evicted} least-recently-used action records and "
+            f"{counted(result.objects_evicted, 'object')}",
             f"  removed {result.invalid_records_removed} invalid records, {result.orphan_objects_removed} orphaned objects, "
             f"{result.tmp_files_removed} stale staging files",
             f"  removed {result.manifest_entries_removed} manifest entries of evicted actions, "

@@ -103,7 +103,7 @@ def default_max_bytes() -> int:
     try:
         return parse_size(raw)
     except ValueError as exc:
-        raise StoreError(f"PP4_STORE_MAX_BYTES={raw!r} is not a size: {exc}") from None
+        raise StoreError(f"PP4_STORE_MAX_BYTES: {exc}") from None
 
 
 # ---------------------------------------------------------------- small file helpers

@@ -564,6 +564,14 @@ def load_trust(extra: list | None = None, require: int = 1, own: PublicKey | Non
     return Trust(trusted, revoked, disputed, max(1, int(require)))
 
 
+def build_trust(settings: dict) -> Trust:
+    """A build's trust list from its configuration's trust settings (pp4.json's "trust": configure's
+    --trust keys and --require-signers, its signing key, whose public key beside it is on the list):
+    what its check before ninja and its audit judge restored entries by, as its restores did."""
+    return load_trust(settings.get("keys"), settings.get("require_signers", 1),
+                      read_own_public(settings.get("signing_key")))
+
+
 def read_revoked() -> dict:
     """The revoked file: raw key -> PublicKey, each line `BASE64 [name]` (checked like a key file)."""
     path = revoked_file()

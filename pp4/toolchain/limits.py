@@ -54,3 +54,28 @@ def parse_cpu_list(text: str) -> tuple[int, ...]:
     if not cpus:
         raise ValueError(f"{text!r} names no CPU")
     return tuple(sorted(cpus))
+
+
+def cpu_text(cpus) -> str:
+    """(0, 1, 2, 3, 8) -> "0-3,8": parse_cpu_list's notation."""
+    cpus = sorted(cpus)
+    runs, start = [], None
+    for i, c in enumerate(cpus):
+        if start is None:
+            start = c
+        if i + 1 == len(cpus) or cpus[i + 1] != c + 1:
+            runs.append(f"{start}-{c}" if start != c else f"{c}")
+            start = None
+    return ",".join(runs)
+
+
+def cpus_not_allowed(cpus, allowed) -> str | None:
+    """Why a process allowed on `allowed` cannot be held to `cpus`, with the fix; None when it can.
+    A CPU outside the allowed set (not on this machine, or outside the cgroup's cpuset) makes the
+    kernel refuse sched_setaffinity, or quietly narrows it: either way not what --cpus asked."""
+    outside = sorted(set(cpus) - set(allowed))
+    if not outside:
+        return None
+    return (f"--cpus {cpu_text(cpus)}: CPU(s) {cpu_text(outside)} are not among those this machine lets pp4 run on "
+            f"({cpu_text(allowed)}); re-run configure with --cpus within {cpu_text(allowed)}, or without --cpus "
+            "to use them all")

@@ -22,7 +22,7 @@ class FolderStorage:
         self.root = Path(root).expanduser().absolute()
         if not self.root.is_dir():
             raise RemoteUnavailable(f"remote store folder {self.root} does not exist or is not a folder "
-                                    "(create it, or mount the shared file system there)")
+                                    "(create it, mount the shared file system there, or fix the URL)")
 
     def describe(self) -> str:
         return f"file://{self.root}"
