@@ -215,7 +215,7 @@ def test_revoking_a_key_rebuilds_what_only_it_vouched_for(tmp_path, toolchain):
     assert statuses(work) == {"a.cpp.o": "compiled", "b.cpp.o": "compiled"}
     assert (work / "build/pp4_tiny/obj/b.cpp.o").stat().st_ino == b_before.st_ino  # his own object stayed
     assert "audit passed" in ninja(work, "certify", env=bob).stdout
-    assert ninja(work, env=bob).stdout.strip() == "ninja: no work to do."
+    assert ninja(work, env=bob).stdout.strip().splitlines()[-1] == "ninja: no work to do."
 
 
 def test_the_picture_names_every_row_and_what_each_grey_bar_did():

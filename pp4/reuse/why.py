@@ -26,6 +26,7 @@ from pp4.build import events
 from pp4.build.config import BuildFolderError, ReuseConfig
 from pp4.reuse import actionkey
 from pp4.reuse.wrapper import Reuser, manifest_key
+from pp4.store import signing
 from pp4.store.records import ActionRecord, InvalidRecord, decode_record_file
 
 
@@ -35,14 +36,16 @@ def when(created: float) -> str:
 
 def labels(reuser: Reuser, signatures) -> str:
     """Who signed, by the labels the trust list gives their keys (base64's start where it has none)."""
-    keys = dict(reuser.front.trust.keys) if reuser.front is not None and reuser.front.trust is not None else {}
-    revoked = reuser.front.trust.revoked if reuser.front is not None and reuser.front.trust is not None else ()
+    trust = reuser.front.trust if reuser.front is not None else None
     names = []
     for sig in signatures or ():
-        signer = str(sig.get("signer", "")) if isinstance(sig, dict) else ""
-        key = keys.get(signer)
-        name = key.name if key is not None and key.name else f"{signer[:12]}..."
-        names.append(name + (" (revoked)" if signer in revoked else "" if key is not None else " (not trusted)"))
+        signer = sig.get("signer", "") if isinstance(sig, dict) else ""
+        raw = signing.raw_signer(signer)
+        if trust is None:
+            names.append(f"{str(signer)[:12]}...")
+            continue
+        state = " (revoked)" if raw in trust.revoked else "" if raw in trust.keys else " (not trusted)"
+        names.append(trust.label(signer) + state)
     return ", ".join(names) or "nobody"
 
 
