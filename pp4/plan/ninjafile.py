@@ -15,6 +15,7 @@ import attrs
 from ninja import ninja_syntax
 
 from pp4 import statedir
+from pp4.build import modules as buildmodules
 from pp4.plan.modules import CompileStep, ModulePlan
 from pp4.sources.extensions import project_wheel_target
 
@@ -244,7 +245,9 @@ def render(settings: BuildSettings, rules: str, plans: list[ModulePlan],
     # (configure writes actions.json, which the check reads: not a dependency, or the two would wait
     # on each other.)
     recheck = recheck_stamp(settings.builddir)
-    _build(w, recheck, "reuse_recheck")
+    # The module that says what a link record holds: a pp4 whose records say more (the module's
+    # sha256) checks every module again once, instead of leaving the older records' modules unpinnable.
+    _build(w, recheck, "reuse_recheck", implicit=[os.path.abspath(buildmodules.__file__)])
     _build(w, ["build.ninja", *settings.generator_outputs], "configure", implicit=[*settings.generator_inputs, *listing],
            order_only=[recheck])
     # An input of configure that is gone (the sources configure unpacks into a deleted build folder,

@@ -16,6 +16,16 @@ hashed once and kept by stamp) and removes the outputs that no longer hold (and 
 markers), then ninja, which re-reads every file's state after build.ninja's edge, rebuilds exactly
 those and what uses them.
 
+Each output's own bytes are checked too (outputs_not_made): an object against the sha256 its
+compile's event keeps, a module against its link record's, a pin against the module its link made.
+A tool that writes into a module (strip, a patch, one byte) changes neither a folder nor any input
+of the link, only the module's own time, which would make ninja pin it again. So the outputs
+themselves are dependencies of the stamp as well: the check runs when one was written, finds it
+by its identity (device, inode, size, mtime, ctime; its bytes hashed only where that moved), and
+removes it, and ninja links or restores it instead of pinning what it is now. (A tool that sets
+the old mtime back is not seen before the next change; the pin's own check, the loader's, the
+wheel's and `ninja certify` still refuse the module: they compare bytes.)
+
 The stamp is made once and never rewritten (restat): build.ninja does not depend on it, so the
 check never makes configure run. The build folder itself, where ninja keeps its lock, is not
 watched; nor is pp4's state folder. When ninja was started to audit or report (`ninja certify`,
@@ -110,6 +120,12 @@ def recheck(cfg, actions_file: Path, stamp: Path) -> int:
         if not pathstates.holds(record.observations, to_real, states):
             changed = pathstates.differences(record.observations, to_real, states)
             stale.append((module, changed[0] if changed else "an observation no longer holds"))
+    not_made, present = outputs_not_made(cfg.state_dir, doc["actions"], outputs[len(doc["actions"]):], known, hasher)
+    stale += [s for s in not_made if s[0] not in {out for out, _ in stale}]
+    # By their real paths: ninja knows them by build.ninja's relative names as outputs of the edges
+    # that wait for this check, and the same names here would be a cycle; another name is a node
+    # with no edge, whose time ninja reads as it reads a folder's.
+    watched.update(os.path.realpath(p) for p in present)
     hasher.save()
     _write_watched(stamp, watched, cfg.builddir())
     if stale:
@@ -128,6 +144,45 @@ def recheck(cfg, actions_file: Path, stamp: Path) -> int:
         stamp.write_text(json.dumps({"checked": checked, "seconds": round(time.monotonic() - t0, 3),
                                      "cpu_seconds": round(time.process_time() - cpu0, 3)}) + "\n")
     return 0
+
+
+def outputs_not_made(state_dir: str, actions: list[dict], module_outputs: list[str], known, hasher
+                     ) -> tuple[list[tuple[str, str]], list[str]]:
+    """([(output, why)] for every output whose bytes are not what made it, [every output there]):
+    an object against its event's sha256 (through hasher, which answers an unchanged file by its
+    identity), a module against its link record (a module with none is not known to be its
+    link's), a pin against its link record's sha256. Only outputs that exist: a missing one is
+    ninja's business."""
+    stale, present = [], []
+    for action in actions:
+        out = action["output"]
+        try:
+            st = os.stat(out)
+        except OSError:
+            continue
+        present.append(out)
+        ev = known.get(out)
+        if ev is not None and hasher.sha256(out, st) != ev.object_sha256:
+            stale.append((out, f"its bytes are not what its compile made (sha256 {ev.object_sha256[:16]}...)"))
+    for module in module_outputs:
+        if not os.path.exists(module):
+            continue
+        present.append(module)
+        record = modules.read_link(state_dir, module)
+        why = "no link record says what its link made" if record is None or not record.sha256 else record.made(module)
+        if why is not None:
+            stale.append((module, why))
+        pin = str(modules.pin_path_for(module))
+        try:
+            pinned = json.loads(Path(pin).read_text()).get("sha256")
+        except FileNotFoundError:
+            continue
+        except (OSError, ValueError, AttributeError):
+            pinned = None
+        present.append(pin)
+        if record is not None and pinned != record.sha256:
+            stale.append((pin, "it does not pin the module its link made"))
+    return stale, present
 
 
 def _output_folders(outputs: list[str]) -> set[str]:
