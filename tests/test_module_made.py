@@ -161,3 +161,24 @@ def test_an_evicted_entry_is_a_note_and_a_changed_object_still_fails(built):
     assert "AUDIT FAILED" in out and str(obj.relative_to(work)) in out, out
     ninja(work)  # compiled again (its entry is gone): the audit passes again
     assert "audit passed" in ninja(work, "certify")
+
+
+def test_a_certificate_rewritten_after_the_build_is_written_again(built):
+    """A certificate written over with something else (valid gzip, valid JSON, one object's sha256
+    changed): `ninja certify` fails on it, the next `ninja` writes it again. (Written in place: one
+    renamed into the build folder with its old time is not seen by `ninja`, which does not watch the
+    build folder, where it keeps its own files; the audit still fails on it.)"""
+    import gzip
+
+    work = built[0]
+    ninja(work)
+    cert = work / "build" / "certificate.json.gz"
+    doc = json.loads(gzip.decompress(cert.read_bytes()))
+    doc["objects"][0]["object_sha256"] = "0" * 64
+    cert.write_bytes(gzip.compress(json.dumps(doc).encode()))
+    out = ninja(work, "certify", ok=False)
+    assert "AUDIT FAILED" in out and "certificate" in out, out
+    out = ninja(work)
+    assert "certificate.json.gz" in out and "no longer match what made them" in out, out
+    assert json.loads(gzip.decompress(cert.read_bytes()))["objects"][0]["object_sha256"] != "0" * 64
+    assert "audit passed" in ninja(work, "certify")

@@ -17,7 +17,8 @@ markers), then ninja, which re-reads every file's state after build.ninja's edge
 those and what uses them.
 
 Each output's own bytes are checked too (outputs_not_made): an object against the sha256 its
-compile's event keeps, a module against its link record's, a pin against the module its link made.
+compile's event keeps, a module against its link record's, a pin against the module its link made,
+the certificate against its build record.
 A tool that writes into a module (strip, a patch, one byte) changes neither a folder nor any input
 of the link, only the module's own time, which would make ninja pin it again. So the outputs
 themselves are dependencies of the stamp as well: the check runs when one was written, finds it
@@ -120,7 +121,8 @@ def recheck(cfg, actions_file: Path, stamp: Path) -> int:
         if not pathstates.holds(record.observations, to_real, states):
             changed = pathstates.differences(record.observations, to_real, states)
             stale.append((module, changed[0] if changed else "an observation no longer holds"))
-    not_made, present = outputs_not_made(cfg.state_dir, doc["actions"], outputs[len(doc["actions"]):], known, hasher)
+    not_made, present = outputs_not_made(cfg.state_dir, doc["actions"], outputs[len(doc["actions"]):], known, hasher,
+                                         doc.get("certificate"))
     stale += [s for s in not_made if s[0] not in {out for out, _ in stale}]
     # By their real paths: ninja knows them by build.ninja's relative names as outputs of the edges
     # that wait for this check, and the same names here would be a cycle; another name is a node
@@ -146,13 +148,13 @@ def recheck(cfg, actions_file: Path, stamp: Path) -> int:
     return 0
 
 
-def outputs_not_made(state_dir: str, actions: list[dict], module_outputs: list[str], known, hasher
-                     ) -> tuple[list[tuple[str, str]], list[str]]:
+def outputs_not_made(state_dir: str, actions: list[dict], module_outputs: list[str], known, hasher,
+                     certificate: str | None = None) -> tuple[list[tuple[str, str]], list[str]]:
     """([(output, why)] for every output whose bytes are not what made it, [every output there]):
     an object against its event's sha256 (through hasher, which answers an unchanged file by its
     identity), a module against its link record (a module with none is not known to be its
-    link's), a pin against its link record's sha256. Only outputs that exist: a missing one is
-    ninja's business."""
+    link's), a pin against its link record's sha256, the certificate against the hash its build
+    record names. Only outputs that exist: a missing one is ninja's business."""
     stale, present = [], []
     for action in actions:
         out = action["output"]
@@ -182,7 +184,29 @@ def outputs_not_made(state_dir: str, actions: list[dict], module_outputs: list[s
         present.append(pin)
         if record is not None and pinned != record.sha256:
             stale.append((pin, "it does not pin the module its link made"))
+    if certificate and os.path.exists(certificate):
+        present.append(certificate)
+        why = _certificate_unlike_its_record(Path(certificate))
+        if why is not None:
+            stale.append((certificate, why))
     return stale, present
+
+
+def _certificate_unlike_its_record(cert: Path) -> str | None:
+    """Why the certificate is not the one its build record names (pp4/certify/certificate.py writes
+    both: build-record.json beside it, naming the sha256 of its uncompressed JSON), or None."""
+    import gzip
+    import hashlib
+
+    try:
+        named = json.loads(cert.with_name("build-record.json").read_text())["certificate"]["sha256"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return "no build record names it"
+    try:
+        digest = hashlib.sha256(gzip.decompress(cert.read_bytes())).hexdigest()
+    except (OSError, EOFError, ValueError) as e:  # gzip.BadGzipFile is an OSError
+        return f"it cannot be read ({e})"
+    return None if digest == named else f"its sha256 is {digest}, its build record names {named}"
 
 
 def _output_folders(outputs: list[str]) -> set[str]:
