@@ -70,7 +70,8 @@ def build(tmp_path_factory, toolchain) -> Path:
         module.write_bytes(b"".join(o.read_bytes() for o in objs))
         depfile.write(str(module) + ".d", str(module), [str(o) for o in objs])  # as the link does
         modules.write_link(state, modules.LinkRecord(str(module), ("c++", "-shared"), None,
-                                          sorted([str(o), reuser.states.state(str(o))] for o in objs), None))
+                                                     sorted([str(o), reuser.states.state(str(o))] for o in objs), None,
+                                                     None, *modules.module_made(module)))
         modules.write_plan(build, modules.PlanRecord(
             target=target, module=module.stem, root=str(root),
             sources=[a["source"] for a in actions if a["target"] == target], objects=[str(o) for o in objs],

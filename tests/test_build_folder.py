@@ -60,15 +60,18 @@ def test_a_module_s_records_are_typed_documents_of_the_build_folder(tmp_path):
 
     state = tmp_path / ".pp4"
     record = modules.LinkRecord("/w/build/t/pp4_t.so", ("c++", "-shared"), None, [["/w/a.o", "ab" * 32]], None,
-                                {"action_key": "k"})
+                                {"action_key": "k"}, "cd" * 32, [1, 2, 3, 4, 5])
     modules.write_link(state, record)
     path = modules.link_path(state, record.output)
-    assert path.read_text() == json.dumps({"output": record.output, "command": ["c++", "-shared"], "mounts": None,
-                                           "observations": [["/w/a.o", "ab" * 32]], "not_observed": None,
-                                           "reuse": {"action_key": "k"}}, sort_keys=True)
+    doc = {"output": record.output, "command": ["c++", "-shared"], "mounts": None,
+           "observations": [["/w/a.o", "ab" * 32]], "not_observed": None, "reuse": {"action_key": "k"}}
+    assert path.read_text() == json.dumps({**doc, "format": 2, "sha256": "cd" * 32, "identity": [1, 2, 3, 4, 5]},
+                                          sort_keys=True)
     assert modules.read_link(state, record.output) == record
-    path.write_text(json.dumps({**json.loads(path.read_text()), "format": 2}))
-    assert modules.read_link(state, record.output) is None  # another pp4's: as none, never misread
+    # format 1 (what every pp4 before wrote: no format, no sha256) and a later one: as none, never misread
+    for other in (doc, {**json.loads(path.read_text()), "format": 3}):
+        path.write_text(json.dumps(other))
+        assert modules.read_link(state, record.output) is None
 
 
 def test_the_last_build_is_the_run_the_marks_say(tmp_path):

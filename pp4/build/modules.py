@@ -2,16 +2,21 @@
 and what its link observed (`build/.pp4/links/<module>.json`). Their writers and readers go through
 here, typed, instead of reading keys of each other's dicts.
 
-Both documents are at format 1, which has no "format" key (every pp4 before the build folder had an
-owner wrote them so; their bytes are unchanged). A later format writes its number, and a reader
+The plan is at format 1, which has no "format" key (every pp4 before the build folder had an
+owner wrote it so; its bytes are unchanged). The link record is at format 2: format 1 (no "format"
+key) did not say what the link made; 2 adds "format", the module's "sha256" as the link wrote or the
+store restored it, and its file's "identity" then (dev, inode, size, mtime_ns, ctime_ns: a check that
+finds it unchanged need not hash). A later format writes its number, and a reader
 refuses a record of another format as config.py refuses a pp4.json: a plan with what to do (re-run
-configure, which writes it), a link record by reading as none (the certificate then says the module
-was linked by another pp4, the check before ninja decides leaves it to ninja's file times).
+configure, which writes it), a link record by reading as none: nothing then says what the link made,
+so the check before ninja decides removes the module and ninja links it again, and its pin is not
+written (pp4/certify/pin.py).
 
     plan.json   {"target", "module", "root", "sources", "objects", "output", "output_abs",
                  "cuda_flags", "cxx_flags", "link_flags", "toolchain": {"prefix", "key", "pinned",
                  "files"}, "provenance"}
-    links/*.json {"output", "command", "mounts", "observations", "not_observed", "reuse"}
+    links/*.json {"format": 2, "output", "command", "mounts", "observations", "not_observed", "reuse",
+                  "sha256", "identity"}
 """
 
 from __future__ import annotations
@@ -24,11 +29,11 @@ import attrs
 
 from pp4 import statedir
 from pp4.build.config import BuildFolderError
-from pp4.files import write_if_changed, write_whole
+from pp4.files import sha256_fd, write_if_changed, write_whole
 
 PLAN = "plan.json"
 PLAN_FORMAT = 1  # 1: no "format" key
-LINK_FORMAT = 1  # 1: no "format" key
+LINK_FORMAT = 2  # 1: no "format" key; 2: "format", "sha256", "identity"
 
 
 def _format(doc: dict) -> int:
@@ -111,6 +116,49 @@ class LinkRecord:
     # {"action_key", "tier", "signers"} when the module was restored from the store, not linked;
     # {"action_key"} alone when this link was stored under it
     reuse: dict | None = attrs.field(default=None, hash=False)
+    sha256: str | None = None  # the module's, as the link made it (None: not read, a record of no module)
+    identity: list | None = attrs.field(default=None, hash=False)  # file_identity() of the module then
+
+    def made(self, path: str | Path) -> str | None:
+        """Why the file at path is not the module this link made (None: it is). Its identity first:
+        the same file unwritten since, which needs no hashing; its bytes only where that moved (a
+        copy, a touch, a write in place all move ctime, which no tool can set back)."""
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+        except OSError as e:
+            return f"it cannot be read ({e.strerror})"
+        try:
+            st = os.fstat(fd)
+            if self.identity is not None and list(identity_of(st)) == list(self.identity):
+                return None
+            sha = sha256_fd(fd, st.st_size)
+        finally:
+            os.close(fd)
+        return None if sha == self.sha256 else f"its sha256 is {sha}, its link made {self.sha256}"
+
+
+def identity_of(st: os.stat_result) -> tuple[int, int, int, int, int]:
+    """What says a file is unwritten since: device, inode, size, mtime and ctime, as FileHasher keys files."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def module_made(path: str | Path) -> tuple[str, list]:
+    """(sha256, identity) of a module just written: the link record keeps both."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        sha = sha256_fd(fd, st.st_size)
+        if identity_of(os.fstat(fd)) != identity_of(st):  # written while read: hash says nothing, identity neither
+            return sha, None
+        return sha, list(identity_of(st))
+    finally:
+        os.close(fd)
+
+
+def pin_path_for(module: str | Path) -> Path:
+    """A module's pin file (pp4/certify/pin.py writes it)."""
+    module = Path(module)
+    return module.with_name(module.name + ".pin.json")
 
 
 def link_path(state_dir: str | Path, output: str) -> Path:
@@ -124,10 +172,11 @@ def read_link(state_dir: str | Path, output: str) -> LinkRecord | None:
         if _format(doc) != LINK_FORMAT:
             return None
         return LinkRecord(doc["output"], doc["command"], doc["mounts"], doc["observations"], doc.get("not_observed"),
-                          doc.get("reuse"))
+                          doc.get("reuse"), doc["sha256"], doc.get("identity"))
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
 
 
 def write_link(state_dir: str | Path, record: LinkRecord) -> None:
-    write_whole(link_path(state_dir, record.output), json.dumps(attrs.asdict(record), sort_keys=True))
+    write_whole(link_path(state_dir, record.output),
+                json.dumps({"format": LINK_FORMAT, **attrs.asdict(record)}, sort_keys=True))

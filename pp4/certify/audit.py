@@ -5,10 +5,13 @@
 Rechecks the certificate's hash against the build record, and for every object that compiling it
 now would still give it: its sha256, and every observation its compile made (each path its
 processes opened, looked for, listed or ran, with the state found there: pp4/reuse/pathstates.py)
-against the machine now; each object's action against the store; every module against its pin and
-the build record. It compiles nothing. --recompile N compiles N reused objects again from their
-command, in the fixed execution root, and compares them with the stored object byte for byte, with
-nothing masked. Exits non-zero on any mismatch.
+against the machine now, and its entry's signatures as the certificate keeps them; every module
+against what its link made, its pin and the build record. The build is judged by its own
+certificate: the store is a cross-check, and an entry it no longer holds (evicted by gc) is a note,
+not a failure; an entry it holds for another object fails. It compiles nothing. --recompile N
+compiles N reused objects again from their command, in the fixed execution root, and compares them
+with the stored object byte for byte, with nothing masked (it needs the store). Exits non-zero on
+any mismatch.
 
 --invalidate removes every object and module the audit found out of date, so that the next `ninja`
 rebuilds exactly those (and links what uses them): the repair when an input changed in a way
@@ -62,6 +65,7 @@ class Audit:
         self.hasher = FileHasher()
         self.states = pathstates.States(self.hasher)
         self.failures: list[str] = []
+        self.notes: list[str] = []
         self.per_object: list[tuple[str, str, str]] = []
         self.stale: list[str] = []  # outputs that compiling now would not give: --invalidate removes them
         self.unvouched: list[str] = []  # restored objects whose entry's signers are no longer trusted enough
@@ -69,6 +73,10 @@ class Audit:
 
     def fail(self, what: str) -> None:
         self.failures.append(what)
+
+    def note(self, what: str) -> None:
+        """Said, not failed: what the audit could not cross-check beyond the certificate."""
+        self.notes.append(what)
 
     def check_record(self) -> None:
         """The build record names this certificate, and every module is the one both name."""
@@ -90,6 +98,14 @@ class Audit:
             sha = self.hasher.sha256(str(module))
             if sha != m["sha256"] or by_target.get(m["target"], {}).get("sha256") != m["sha256"]:
                 self.fail(f"module {module}: sha256 {sha} differs from the certificate/build record ({m['sha256']})")
+                self.stale.append(str(module))
+                continue
+            if m.get("link_sha256") != m["sha256"]:
+                self.fail(f"module {module}: sha256 {m['sha256']} is not what its link made "
+                          f"({m['link_sha256']}), as the certificate says: run ninja: it relinks or restores it"
+                          if m.get("link_sha256") else
+                          f"module {module}: the certificate (format {self.doc.get('format')}) does not say what "
+                          "its link made: run ninja: it relinks the module and writes the certificate again")
                 self.stale.append(str(module))
                 continue
             try:
@@ -143,14 +159,19 @@ class Audit:
                         problems.append(f"and {len(changed) - 5} more observations")
             if problems:
                 self.stale.append(obj["output"])
+            # The object is judged by the certificate (its bytes, its observations, its entry's
+            # signatures as the certificate keeps them); the store only adds a cross-check, and an
+            # entry it no longer holds (gc evicts by size) or a store that cannot be read is a note.
             if self.store is None and self.store_problem and obj.get("action_key"):
-                problems.append(f"action {obj['action_key'][:16]} cannot be checked: {self.store_problem}")
+                self.note(f"{obj['output']}: action {obj['action_key'][:16]} not compared with the store: "
+                          f"{self.store_problem}")
             problems += self.check_signatures(obj)
             if self.store is not None and obj.get("action_key"):
                 record = self.store.lookup(obj["action_key"])
                 if record is None:
-                    problems.append(f"action {obj['action_key'][:16]} is not in the store {self.store.root}"
-                                    if obj["status"] == "reused" else None)
+                    if obj["status"] == "reused":
+                        self.note(f"{obj['output']}: action {obj['action_key'][:16]} is no longer in the store "
+                                  f"{self.store.root} (evicted since?); judged by the certificate alone")
                 elif record.object_sha256 != obj["object_sha256"]:
                     problems.append(f"the store's object for action {obj['action_key'][:16]} has sha256 "
                                     f"{record.object_sha256}, certificate says {obj['object_sha256']}")
@@ -304,6 +325,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {status:8} {out}  {detail}")
     for line in lines:
         print(line)
+    for n in audit.notes[:20]:
+        print(f"  note: {n}")
+    if len(audit.notes) > 20:
+        print(f"  note: and {len(audit.notes) - 20} more")
     if args.invalidate:
         removed = audit.invalidate()
         for out in removed:

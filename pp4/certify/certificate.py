@@ -12,6 +12,11 @@ Each module lists what its link observed (the objects, libraries as the linker r
 where it looked for them and found nothing, linker scripts, the linker's programs) with their
 states, and the root's mounts to read them with.
 Its hash is the sha256 of the uncompressed JSON.
+
+Format 5 (FORMAT). 4 -> 5: each module carries "link_sha256", the module's sha256 as its link made
+it (its link record's), so that `ninja certify` judges the module by the certificate alone; each
+object already carries its entry's signatures and the payload they cover, so nothing the audit
+asks of the store is needed to pass it (an entry gc evicted since is a note).
 Beside it, build-record.json names every built module's sha256, the compiler wheels' hashes, each
 source tree's hash and the certificate's hash.
 """
@@ -37,6 +42,9 @@ from pp4.execution.root import Root
 from pp4.build import events
 from pp4.build import modules as buildmodules
 from pp4.reuse import inputsets
+
+
+FORMAT = 5  # see the module's docstring for what each format added
 
 
 class CertificateError(Exception):
@@ -121,7 +129,7 @@ def document(config_path: Path, actions_path: Path, builddir: Path, targets: set
                                     f"{sets_dir}: rebuild it (delete the object first)")
     if problems:
         raise CertificateError("cannot certify this build:\n  " + "\n  ".join(problems))
-    return {"format": 4, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    return {"format": FORMAT, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "objects": objects, "input_sets": sets, "modules": _modules(actions, builddir, state_dir)}
 
 
@@ -214,6 +222,8 @@ def _modules(actions: list[dict], builddir: Path, state_dir: str) -> list[dict]:
                     "link_inputs": sorted(record.observations) if record is not None else None,
                     "link_mounts": record.mounts if record is not None else None,
                     "link_not_observed": record.not_observed if record is not None else None,
+                    # what the link made (pin.check above has held the module and its pin to it)
+                    "link_sha256": record.sha256 if record is not None else None,
                     # {"action_key", "tier", "signers"} where the module was restored from the store
                     # instead of linked (pp4/reuse/link.py); {"action_key"} where this link was stored
                     "link_reuse": record.reuse if record is not None else None})

@@ -4,6 +4,12 @@ A pin file (<module>.pin.json, written by the build after the link) holds the mo
 source key: the hash of every source and header of the extension's tree, its flags and the
 toolchain's identity. pp4.certify.loader refuses a module whose bytes or sources no longer match its pin.
 
+A pin is written only for the module its link made: the module's sha256 must be the one its link
+record keeps (build/.pp4/links/, pp4/build/modules.py), or the pin edge fails and names the file. A
+module changed after its link (stripped, patched, written into) is never pinned again: the check
+before ninja decides removes it, and ninja links or restores it. check() holds the pin to the
+link record too, so a pin written by hand for a changed module is refused where it is loaded.
+
     python -m pp4.certify.pin write --plan build/p2p/plan.json --module build/p2p/pp4_p2p....so --out ....pin.json
     python -m pp4.certify.pin check build/p2p/pp4_p2p....so
 """
@@ -18,7 +24,7 @@ from pathlib import Path
 
 from pp4 import interrupt, statedir
 from pp4.build.config import BuildFolderError
-from pp4.build.modules import PlanRecord, load_plan_file
+from pp4.build.modules import PlanRecord, load_plan_file, pin_path_for  # noqa: F401  (pin_path_for: pin's name too)
 from pp4.files import sha256_file, write_if_changed
 from pp4.paths import SOURCE_SUFFIXES
 
@@ -57,16 +63,30 @@ def source_key(plan: PlanRecord) -> str:
     return tree_hashes(plan, with_tree=False)[0]
 
 
-def pin_path_for(module: Path) -> Path:
-    return module.with_name(module.name + ".pin.json")
+def linked_sha256(plan_path: Path, plan: PlanRecord) -> str:
+    """The sha256 the module's link record keeps; PinError where there is none (a module linked by
+    another pp4, or whose record is gone)."""
+    from pp4.build.modules import link_path, read_link
+
+    state_dir = statedir.of_build(Path(plan_path).absolute().parent.parent)  # build/<target>/plan.json
+    record = read_link(state_dir, plan.output_abs)
+    if record is None or not record.sha256:
+        raise PinError(f"{plan.output_abs} has no link record of this pp4 ({link_path(state_dir, plan.output_abs)}), "
+                       "so nothing says what its link made: run ninja: it relinks or restores it")
+    return record.sha256
 
 
 def write(plan_path: Path, module: Path, out: Path) -> dict:
     plan = _plan(plan_path)
+    sha = sha256_file(module)
+    linked = linked_sha256(plan_path, plan)
+    if sha != linked:
+        raise PinError(f"{module} has sha256 {sha}, but its link made {linked}: it was changed after it was "
+                       "linked and is not pinned again: run ninja: it relinks or restores it")
     pin = {
         "module": plan.module,
         "file": module.name,
-        "sha256": sha256_file(module),
+        "sha256": sha,
         "source_key": source_key(plan),
         "plan": str(plan_path.absolute()),
         "toolchain": plan.toolchain,
@@ -107,6 +127,11 @@ def check(module: Path | str, module_sha256: str | None = None, with_tree: bool 
             "was built. Rebuild it with ninja; do not load it."
         )
     plan = _plan(Path(pin["plan"]))
+    linked = linked_sha256(Path(pin["plan"]), plan)
+    if linked != pin["sha256"]:
+        raise PinError(f"{module} and its pin {pin_file} say sha256 {pin['sha256']}, but its link made {linked}: "
+                       "the module and its pin were changed after it was linked. Do not load it: run ninja: it "
+                       "relinks or restores it")
     key, tree = tree_hashes(plan, with_tree)
     if key != pin["source_key"]:
         raise PinError(

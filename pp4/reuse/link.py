@@ -14,9 +14,11 @@ Every file the link read (the objects, each `-l` library as the linker resolved 
 scripts, the linker's own programs) goes into the dependency file `<output>.d`, so ninja links
 again when any of them changes. Everything it observed, what it looked for and did not find
 included (a library in an earlier -L folder, a linker script), goes into its record,
-build/.pp4/links/<module>.json (pp4/build/modules.py): the certificate lists it, `ninja certify`
-checks it, and the check before every ninja run (pp4/reuse/recheck.py) links again a module whose observations no
-longer hold, which ninja's mtimes cannot show. The command runs with exactly the --env variables
+build/.pp4/links/<module>.json (pp4/build/modules.py), with the module's sha256 and file identity:
+the certificate lists it, `ninja certify` checks it, the pin is written only for the module it
+names, and the check before every ninja run (pp4/reuse/recheck.py) links again a module whose
+observations no longer hold, or whose bytes are not what the link made, which ninja's mtimes
+cannot show. The command runs with exactly the --env variables
 (pp4/toolchain/compilerenv.py).
 """
 
@@ -31,7 +33,7 @@ import attrs
 from pp4 import interrupt, paths
 from pp4.build import events
 from pp4.build.config import ReuseConfig
-from pp4.build.modules import LinkRecord, write_link
+from pp4.build.modules import LinkRecord, module_made, write_link
 from pp4.execution import depfile
 from pp4.execution.root import Root
 from pp4.execution.run import run
@@ -87,10 +89,12 @@ def main(argv: list[str] | None = None) -> int:
         inputs = {fix(os.path.abspath(a)) for a in command[1:] if os.path.isfile(a)}
         hasher = linker.reuser.hasher if linker is not None else FileHasher(paths.file_hashes())
         pairs, why = observations.from_run(ran, seen_as, pathstates.States(hasher), settled=inputs)
-        stored = linker.store(pairs, ran.seconds) if linker is not None and why is None and ran.root is not None else None
+        sha, identity = module_made(out)
+        stored = (linker.store(pairs, ran.seconds, sha) if linker is not None and why is None and ran.root is not None
+                  else None)
         hasher.save()
         write_link(state_dir, LinkRecord(os.path.abspath(out), ran.command, ran.root.mounts if ran.root else None,
-                                         pairs, why, {"action_key": stored} if stored else None))
+                                         pairs, why, {"action_key": stored} if stored else None, sha, identity))
     return 0
 
 
@@ -149,18 +153,19 @@ class Linker:
         depfile.write(self.out + ".d", self.out,
                       bodies=[reuser.sets.depfile_body(reuser.store_sets, entry.pack, sid, self.root) for sid in sids])
         pairs = [pair for sid in sids for pair in reuser.sets.load(reuser.store_sets, entry.pack, sid) or []]
+        sha, identity = module_made(out)  # after the chmod, which moves its ctime
         write_link(reuser.cfg.state_dir, LinkRecord(os.path.abspath(self.out), self.command, self.root.mounts,
                                                     sorted(pairs), None,
                                                     {"action_key": found.entry.action_key, "tier": found.tier,
-                                                     "signers": list(found.signers)}))
+                                                     "signers": list(found.signers)}, sha, identity))
         reuser.hasher.save()
         return True
 
-    def store(self, pairs: list, seconds: float) -> str | None:
-        """Keep the module under what its link observed; its action key, or None when not kept."""
+    def store(self, pairs: list, seconds: float, sha256: str) -> str | None:
+        """Keep the module (whose bytes hash to sha256) under what its link observed; its action key,
+        or None when not kept."""
         from pp4.reuse import inputsets
         from pp4.reuse.wrapper import action_key, sound_entry
-        from pp4.files import sha256_file
 
         encoded = inputsets.encode_by_folder(pairs)
         sids = sorted(encoded)
@@ -170,7 +175,7 @@ class Linker:
                    "in_root": True, "link": True, "compiled_for": {"output": os.path.abspath(self.out), "cwd": os.getcwd()},
                    "duration_s": round(seconds, 3)}
         kept = self.reuser.front.keep(self.mkey, ManifestEntry(akey, sids, pack.name), pack, self.out,
-                                      sha256_file(self.out), payload, sound=lambda e: sound_entry(self.mkey, e))
+                                      sha256, payload, sound=lambda e: sound_entry(self.mkey, e))
         return akey if kept.record is not None else None
 
 

@@ -19,6 +19,14 @@ The trust list is in the table too (the revoked keys' file, the trusted keys' fo
 restored from an entry whose signers the build no longer trusts enough is removed the same way
 (no_longer_vouched); one this builder compiled stays.
 
+Each output's own bytes are checked too (outputs_not_made): an object against the sha256 its
+compile's event keeps, a module against its link record's, a pin against the module its link made,
+the certificate against its build record. A tool that writes into a module (strip, a patch, one
+byte) changes no input of the link, only the module, which ninja would pin again as it is. The
+outputs, their pins and the certificate are in the quick check's table, so the check runs, finds
+the output by its identity (its bytes hashed only where that moved), and removes it, and ninja
+links or restores it instead of pinning what it is now.
+
 The stamp is made once and never rewritten (restat): build.ninja does not depend on it, so the
 check never makes configure run. When ninja was started to audit or report (`ninja certify`,
 `ninja report`, ...), nothing is removed: the check says what is out of date and leaves the
@@ -120,6 +128,10 @@ def recheck(cfg, actions_file: Path, stamp: Path) -> int:
         if not pathstates.holds(record.observations, to_real, states):
             changed = pathstates.differences(record.observations, to_real, states)
             stale.append((module, changed[0] if changed else "an observation no longer holds"))
+    not_made, present = outputs_not_made(cfg.state_dir, doc["actions"], outputs[len(doc["actions"]):], known, hasher,
+                                         doc.get("certificate"))
+    stale += [s for s in not_made if s[0] not in {out for out, _ in stale}]
+    watched.update(os.path.realpath(p) for p in present)  # the pins and the certificate too
     hasher.save()
     removing = bool(stale) and not _read_only_run()
     if stale:
@@ -208,6 +220,67 @@ def _trust_files() -> set[str]:
             path = path.parent
         found.add(str(path))
     return found
+
+
+def outputs_not_made(state_dir: str, actions: list[dict], module_outputs: list[str], known, hasher,
+                     certificate: str | None = None) -> tuple[list[tuple[str, str]], list[str]]:
+    """([(output, why)] for every output whose bytes are not what made it, [every output there]):
+    an object against its event's sha256 (through hasher, which answers an unchanged file by its
+    identity), a module against its link record (a module with none is not known to be its
+    link's), a pin against its link record's sha256, the certificate against the hash its build
+    record names. Only outputs that exist: a missing one is ninja's business."""
+    stale, present = [], []
+    for action in actions:
+        out = action["output"]
+        try:
+            st = os.stat(out)
+        except OSError:
+            continue
+        present.append(out)
+        ev = known.get(out)
+        if ev is not None and hasher.sha256(out, st) != ev.object_sha256:
+            stale.append((out, f"its bytes are not what its compile made (sha256 {ev.object_sha256[:16]}...)"))
+    for module in module_outputs:
+        if not os.path.exists(module):
+            continue
+        present.append(module)
+        record = modules.read_link(state_dir, module)
+        why = "no link record says what its link made" if record is None or not record.sha256 else record.made(module)
+        if why is not None:
+            stale.append((module, why))
+        pin = str(modules.pin_path_for(module))
+        try:
+            pinned = json.loads(Path(pin).read_text()).get("sha256")
+        except FileNotFoundError:
+            continue
+        except (OSError, ValueError, AttributeError):
+            pinned = None
+        present.append(pin)
+        if record is not None and pinned != record.sha256:
+            stale.append((pin, "it does not pin the module its link made"))
+    if certificate and os.path.exists(certificate):
+        present.append(certificate)
+        why = _certificate_unlike_its_record(Path(certificate))
+        if why is not None:
+            stale.append((certificate, why))
+    return stale, present
+
+
+def _certificate_unlike_its_record(cert: Path) -> str | None:
+    """Why the certificate is not the one its build record names (pp4/certify/certificate.py writes
+    both: build-record.json beside it, naming the sha256 of its uncompressed JSON), or None."""
+    import gzip
+    import hashlib
+
+    try:
+        named = json.loads(cert.with_name("build-record.json").read_text())["certificate"]["sha256"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return "no build record names it"
+    try:
+        digest = hashlib.sha256(gzip.decompress(cert.read_bytes())).hexdigest()
+    except (OSError, EOFError, ValueError) as e:  # gzip.BadGzipFile is an OSError
+        return f"it cannot be read ({e})"
+    return None if digest == named else f"its sha256 is {digest}, its build record names {named}"
 
 
 def _output_folders(outputs: list[str]) -> set[str]:
