@@ -93,6 +93,11 @@ def _setup(*args, **kwargs):
                 result["project"]["name"] = dist.get_name()
         except Exception:
             pass
+    build_ext = (kwargs.get("cmdclass") or {}).get("build_ext")
+    if isinstance(build_ext, type):  # a project's own build_ext (a CMake build) builds what BuildExtension would not
+        bases = [c.__qualname__ for c in build_ext.__mro__]
+        if "BuildExtension" not in bases:
+            result["build_ext"] = build_ext.__qualname__
     for ext in kwargs.get("ext_modules") or []:
         if isinstance(ext, _Recorded):
             records.append(ext.pp4_record)
@@ -243,6 +248,13 @@ def read(setup_py: Path, toolchain_prefix: Path, archs: list[str], python: str =
     exts, notices = [], list(build_ext_notices(setup_py, report.get("build_ext_options") or {}))
     project = report.get("project") or {}
     for rec in report["extensions"]:
+        if not rec["fields"].get("sources"):
+            own = report.get("build_ext")
+            raise ExtensionError(f"{setup_py} extension {rec['fields']['name']!r} lists no sources"
+                                 + (f": its setup.py builds it with its own build_ext ({own}, e.g. a CMake build), "
+                                    if own else ": ")
+                                 + "which pp4 cannot build; build this project with its own setup.py (`pip wheel .`), "
+                                 "or describe its sources in a spec file (--ext-spec)")
         ext, notes = to_extension(rec, setup_py, project.get("name") or setup_py.parent.name, archs)
         exts.append(ext)
         notices += notes
