@@ -109,7 +109,7 @@ def test_the_written_spec_builds_the_same_extensions(basic, tmp_path):
     ("raises", r"failed before declaring its extensions: RuntimeError: the version file is missing"),
     ("no-setup", r"finished without calling setup\(\)"),
     ("no-extensions", r"declares no CUDAExtension or CppExtension"),
-    ("dlink", r"pp4 cannot build dlink yet \(device linking"),
+    ("extra-objects", r"pp4 cannot build extra_objects \(prebuilt objects\) yet"),
 ])
 def test_a_setup_py_that_cannot_be_read_says_why(toolchain, monkeypatch, how, message):
     monkeypatch.setenv("PP4_BROKEN_SETUP", how)

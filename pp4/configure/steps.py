@@ -216,6 +216,7 @@ def write_build_folder(c: Configuration) -> None:
     write_if_changed(buildconfig.actions_path(c.builddir), json.dumps({
         "actions": writing.compile_actions(c.plans, c.chosen, c.envs),
         "links": writing.link_actions(c.plans, c.chosen, c.envs, c.builddir_text),
+        "device_links": writing.device_link_actions(c.plans, c.chosen, c.envs),
         "certificate": ninjafile.certificate_path(c.builddir_text)}, indent=1) + "\n")
     # Apart from actions.json: the estimates change with every build's log, the commands do not.
     write_if_changed(statedir.part(statedir.of_build(c.builddir), statedir.ESTIMATES),
