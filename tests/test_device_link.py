@@ -89,10 +89,13 @@ def test_the_device_link_is_restored_from_the_store(spec_build, tmp_path):
     again = tmp_path / "again"  # another checkout's build: every object and both links from the store
     configure(again, store, "--ext-spec", str(FIXTURE / "ext.toml"))
     run([ninja_bin()], again, env_for(again))
-    dlink = certificate(again)["modules"][0]["device_link"]
-    assert dlink["reuse"]["tier"] == "local", dlink["reuse"]
+    (mod,) = certificate(again)["modules"]
+    assert mod["device_link"]["reuse"]["tier"] == "local", mod["device_link"]["reuse"]
     dlink_o = "build/pp4_rdc_fixture/dlink.o"
     assert (again / dlink_o).read_bytes() == (work / dlink_o).read_bytes()
+    # restored with the mode nvcc gives it, so the module's link, which observes it, is restored too
+    assert (again / dlink_o).stat().st_mode == (work / dlink_o).stat().st_mode
+    assert mod["link_reuse"]["tier"] == "local", mod["link_reuse"]
     assert imports(again / MODULE).returncode == 0
 
 

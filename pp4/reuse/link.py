@@ -121,6 +121,16 @@ def unloadable(path: str) -> str | None:
             "(or `dlink_flags = [\"-dlink\"]` in a spec), or drop -rdc=true")
 
 
+def _elf_type(path: Path) -> int | None:
+    """An ELF file's e_type (1 a relocatable object, 3 a shared object); None for any other file."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(0x12)
+    except OSError:
+        return None
+    return struct.unpack_from("<H", head, 0x10)[0] if len(head) == 0x12 and head[:4] == b"\x7fELF" else None
+
+
 def undefined_dynamic_symbols(path: str) -> list[bytes]:
     """The names of an ELF64 little-endian shared object's undefined dynamic symbols (.dynsym
     entries with section index 0), read from its bytes; [] for any other file."""
@@ -197,7 +207,9 @@ class Linker:
             return False
         umask = os.umask(0)
         os.umask(umask)
-        os.chmod(out, 0o777 & ~umask)  # what the linker gives a module it writes
+        # what the linker gives a module it writes; nvcc -dlink writes an object (ELF type ET_REL)
+        # without execute bits, and a link that reads it observes its mode
+        os.chmod(out, (0o666 if _elf_type(out) == 1 else 0o777) & ~umask)
         entry = found.entry
         sids = entry.input_sets  # one folder each: no file is in two
         depfile.write(self.out + ".d", self.out,
