@@ -109,7 +109,7 @@ def test_the_written_spec_builds_the_same_extensions(basic, tmp_path):
     ("raises", r"failed before declaring its extensions: RuntimeError: the version file is missing"),
     ("no-setup", r"finished without calling setup\(\)"),
     ("no-extensions", r"declares no CUDAExtension or CppExtension"),
-    ("dlink", r"pp4 cannot build dlink yet \(device linking"),
+    ("extra-objects", r"pp4 cannot build extra_objects \(prebuilt objects\) yet"),
 ])
 def test_a_setup_py_that_cannot_be_read_says_why(toolchain, monkeypatch, how, message):
     monkeypatch.setenv("PP4_BROKEN_SETUP", how)
@@ -198,3 +198,39 @@ def test_configured_in_the_project_folder_ninja_reads_setup_py_again_only_for_a_
     assert "no work to do" in run([ninja_bin(), "build.ninja"], cpu).stdout
     (cpu / "notes.txt").write_text("a name that came: configure reads the setup.py again, to be sure\n")
     assert "CONFIGURE" in run([ninja_bin(), "build.ninja"], cpu).stdout
+
+
+CMAKE_SETUP = '''
+import subprocess
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+
+class CMakeExtension(Extension):
+    def __init__(self, name, sourcedir=""):
+        Extension.__init__(self, name, sources=[])
+
+
+class CMakeBuild(build_ext):
+    def build_extension(self, ext):
+        subprocess.check_call(["cmake", "--build", "."])
+
+
+setup(name="cmake_project", ext_modules=[CMakeExtension("cmake_project._C")], cmdclass={"build_ext": CMakeBuild})
+'''
+
+
+def test_a_cmake_setup_py_is_refused_at_configure_with_what_to_do(tmp_path, toolchain):
+    """A CMake build_ext declares an extension with no sources: configure says in one line that it
+    cannot build it, and promises no `ninja wheel-...` (it used to, and the build then failed)."""
+    project = tmp_path / "cmake_project"
+    project.mkdir()
+    (project / "setup.py").write_text(CMAKE_SETUP)
+    proc = subprocess.run([sys.executable, str(REPO / "configure.py"), "--arch", "9.0", "--setup-py", str(project)],
+                          cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "wheel-" not in proc.stdout and not (tmp_path / "build.ninja").exists()
+    (line,) = proc.stderr.strip().splitlines()
+    assert "extension 'cmake_project._C' lists no sources: its setup.py builds it with its own build_ext " \
+           "(CMakeBuild, e.g. a CMake build), which pp4 cannot build; build this project with its own setup.py " \
+           "(`pip wheel .`)" in line, line

@@ -16,7 +16,8 @@ Its hash is the sha256 of the uncompressed JSON.
 Format 5 (FORMAT). 4 -> 5: each module carries "link_sha256", the module's sha256 as its link made
 it (its link record's), so that `ninja certify` judges the module by the certificate alone; each
 object already carries its entry's signatures and the payload they cover, so nothing the audit
-asks of the store is needed to pass it (an entry gc evicted since is a note).
+asks of the store is needed to pass it (an entry gc evicted since is a note); a module made with a
+device link carries "device_link", what that link observed (as a module's link does).
 Beside it, build-record.json names every built module's sha256, the compiler wheels' hashes, each
 source tree's hash and the certificate's hash.
 """
@@ -130,7 +131,8 @@ def document(config_path: Path, actions_path: Path, builddir: Path, targets: set
     if problems:
         raise CertificateError("cannot certify this build:\n  " + "\n  ".join(problems))
     return {"format": FORMAT, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "objects": objects, "input_sets": sets, "modules": _modules(actions, builddir, state_dir)}
+            "objects": objects, "input_sets": sets,
+            "modules": _modules(actions, builddir, state_dir, json.loads(actions_path.read_text()).get("device_links"))}
 
 
 def shipped(doc: dict) -> dict:
@@ -206,8 +208,9 @@ def write(config_path: Path, actions_path: Path, out: Path, say=print, read_set=
     return digest
 
 
-def _modules(actions: list[dict], builddir: Path, state_dir: str) -> list[dict]:
+def _modules(actions: list[dict], builddir: Path, state_dir: str, device_links: list[dict] | None = None) -> list[dict]:
     out = []
+    dlinks = {d["target"]: d["output"] for d in device_links or []}
     for target in sorted({a["target"] for a in actions}):
         plan = buildmodules.load_plan(builddir, target)
         module = Path(plan.output)
@@ -227,6 +230,11 @@ def _modules(actions: list[dict], builddir: Path, state_dir: str) -> list[dict]:
                     # {"action_key", "tier", "signers"} where the module was restored from the store
                     # instead of linked (pp4/reuse/link.py); {"action_key"} where this link was stored
                     "link_reuse": record.reuse if record is not None else None})
+        if target in dlinks:  # the device link the module's link read (its bytes are in link_inputs)
+            d = buildmodules.read_link(state_dir, dlinks[target])
+            out[-1]["device_link"] = None if d is None else {
+                "file": dlinks[target], "command": d.command, "inputs": sorted(d.observations), "mounts": d.mounts,
+                "not_observed": d.not_observed, "reuse": d.reuse}
     return out
 
 

@@ -33,7 +33,7 @@ def get_toolchain(args) -> tuple[toolchain.Toolchain, list[str], list[str]]:
     lock = lock_for_cuda(torch_cuda_version())
     cache = cache_root(args)
     result = toolchain.provision(lock, cache, args.wheel_dir)
-    if result.written or result.linked:
+    if result.written or result.copied:
         print(f"configure: provisioned {result.toolchain.prefix} ({result.written} files written)")
     tc_args = ["--cuda", lock.cuda, "--cache-dir", str(cache)]
     if args.wheel_dir:

@@ -106,13 +106,29 @@ def read_options(c: Configuration) -> None:
 
 def choose_toolchain(c: Configuration) -> None:
     c.tc, c.toolchain_inputs, c.toolchain_args = choices.get_toolchain(c.args)
-    c.archs = arch_names.split(c.args.arch) or choices.visible_gpu_archs()
+    env_list = os.environ.get(arch_names.TORCH_ENV)
+    source = "from --arch"
+    if c.args.arch:
+        c.archs = arch_names.split(c.args.arch)
+    else:  # as torch's BuildExtension chooses: its variable, else the visible GPUs
+        c.archs = arch_names.from_torch_env(env_list)
+        source = f"from {arch_names.TORCH_ENV}" if c.archs else "from the visible GPUs"
+        c.archs = c.archs or choices.visible_gpu_archs()
     if not c.archs:
-        raise ConfigureError("no GPU is visible here, so the target architecture is unknown: pass --arch, "
-                             "e.g. --arch 9.0 for an H100/H200 (repeat it for several)")
+        raise ConfigureError(f"no GPU is visible here and {arch_names.TORCH_ENV} is "
+                             + (f"{env_list!r}" if env_list is not None else "unset")
+                             + ", so the target architecture is unknown: pass --arch, e.g. --arch 9.0 for an H100/H200 "
+                             f"(or set {arch_names.TORCH_ENV}=9.0 as for torch's BuildExtension)")
     c.supported = choices.supported_archs(c.tc)
-    for a in c.archs:
-        plan.parse_arch(a, c.supported)
+    try:
+        for a in c.archs:
+            plan.parse_arch(a, c.supported)
+    except arch_names.ArchError as e:
+        if source != f"from {arch_names.TORCH_ENV}":
+            raise
+        raise ConfigureError(f"{arch_names.TORCH_ENV}={env_list!r}: {e}; set it to what this nvcc supports "
+                             "or pass --arch") from None
+    print(f"configure: arch {','.join(c.archs)} ({source})")
 
 
 def fold_environment(c: Configuration) -> None:
@@ -201,6 +217,7 @@ def write_build_folder(c: Configuration) -> None:
     write_if_changed(buildconfig.actions_path(c.builddir), json.dumps({
         "actions": writing.compile_actions(c.plans, c.chosen, c.envs),
         "links": writing.link_actions(c.plans, c.chosen, c.envs, c.builddir_text),
+        "device_links": writing.device_link_actions(c.plans, c.chosen, c.envs),
         "certificate": ninjafile.certificate_path(c.builddir_text)}, indent=1) + "\n")
     # Apart from actions.json: the estimates change with every build's log, the commands do not.
     write_if_changed(statedir.part(statedir.of_build(c.builddir), statedir.ESTIMATES),

@@ -47,10 +47,19 @@ def link_actions(plans: list[plan.ModulePlan], chosen: compilers.Compilers, envs
                  builddir_text: str) -> list[dict]:
     """Every link command exactly as build.ninja's link rule runs it (after the wrapper's --), with
     its module's pin and plan: what the prepass needs to restore a module ahead of its edges."""
-    return [{"target": p.extension.target, "output": str(p.output), "objects": [str(s.object) for s in p.steps],
-             "argv": [chosen.cxx, "-shared", *(str(s.object) for s in p.steps), "-o", str(p.output), *p.link_flags],
+    return [{"target": p.extension.target, "output": str(p.output), "objects": p.link_inputs(),
+             "argv": [chosen.cxx, "-shared", *p.link_inputs(), "-o", str(p.output), *p.link_flags],
              "env": envs["cxx"], "plan": ninjafile.plan_json_path(builddir_text, p), "pin": ninjafile.pin_path(p)}
             for p in plans]
+
+
+def device_link_actions(plans: list[plan.ModulePlan], chosen: compilers.Compilers, envs: dict[str, dict]) -> list[dict]:
+    """Every device link (`nvcc -dlink`) exactly as build.ninja's dlink rule runs it (after the
+    wrapper's --): the check before ninja decides rechecks what each observed, the certificate lists it."""
+    return [{"target": p.extension.target, "output": str(p.dlink_object), "objects": [str(s.object) for s in p.steps],
+             "argv": [chosen.nvcc, *(str(s.object) for s in p.steps), "-o", str(p.dlink_object), *p.dlink_flags],
+             "env": envs["cuda"]}
+            for p in plans if p.dlink_object is not None]
 
 
 def configure_inputs(started: tuple[str, ...]) -> list[str]:

@@ -49,6 +49,14 @@ class ModulePlan:
     cxx_flags: tuple[str, ...]
     link_flags: tuple[str, ...]
     steps: tuple[CompileStep, ...]
+    # The device link (relocatable device code, BuildExtension's dlink): nvcc's flags after
+    # `nvcc OBJECTS -o DLINK`, and its output, linked into the module; () and None without one.
+    dlink_flags: tuple[str, ...] = ()
+    dlink_object: Path | None = None
+
+    def link_inputs(self) -> list[str]:
+        """What the module's link links: the objects, then the device link's output."""
+        return [str(s.object) for s in self.steps] + ([str(self.dlink_object)] if self.dlink_object else [])
 
     def flags_for(self, step: CompileStep) -> tuple[str, ...]:
         return self.cuda_flags if step.language == "cuda" else self.cxx_flags
@@ -107,7 +115,16 @@ def module_plan(ext: Extension, torch: TorchBuildFlags, toolchain: Toolchain, ar
         obj = object_path(builddir_rel, ext, source)
         steps.append(CompileStep(COMPILED_SUFFIXES[source.suffix], source, obj, durations.get(str(obj))))
     output = builddir_rel / ext.target / f"{ext.module}{torch.ext_suffix}"
-    return ModulePlan(ext, output, tuple(cuda), tuple(cxx), tuple(link), tuple(steps))
+    dlink, dlink_object = (), None
+    if ext.dlink_flags:
+        # as BuildExtension's cuda_devlink rule: `$nvcc $in -o $out` then torch's nvcc flags, the
+        # project's nvcc_dlink and the architectures (unless those name one)
+        archs_given = any("arch" in f for f in ext.dlink_flags)
+        dlink = (*folded.prepend_flags, *COMMON_NVCC_FLAGS, "--compiler-options", "-fPIC", *ext.dlink_flags,
+                 *([] if archs_given else gencode_flags(archs, supported_archs)),
+                 *(["-ccbin", compilers.ccbin] if compilers is not None else []), *folded.append_flags)
+        dlink_object = builddir_rel / ext.target / "dlink.o"
+    return ModulePlan(ext, output, tuple(cuda), tuple(cxx), tuple(link), tuple(steps), dlink, dlink_object)
 
 
 def _macros(ext: Extension) -> list[str]:

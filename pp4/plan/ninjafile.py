@@ -193,6 +193,8 @@ def render(settings: BuildSettings, rules: str, plans: list[ModulePlan],
         w.variable(f"{t}_cuda_flags", _shell(plan.cuda_flags))
         w.variable(f"{t}_cxx_flags", _shell(plan.cxx_flags))
         w.variable(f"{t}_link_flags", _shell(plan.link_flags))
+        if plan.dlink_object is not None:
+            w.variable(f"{t}_dlink_flags", _shell(plan.dlink_flags))
     w.newline()
 
     if settings.toolchain_manifest:
@@ -217,8 +219,10 @@ def render(settings: BuildSettings, rules: str, plans: list[ModulePlan],
         t = _var(plan.extension.target)
         w.comment(f"{plan.extension.target}: the module {plan.extension.module}")
         out_mod = str(plan.output)
-        _build(w, out_mod, "link", [str(s.object) for s in plan.steps],
-               variables={"flags": f"${t}_link_flags"})
+        if plan.dlink_object is not None:
+            _build(w, str(plan.dlink_object), "dlink", [str(s.object) for s in plan.steps],
+                   variables={"flags": f"${t}_dlink_flags"})
+        _build(w, out_mod, "link", plan.link_inputs(), variables={"flags": f"${t}_link_flags"})
         # The pin holds the plan's source key: a plan configure rewrote (another source tree, other
         # provenance) pins the module again even where its bytes did not change.
         _build(w, pin_path(plan), "pin", out_mod, implicit=[plan_json_path(settings.builddir, plan)],

@@ -25,6 +25,7 @@ cannot show. The command runs with exactly the --env variables
 from __future__ import annotations
 
 import os
+import struct
 import sys
 from pathlib import Path
 
@@ -69,13 +70,23 @@ def main(argv: list[str] | None = None) -> int:
     out = output_of(command)
     linker = Linker.open(cfg, root, command, action_env, out)
     if linker is not None and linker.restore():
-        return 0
+        problem = unloadable(out)  # stored by a pp4 that did not check: refused as a link would be
+        if problem is None:
+            return 0
+        os.unlink(out)
+        print(f"pp4.reuse.link: error: {problem}", file=sys.stderr)
+        return 1
     ran = run(command, action_env, limits, Path(limits.tmpdir or "/tmp") / "pp4-runs", root, compile=False)
     sys.stderr.buffer.write(ran.root.shown(ran.stderr) if ran.root is not None else ran.stderr)
     if ran.returncode != 0:
         return ran.returncode
     if out is None:
         return 0
+    problem = unloadable(out)
+    if problem is not None:  # never stored, recorded or certified: the module is removed
+        os.unlink(out)
+        print(f"pp4.reuse.link: error: {problem}", file=sys.stderr)
+        return 1
     if ran.trace is not None:
         files = depfile.files_read(ran)
     else:  # not observed: the link's own inputs at least
@@ -96,6 +107,59 @@ def main(argv: list[str] | None = None) -> int:
         write_link(state_dir, LinkRecord(os.path.abspath(out), ran.command, ran.root.mounts if ran.root else None,
                                          pairs, why, {"action_key": stored} if stored else None, sha, identity))
     return 0
+
+
+# What a module of relocatable device code needs from its device link (nvcc -dlink): each
+# -rdc=true object registers its code through one of these, which only the device link defines.
+_CUDA_LINKED_BINARY = b"__cudaRegisterLinkedBinary_"
+
+
+def unloadable(path: str) -> str | None:
+    """Why the shared object a link wrote cannot be loaded, as its dynamic symbols show; None when
+    nothing is known against it (or it is not a shared object: a device link's output)."""
+    missing = [n for n in undefined_dynamic_symbols(path) if n.startswith(_CUDA_LINKED_BINARY)]
+    if not missing:
+        return None
+    return (f"{path} cannot load: it leaves {missing[0].decode()} undefined ({len(missing)} such), which relocatable "
+            "device code (-rdc=true) gets only from a device link; add dlink=True to the CUDAExtension in setup.py "
+            "(or `dlink_flags = [\"-dlink\"]` in a spec), or drop -rdc=true")
+
+
+def _elf_type(path: Path) -> int | None:
+    """An ELF file's e_type (1 a relocatable object, 3 a shared object); None for any other file."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(0x12)
+    except OSError:
+        return None
+    return struct.unpack_from("<H", head, 0x10)[0] if len(head) == 0x12 and head[:4] == b"\x7fELF" else None
+
+
+def undefined_dynamic_symbols(path: str) -> list[bytes]:
+    """The names of an ELF64 little-endian shared object's undefined dynamic symbols (.dynsym
+    entries with section index 0), read from its bytes; [] for any other file."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError:
+        return []
+    # ELF magic, 64-bit, little-endian, e_type ET_DYN
+    if data[:6] != b"\x7fELF\x02\x01" or struct.unpack_from("<H", data, 0x10)[0] != 3:
+        return []
+    shoff, = struct.unpack_from("<Q", data, 0x28)
+    shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
+    sections = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
+    names = []
+    for _, sh_type, _, _, offset, size, link, _, _, entsize in sections:
+        if sh_type != 11 or not entsize:  # SHT_DYNSYM
+            continue
+        strtab_offset = sections[link][4]
+        for at in range(offset + entsize, offset + size, entsize):  # entry 0 is the null symbol
+            st_name, _, _, st_shndx = struct.unpack_from("<IBBH", data, at)
+            if st_shndx == 0:
+                end = data.index(b"\0", strtab_offset + st_name)
+                names.append(data[strtab_offset + st_name:end])
+    return names
 
 
 @attrs.define
@@ -147,7 +211,9 @@ class Linker:
             return False
         umask = os.umask(0)
         os.umask(umask)
-        os.chmod(out, 0o777 & ~umask)  # what the linker gives a module it writes
+        # what the linker gives a module it writes; nvcc -dlink writes an object (ELF type ET_REL)
+        # without execute bits, and a link that reads it observes its mode
+        os.chmod(out, (0o666 if _elf_type(out) == 1 else 0o777) & ~umask)
         entry = found.entry
         sids = entry.input_sets  # one folder each: no file is in two
         depfile.write(self.out + ".d", self.out,

@@ -326,7 +326,8 @@ def _modules(builddir: Path, doc: dict) -> list[str]:
             found.append(modules.load_plan(builddir, target).output)
         except buildconfig.BuildFolderError:
             continue
-    return found
+    # the device links (nvcc -dlink) are links too: what each observed is checked the same way
+    return found + [d["output"] for d in doc.get("device_links") or []]
 
 
 def _inside(path: str, folder: str) -> bool:

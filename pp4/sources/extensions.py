@@ -16,6 +16,8 @@ setup.py with --setup-py (pp4.sources.setuppy). One module per file:
     cxx_flags = ["-O3"]
     cuda_flags = ["-O3", "--use_fast_math"]   # no architecture flags: --arch decides those
     ld_flags = []
+    dlink_flags = ["-dlink"]              # a device link (nvcc -dlink) of the objects into the module, as
+                                          # BuildExtension's dlink=True; implied by -rdc=true in cuda_flags
     kind = "cuda"                         # or "cpp" (torch's CppExtension: no CUDA libraries)
     flavor = "jit"                        # or "setuptools": flags as BuildExtension gives a setup.py
 
@@ -39,7 +41,7 @@ COMPILED_SUFFIXES = {".c": "cxx", ".cc": "cxx", ".cpp": "cxx", ".cxx": "cxx", ".
 KINDS = ("cuda", "cpp")
 FLAVORS = ("jit", "setuptools")
 SPEC_FIELDS = ("name", "target", "kind", "flavor", "root", "sources", "include_dirs", "define_macros", "undef_macros",
-               "libraries", "library_dirs", "cxx_flags", "cuda_flags", "ld_flags")
+               "libraries", "library_dirs", "cxx_flags", "cuda_flags", "ld_flags", "dlink_flags")
 # nvcc options that choose GPU architectures: configure's --arch is the one place that does.
 _ARCH_OPTIONS = ("-gencode", "--generate-code", "-arch", "--gpu-architecture", "-code", "--gpu-code")
 _MODULE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -69,6 +71,9 @@ class Extension:
     cxx_flags: tuple[str, ...] = ()
     cuda_flags: tuple[str, ...] = ()
     ld_flags: tuple[str, ...] = ()
+    # nvcc's flags of the device link (`nvcc OBJECTS -o dlink.o ...`, BuildExtension's nvcc_dlink);
+    # empty: no device link
+    dlink_flags: tuple[str, ...] = ()
     define_macros: tuple[tuple[str, str | None], ...] = ()  # (NAME, VALUE or None), as setuptools has them
     undef_macros: tuple[str, ...] = ()
     libraries: tuple[str, ...] = ()
@@ -147,6 +152,10 @@ def from_fields(doc: dict, spec_dir: Path, spec_file: Path, where: str, provenan
     def from_root(paths: tuple[str, ...]) -> tuple[str, ...]:
         return tuple(p if os.path.isabs(p) else os.path.relpath(_under(spec_dir, p), root) for p in paths)
 
+    cuda_flags = strings("cuda_flags")
+    dlink_flags = strings("dlink_flags")
+    if "dlink_flags" not in doc and relocatable(cuda_flags):
+        dlink_flags = ("-dlink",)  # relocatable device code links only through a device link
     kind = doc.get("kind", "cuda" if any(s.endswith(".cu") for s in sources) else "cpp")
     if kind not in KINDS:
         raise ExtensionError(f"extension spec {where}: `kind` is {kind!r}; it is \"cuda\" or \"cpp\"")
@@ -161,8 +170,9 @@ def from_fields(doc: dict, spec_dir: Path, spec_file: Path, where: str, provenan
         sources=from_root(sources),
         include_dirs=from_root(include_dirs),
         cxx_flags=strings("cxx_flags"),
-        cuda_flags=strings("cuda_flags"),
+        cuda_flags=cuda_flags,
         ld_flags=strings("ld_flags"),
+        dlink_flags=dlink_flags,
         define_macros=tuple(parse_macro(m, where) for m in doc.get("define_macros", [])),
         undef_macros=strings("undef_macros"),
         libraries=strings("libraries"),
@@ -172,6 +182,21 @@ def from_fields(doc: dict, spec_dir: Path, spec_file: Path, where: str, provenan
         spec_files=(spec_file,),
         provenance=provenance or {},
     )
+
+
+def relocatable(cuda_flags) -> bool:
+    """Whether nvcc flags ask for relocatable device code (-rdc=true, -dc, ...), whose objects need
+    a device link before the module can load."""
+    flags = list(cuda_flags)
+    for i, f in enumerate(flags):
+        if f in ("-dc", "--device-c"):
+            return True
+        for opt in ("-rdc", "--relocatable-device-code"):
+            if f.startswith(opt + "="):
+                return f.split("=", 1)[1].lower() == "true"
+            if f == opt and i + 1 < len(flags):
+                return flags[i + 1].lower() == "true"
+    return False
 
 
 def project_root(spec_dir: Path, relative: list[str]) -> Path:

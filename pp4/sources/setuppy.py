@@ -93,6 +93,11 @@ def _setup(*args, **kwargs):
                 result["project"]["name"] = dist.get_name()
         except Exception:
             pass
+    build_ext = (kwargs.get("cmdclass") or {}).get("build_ext")
+    if isinstance(build_ext, type):  # a project's own build_ext (a CMake build) builds what BuildExtension would not
+        bases = [c.__qualname__ for c in build_ext.__mro__]
+        if "BuildExtension" not in bases:
+            result["build_ext"] = build_ext.__qualname__
     for ext in kwargs.get("ext_modules") or []:
         if isinstance(ext, _Recorded):
             records.append(ext.pp4_record)
@@ -243,6 +248,13 @@ def read(setup_py: Path, toolchain_prefix: Path, archs: list[str], python: str =
     exts, notices = [], list(build_ext_notices(setup_py, report.get("build_ext_options") or {}))
     project = report.get("project") or {}
     for rec in report["extensions"]:
+        if not rec["fields"].get("sources"):
+            own = report.get("build_ext")
+            raise ExtensionError(f"{setup_py} extension {rec['fields']['name']!r} lists no sources"
+                                 + (f": its setup.py builds it with its own build_ext ({own}, e.g. a CMake build), "
+                                    if own else ": ")
+                                 + "which pp4 cannot build; build this project with its own setup.py (`pip wheel .`), "
+                                 "or describe its sources in a spec file (--ext-spec)")
         ext, notes = to_extension(rec, setup_py, project.get("name") or setup_py.parent.name, archs)
         exts.append(ext)
         notices += notes
@@ -267,10 +279,9 @@ def to_extension(rec: dict, setup_py: Path, project: str, archs: list[str]) -> t
     f = dict(rec["fields"])
     name = f.pop("name")
     where = f"{setup_py} extension {name!r}"
-    unsupported = {k: v for k, v in f.items() if k in ("dlink", "dlink_libraries", "extra_objects") and v}
-    if unsupported:
-        raise ExtensionError(f"{where}: pp4 cannot build {', '.join(sorted(unsupported))} yet (device linking, "
-                             "prebuilt objects); build this project with its own setup.py")
+    if f.get("extra_objects"):
+        raise ExtensionError(f"{where}: pp4 cannot build extra_objects (prebuilt objects) yet; build this project "
+                             "with its own setup.py")
     unknown = set(f) - {"sources", "include_dirs", "define_macros", "undef_macros", "libraries", "library_dirs",
                         "runtime_library_dirs", "extra_compile_args", "extra_link_args", "dlink", "dlink_libraries",
                         "extra_objects"} - _IGNORED
@@ -284,8 +295,15 @@ def to_extension(rec: dict, setup_py: Path, project: str, archs: list[str]) -> t
     # BuildExtension: a dict gives each compiler its own list; a plain list goes to both.
     cxx, nvcc = (args.get("cxx", []), args.get("nvcc", [])) if isinstance(args, dict) else (list(args), list(args))
     nvcc, removed = without_architecture_flags(nvcc)
+    dlink, dropped = without_architecture_flags(_dlink_flags(f, args))
+    dlink, removed = list(dlink), [*removed, *dropped]
     notices = [f"{where}: its nvcc flags {' '.join(removed)} are dropped; configure's --arch chooses the "
                "architectures"] if removed else []
+    if "-dlto" in dlink:
+        dlink = [a for a in dlink if a != "-dlto"]
+        notices.append(f"{where}: the device link's -dlto (BuildExtension adds it for dlink=True) is left out: "
+                       "the pinned toolchain has no libnvvm for link-time optimization, and objects compiled "
+                       "without -dlto carry no code for it")
     ld = list(f.get("extra_link_args") or []) + [f"-Wl,-rpath,{d}" for d in f.get("runtime_library_dirs") or []]
     module = name.rsplit(".", 1)[-1]  # BuildExtension's TORCH_EXTENSION_NAME: the last part of a dotted name
     fields = {
@@ -295,11 +313,22 @@ def to_extension(rec: dict, setup_py: Path, project: str, archs: list[str]) -> t
                           for m in f.get("define_macros") or []],
         "undef_macros": f.get("undef_macros") or [], "libraries": f.get("libraries") or [],
         "library_dirs": f.get("library_dirs") or [], "cxx_flags": list(cxx), "cuda_flags": list(nvcc),
-        "ld_flags": ld,
+        "ld_flags": ld, "dlink_flags": dlink,
     }
     ext = from_fields(fields, setup_py.parent, setup_py, where, provenance={"setup.py": str(setup_py), "project": project,
                                                                                "archs": list(archs)})
     return ext, notices
+
+
+def _dlink_flags(f: dict, args) -> list[str]:
+    """The device link's nvcc flags as CUDAExtension makes them (nvcc_dlink): with dlink=True or
+    dlink_libraries, the project's nvcc_dlink then -dlink, -L for each library folder, -l for each
+    dlink library and -dlto; a project's own nvcc_dlink alone otherwise. Empty: no device link."""
+    own = list(args.get("nvcc_dlink", [])) if isinstance(args, dict) else []
+    if f.get("dlink") or f.get("dlink_libraries"):
+        return [*own, "-dlink", *(f"-L{d}" for d in f.get("library_dirs") or []),
+                *(f"-l{x}" for x in f.get("dlink_libraries") or []), "-dlto"]
+    return own
 
 
 def spec_text(read_setup: ReadSetup, spec_path: Path) -> str:
@@ -322,6 +351,7 @@ def spec_text(read_setup: ReadSetup, spec_path: Path) -> str:
             "undef_macros": list(ext.undef_macros), "libraries": list(ext.libraries),
             "library_dirs": [os.path.relpath(p, spec_dir) for p in ext.library_paths()],
             "cxx_flags": list(ext.cxx_flags), "cuda_flags": list(ext.cuda_flags), "ld_flags": list(ext.ld_flags),
+            "dlink_flags": list(ext.dlink_flags),
         }
         for key in SPEC_FIELDS:
             value = values[key]

@@ -63,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
         result = provision(lock, cache_root, args.wheel_dir, with_torch_headers=not args.no_torch_headers)
         report = compat.check(result.toolchain, archs=archs.split(args.arch), cache_root=cache_root)
         print(f"toolchain: {result.toolchain.prefix}")
-        print(f"  CUDA {lock.cuda}, {result.written} files written, {result.linked} hard-linked, {result.seconds:.2f} s")
+        print(f"  CUDA {lock.cuda}, {result.written} files written, {result.copied} copied from an older prefix, "
+              f"{result.seconds:.2f} s")
         print(f"  {report.summary()}")
         return 0
     except (LockError, WheelError, ToolchainError, TorchError, CompatError, archs.ArchError) as e:

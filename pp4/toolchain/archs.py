@@ -16,6 +16,20 @@ _ARCH = re.compile(r"^(\d+)\.(\d+)([af]?)(\+PTX)?$")
 _SEPARATORS = re.compile(r"[,;\s]+")
 
 
+# The variable torch's BuildExtension takes its architectures from when the flags name none.
+TORCH_ENV = "TORCH_CUDA_ARCH_LIST"
+
+# torch's names for architecture families, in the order it replaces them (combined names before the
+# single ones, so "Ampere+Tegra" is not read as "Ampere" then "+Tegra"): torch/utils/cpp_extension.py,
+# _get_cuda_arch_flags. tests/test_archs.py checks them against torch's own function.
+TORCH_NAMED = (
+    ("Kepler+Tesla", "3.7"), ("Kepler", "3.5+PTX"), ("Maxwell+Tegra", "5.3"), ("Maxwell", "5.0;5.2+PTX"),
+    ("Pascal", "6.0;6.1+PTX"), ("Volta+Tegra", "7.2"), ("Volta", "7.0+PTX"), ("Turing", "7.5+PTX"),
+    ("Ampere+Tegra", "8.7"), ("Ampere", "8.0;8.6+PTX"), ("Ada", "8.9+PTX"), ("Hopper", "9.0+PTX"),
+    ("Blackwell+Tegra", "11.0"), ("Blackwell", "10.0;10.3;12.0;12.1+PTX"), ("Rubin", "10.7+PTX"),
+)
+
+
 class ArchError(ValueError):
     """An --arch value that is not an architecture, or one this nvcc cannot compile for."""
 
@@ -30,6 +44,25 @@ def split(values: list[str]) -> list[str]:
             raise ArchError(f"--arch {value!r} names no architecture: write one as MAJOR.MINOR, e.g. --arch 9.0, "
                             "or several separated by commas, e.g. --arch 8.0,9.0+PTX")
         out.extend(p for p in parts if p not in out)
+    return out
+
+
+def from_torch_env(value: str | None) -> list[str]:
+    """TORCH_CUDA_ARCH_LIST read as BuildExtension reads it: spaces are `;`, family names expand
+    ("Hopper" -> 9.0+PTX), and unset, empty or "native" mean the visible GPUs' ([] here: the caller
+    asks nvidia-smi). An element torch would refuse (an empty one, "Hopper+PTX") is refused here too."""
+    if not value or value == "native":
+        return []
+    text = value.replace(" ", ";")
+    for name, archs in TORCH_NAMED:
+        text = text.replace(name, archs)
+    out: list[str] = []
+    for arch in text.split(";"):
+        if not _ARCH.match(arch) or arch.endswith("f") or arch.endswith("f+PTX"):
+            raise ArchError(f"{TORCH_ENV}={value!r}: {arch!r} is not an architecture torch's BuildExtension knows; "
+                            "write them as MAJOR.MINOR separated by `;` (e.g. 8.0;9.0+PTX) or a family name "
+                            "(Ampere, Hopper, ...), or pass --arch")
+        out.extend([arch] if arch not in out else [])
     return out
 
 

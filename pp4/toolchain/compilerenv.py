@@ -39,6 +39,8 @@ FOLDED = {
     "CPATH": "each folder added as -I after the others",
     "CPLUS_INCLUDE_PATH": "each folder added as -isystem after the others",
     "SOURCE_DATE_EPOCH": "passed on (default 0): the date and time of __DATE__ and __TIME__",
+    # read by torch's BuildExtension, not by a compiler; recorded here so that a change is seen as one
+    "TORCH_CUDA_ARCH_LIST": "the architectures when --arch is not given (as torch's BuildExtension reads it)",
 }
 
 # Read by the toolchain (nvcc.profile, nvcc, gcc, binutils, the dynamic loader) and never passed on.

@@ -1,7 +1,9 @@
 """Provision the pinned CUDA compiler: wheels -> a prefix where bin/nvcc works with no environment.
 
-The prefix lives at <cache>/toolchains/cuda-<release>-<key>, where the key hashes the lock file and
-the set of torch library headers laid into it, so a prefix's name says exactly what is in it.
+The prefix lives at <cache>/toolchains/cuda-<release>-<key>, where the key hashes the lock file, the
+set of torch library headers laid into it and the layout (LAYOUT), so a prefix's name says exactly
+what is in it and how it is checked: two pp4 versions that lay out or check a prefix differently
+never share one, and so never take each other's for damaged and replace it under a running build.
 
 Layout (what nvcc.profile expects when there is no targets/ folder):
     bin/ nvcc ptxas cudafe++ fatbinary nvlink ... nvcc.profile    nvvm/bin/cicc  nvvm/libdevice/
@@ -11,7 +13,11 @@ Layout (what nvcc.profile expects when there is no targets/ folder):
 Guarantees:
 - Idempotent: a prefix that passes the check is left alone, so a re-run writes nothing.
 - Minimal: every file gets the mtime of its wheel entry, and a file that an older prefix of the
-  same release already holds with the same sha256 is hard-linked from it rather than written.
+  same release already holds with the same sha256 is copied from it rather than extracted.
+- Never under a reader: nothing of another prefix is linked or changed, since a build may be
+  compiling with it. A hard link would share its inodes, and making one changes the inode's ctime,
+  which a compile in flight reads as its input changing under it (pp4/reuse/observations.py,
+  changed_during): its object would be kept out of the store.
 - Atomic: a prefix is built in a staging folder, its manifest written last, and renamed into place;
   a SIGKILL at any point leaves either the old prefix or none, never one that passes the check.
 """
@@ -19,7 +25,6 @@ Guarantees:
 from __future__ import annotations
 
 import calendar
-import errno
 import hashlib
 import json
 import os
@@ -44,6 +49,9 @@ IDENTITY_FILES = (
     "bin/nvcc", "bin/nvcc.profile", "bin/ptxas", "bin/cudafe++", "bin/fatbinary", "bin/nvlink",
     "bin/crt/link.stub", "bin/crt/prelink.stub", "nvvm/bin/cicc", "nvvm/libdevice/libdevice.10.bc",
 )
+# What a prefix holds and how it is checked; part of the prefix's name. Bump it when either changes.
+# 2: donors' files copied, not hard-linked; the layout hashed into the key.
+LAYOUT = 2
 _EXECUTABLE_DIRS = ("bin/", "nvvm/bin/")
 _LINKS = {"lib64": "lib", "lib/libcudart.so": "libcudart.so.13"}
 
@@ -116,8 +124,8 @@ def _record_hashes(zf: zipfile.ZipFile) -> dict[str, str]:
 
 
 def _mode_for(relpath: str) -> int:
-    # Read-only for everyone, executable where nvcc runs things: works for a non-root user, and a
-    # hard link shared between two prefixes cannot be edited through one of them by accident.
+    # Read-only for everyone, executable where nvcc runs things: works for a non-root user, and
+    # nothing edits a prefix's file by accident.
     return 0o555 if relpath.startswith(_EXECUTABLE_DIRS) else 0o444
 
 
@@ -147,6 +155,7 @@ def _plan(lock: ToolchainLock, wheels: dict[str, Path], headers: list[HeaderFile
 def prefix_key(lock: ToolchainLock, headers: list[HeaderFile]) -> str:
     h = hashlib.sha256()
     h.update(lock.sha256.encode())
+    h.update(f"\0layout {LAYOUT}.{MANIFEST_VERSION}".encode())
     for f in headers:
         h.update(f"\0{f.dist}\0{f.relpath}\0{f.sha256}".encode())
     return h.hexdigest()[:16]
@@ -180,6 +189,20 @@ def _reusable_files(toolchains: Path, release: str) -> dict[tuple[str, str], Pat
     return reusable
 
 
+def _copy_checked(donor: Path, dest: Path, sha256: str) -> bool:
+    """Copy a donor's bytes, hashing them on the way: True when they hash to sha256 (its size and
+    mtime say it is unchanged, but only its bytes prove it). Reading changes nothing of the donor."""
+    h = hashlib.sha256()
+    try:
+        with open(donor, "rb") as src, open(dest, "wb") as out:
+            while chunk := src.read(1 << 20):
+                h.update(chunk)
+                out.write(chunk)
+    except OSError:
+        return False
+    return h.hexdigest() == sha256
+
+
 def _write_file(item: _Planned, dest: Path, wheels_open: dict[Path, zipfile.ZipFile]) -> str:
     h = hashlib.sha256()
     with open(dest, "wb") as out:
@@ -203,30 +226,23 @@ def _write_file(item: _Planned, dest: Path, wheels_open: dict[Path, zipfile.ZipF
 
 def _build(staging: Path, planned: list[_Planned], reusable: dict, manifest_head: dict) -> tuple[int, int]:
     files: dict[str, list] = {}
-    written = linked = 0
+    written = copied = 0
     wheels_open: dict[Path, zipfile.ZipFile] = {}
     try:
         for item in planned:
             dest = staging / item.relpath
             dest.parent.mkdir(parents=True, exist_ok=True)
             donor = reusable.get((item.relpath, item.sha256)) if item.sha256 else None
-            # A donor is rehashed: its size and mtime say it is unchanged, but only its bytes prove it.
-            if donor is not None and sha256_file(donor) == item.sha256:
-                try:
-                    os.link(donor, dest)
-                    st = dest.lstat()
-                    files[item.relpath] = [item.sha256, st.st_size, stat.S_IMODE(st.st_mode), st.st_mtime_ns]
-                    linked += 1
-                    continue
-                except OSError as e:
-                    if e.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK):
-                        raise
-            digest = _write_file(item, dest, wheels_open)
+            if donor is not None and _copy_checked(donor, dest, item.sha256):
+                digest = item.sha256
+                copied += 1
+            else:
+                digest = _write_file(item, dest, wheels_open)
+                written += 1
             os.chmod(dest, item.mode)
             os.utime(dest, ns=(item.mtime_ns, item.mtime_ns))
             files[item.relpath] = [digest, dest.stat().st_size, item.mode, item.mtime_ns]
-            written += 1
-            if written == 100:
+            if written + copied == 100:
                 _pause_for_test("extracting")
     finally:
         for zf in wheels_open.values():
@@ -243,7 +259,7 @@ def _build(staging: Path, planned: list[_Planned], reusable: dict, manifest_head
     _pause_for_test("manifest")
     os.replace(tmp, staging / MANIFEST)  # last: a staging folder without it is never trusted
     _pause_for_test("staged")
-    return written, linked
+    return written, copied
 
 
 def _sweep(toolchains: Path) -> None:
@@ -266,7 +282,7 @@ def _rmtree(p: Path) -> None:
 class ProvisionResult:
     toolchain: Toolchain
     written: int  # files whose bytes were written
-    linked: int  # files hard-linked from an older prefix
+    copied: int  # files copied from an older prefix
     seconds: float
 
 
@@ -297,7 +313,7 @@ def provision(lock: ToolchainLock, cache_root: Path | None = None, wheel_dir: Pa
             "wheels": [attrs.asdict(w) for w in lock.wheels],
             "torch_headers": sorted({h.dist for h in headers}),
         }
-        written, linked = _build(staging, planned, reusable, head)
+        written, copied = _build(staging, planned, reusable, head)
         if prefix.exists():
             # Damaged or foreign: move it aside first, so the rename below never merges trees.
             trash = toolchains / f".trash-{key}-{os.getpid()}"
@@ -308,7 +324,7 @@ def provision(lock: ToolchainLock, cache_root: Path | None = None, wheel_dir: Pa
         else:
             os.rename(staging, prefix)
         fsync_dir(toolchains)
-    return ProvisionResult(toolchain, written, linked, time.monotonic() - t0)
+    return ProvisionResult(toolchain, written, copied, time.monotonic() - t0)
 
 
 def override(cuda_home: Path) -> Toolchain:
