@@ -121,6 +121,7 @@ def fold_environment(c: Configuration) -> None:
     """What the toolchain would read from ours is folded into build.ninja or dropped, never passed
     on unseen (pp4/toolchain/compilerenv.py)."""
     c.folded = compilerenv.fold(dict(os.environ), c.root)
+    compilerenv.check_split(str(c.tc.nvcc), c.folded, dict(os.environ), choices.compile_tmpdir(c.builddir))
     for line in compilerenv.folded_lines(c.folded):
         print(f"configure: folded {line}")
     for line in compilerenv.notices(dict(os.environ), c.folded.values, "configure"):
