@@ -207,6 +207,8 @@ def write_build_folder(c: Configuration) -> None:
     c.compile_section["environment"] = {"values": c.environment, "read_by_setup_py": dict(sorted(c.env_read.items()))}
     environment.write(statedir.part(statedir.of_build(c.builddir), statedir.ENVIRONMENT), c.environment)
     buildconfig.write(c.builddir, **c.config)
+    write_if_changed(c.builddir / "pp4.gdb", fixed_root.gdb_script(str(c.root), c.config["reuse"]["relocation"],
+                                                                   [e.root for e in c.exts], str(c.builddir)))
     write_if_changed(buildconfig.actions_path(c.builddir), json.dumps({
         "actions": writing.compile_actions(c.plans, c.chosen, c.envs),
         "links": writing.link_actions(c.plans, c.chosen, c.envs, c.builddir_text),
