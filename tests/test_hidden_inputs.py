@@ -907,14 +907,15 @@ def test_nvcc_options_file(base):
 
 
 def test_a_cuda_file_name_under_a_folder_with_a_space(base):
-    """__FILE__ in the fixed root is /pp4/src/...: the same in both checkouts, and restored."""
+    """__FILE__ in the fixed root is the source relative to its root (u.cu): the same in both
+    checkouts, and restored."""
     files = {"u.cu": 'extern "C" const char pp4_tag[] = "TAG[" __FILE__ "]";\n'
                      "namespace { __global__ void k(int *p) { *p = 1; } }\nvoid launch(int *p) { k<<<1, 1>>>(p); }\n"}
     text = spec(sources=["u.cu"]).replace('kind = "cpp"\n', "")
     one = Case(base, files, text, checkout="with space")
-    first_build(one, "/pp4/src/u.cu")
+    first_build(one, "u.cu")
     two = Case(base, files, text, checkout="other place")
-    got = two.check("/pp4/src/u.cu")
+    got = two.check("u.cu")
     assert got["u.cu.o"][0] == "reused", "an anonymous namespace no longer binds a CUDA object to its folder"
 
 
