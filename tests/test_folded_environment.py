@@ -58,7 +58,8 @@ def test_a_variable_a_setup_py_read_runs_configure_again_when_it_changes(tmp_pat
 
 # Texts for NVCC_APPEND_FLAGS and what nvcc 13.0 does with each (asked of the tool with -dryrun).
 SPLITS = ['-DVAL="X"', '-DD="q r" -O2', '-DE=a"b c"d', "-DG=it's", '-DH=""', "  -DJ=a\t-DK=b  ", '-DB=a\\b',
-          '-DB=a\\\\b', '-DB="a\\"b"', '-DB="a\\ b"', '-DB=a\\\\"b c"', '-DB="a\\\\\\""', "-DB=a\n-DC=b", "-DC='q r'", '-DB="a\\\\" -DC=b"', '-DB=x"y',
+          '-DB=a\\\\b', '-DB="a\\"b"', '-DB="a\\ b"', '-DB=a\\\\"b c"', '-DB="a\\\\\\""', "-DB=a\n-DC=b", "-DC='q r'",
+          '-DB="a\\\\" -DC=b"', '-DB=x"y',
           '-DB=a\\"', '-DB="abc', '-DB="a\\\\"', '-DB=a\\ b', '-DB=a\\']
 
 

@@ -240,7 +240,7 @@ def notices(env: dict[str, str], folded_values: dict[str, str], when: str) -> li
             now, then = env.get(name), folded_values.get(name)
             if now != then:
                 lines.append(f"{name} is {_shown(now)} here but was {_shown(then)} when configure ran: "
-                             "build.ninja uses the configured value; re-run configure to take this one")
+                             "this compile uses the configured value; the next `ninja` runs configure again")
     return lines
 
 
