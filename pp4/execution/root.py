@@ -120,7 +120,8 @@ class Root:
         out = []
         for i, word in enumerate(argv):
             out.append(word if _is_users(argv, i) else self.rewrite(word))
-            out += self.prefix_maps_inside(word, argv[i - 1] if i else "")
+            if "prefix-map=" in word:
+                out += self.prefix_maps_inside(word, argv[i - 1] if i else "")
         return out
 
     def prefix_maps_inside(self, word: str, prev: str = "") -> list[str]:
