@@ -405,8 +405,8 @@ def test_a_define_naming_the_checkout_is_keyed_as_written(base, spelling):
 @pytest.mark.parametrize("flags", [[], ["-g"]])
 def test_the_same_project_in_two_checkouts_shares_objects(base, flags):
     """What the fixed root is for: another folder, the same object, restored. With debug
-    information, whose folders are named relative to the working folder, two checkouts laid out
-    alike (each build folder beside its checkout) share it."""
+    information too: it names the source root relative to itself and the root's other folders by
+    their fixed paths (tests/test_debuginfo.py shares one between checkouts laid out otherwise)."""
     files = {"u.cpp": tagged(head='#include "inc/common.h"\n' + HAS_PROBE), "inc/common.h": "// common\n"}
     one = Case(base / "a", files, spec(flags), checkout="src")
     first_build(one, "no")
