@@ -10,7 +10,9 @@ built or installed.
 
 What the project's arguments cannot mean in pp4 is refused by name (device linking, prebuilt
 objects); architecture flags in its nvcc arguments are dropped with a notice, since configure's
---arch chooses the architectures.
+--arch chooses the architectures. The environment variables the project's code read on the way
+(`if os.environ.get("MYPROJ_CUDA"): ...`) are recorded (ReadSetup.env_read): configure keeps them,
+and a change to one runs configure again (pp4/configure/environment.py).
 """
 
 from __future__ import annotations
