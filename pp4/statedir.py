@@ -17,6 +17,7 @@ here and nowhere else; each writer gets its path from `part()`.
     prepass.stamp        the prepass's stamp and dependency file, for ninja       pp4/plan/ninjafile.py
     estimates.json       each object's estimated CPU seconds, its H200 figure, jobs configure.py
     source-folders.json  the names in a setup.py's source folders (ninja's stamp)  pp4/sources/listing.py
+    environment.json     the environment variables configure folded (ninja's stamp) pp4/configure/environment.py
     progress.lock        held by the ninja run's progress reporter               pp4/report/progress.py
     progress.log         the run's progress lines                                 pp4/report/progress.py
     runs.log             where each ninja run starts in ninja's log               pp4/build/events.py
@@ -47,6 +48,7 @@ UNTRUSTED = "untrusted.log"
 LINKS = "links"
 ESTIMATES = "estimates.json"
 SOURCE_LISTING = "source-folders.json"
+ENVIRONMENT = "environment.json"
 PROGRESS_LOCK = "progress.lock"
 PROGRESS_LOG = "progress.log"
 RUNS = "runs.log"

@@ -275,7 +275,8 @@ def test_the_default_configuration_survives_a_deleted_build_folder(tmp_path, too
     again = run([ninja_bin(), "build.ninja"], tmp_path, check=False)
     assert again.returncode == 0, again.stdout + again.stderr
     assert "CONFIGURE" in again.stdout and facc.is_dir()
-    assert run([ninja_bin(), "-n", "build.ninja"], tmp_path).stdout.strip().endswith("no work to do.")
+    # (not `ninja -n`: a dry run always says it would run configure, docs/configure.md)
+    assert "CONFIGURE" not in run([ninja_bin(), "build.ninja"], tmp_path).stdout
 
 
 def test_reapplying_the_patch_touches_nothing(stock_root, tmp_path):

@@ -453,8 +453,8 @@ def test_a_define_naming_the_checkout_is_keyed_as_written(base, spelling):
 @pytest.mark.parametrize("flags", [[], ["-g"]])
 def test_the_same_project_in_two_checkouts_shares_objects(base, flags):
     """What the fixed root is for: another folder, the same object, restored. With debug
-    information, whose folders are named relative to the working folder, two checkouts laid out
-    alike (each build folder beside its checkout) share it."""
+    information too: it names the source root relative to itself and the root's other folders by
+    their fixed paths (tests/test_debuginfo.py shares one between checkouts laid out otherwise)."""
     files = {"u.cpp": tagged(head='#include "inc/common.h"\n' + HAS_PROBE), "inc/common.h": "// common\n"}
     one = Case(base / "a", files, spec(flags), checkout="src")
     first_build(one, "no")
@@ -955,14 +955,15 @@ def test_nvcc_options_file(base):
 
 
 def test_a_cuda_file_name_under_a_folder_with_a_space(base):
-    """__FILE__ in the fixed root is /pp4/src/...: the same in both checkouts, and restored."""
+    """__FILE__ in the fixed root is the source relative to its root (u.cu): the same in both
+    checkouts, and restored."""
     files = {"u.cu": 'extern "C" const char pp4_tag[] = "TAG[" __FILE__ "]";\n'
                      "namespace { __global__ void k(int *p) { *p = 1; } }\nvoid launch(int *p) { k<<<1, 1>>>(p); }\n"}
     text = spec(sources=["u.cu"]).replace('kind = "cpp"\n', "")
     one = Case(base, files, text, checkout="with space")
-    first_build(one, "/pp4/src/u.cu")
+    first_build(one, "u.cu")
     two = Case(base, files, text, checkout="other place")
-    got = two.check("/pp4/src/u.cu")
+    got = two.check("u.cu")
     assert got["u.cu.o"][0] == "reused", "an anonymous namespace no longer binds a CUDA object to its folder"
 
 

@@ -74,7 +74,9 @@ def supported_archs(tc: toolchain.Toolchain) -> list[str]:
     return proc.stdout.split() if proc.returncode == 0 else []
 
 
-def select_extensions(args, builddir: Path, tc: toolchain.Toolchain, archs: list[str]) -> list[extensions.Extension]:
+def select_extensions(args, builddir: Path, tc: toolchain.Toolchain, archs: list[str],
+                      env_read: dict[str, str] | None = None) -> list[extensions.Extension]:
+    """env_read, where given, gets each environment variable a setup.py read, with the setup.py's path."""
     names = list(dict.fromkeys(args.ext or ([] if args.ext_spec or args.setup_py else DEFAULT_EXTENSIONS)))
     exts = []
     exl3_root = None
@@ -93,6 +95,8 @@ def select_extensions(args, builddir: Path, tc: toolchain.Toolchain, archs: list
         found = setuppy.read(path, tc.prefix, archs)
         for note in found.notices:
             print(f"configure: notice: {note}")
+        if env_read is not None:
+            env_read.update((name, str(found.setup_py)) for name in found.env_read)
         print(f"configure: {found.setup_py}: " + ", ".join(f"{e.target} ({e.kind}, {len(e.sources)} sources)"
                                                         for e in found.extensions)
               + f"; `ninja {extensions.project_wheel_target(found.extensions[0])}` (and `ninja wheel`) makes the "

@@ -16,7 +16,7 @@ from pp4 import ninjarun, statedir
 from pp4.build import config as buildconfig
 from pp4.build import modules as buildmodules
 from pp4.configure import MODULE, name_of, rerun_of
-from pp4.configure import choices, costs, writing
+from pp4.configure import choices, costs, environment, writing
 from pp4.configure.guard import other_configuration
 from pp4.configure.options import ConfigureError, check_option_values, parse_args
 from pp4.execution import machine
@@ -71,6 +71,8 @@ class Configuration:
     listing_stamp: Path = None
     listing_ignore: tuple = ()
     changed: bool = False
+    env_read: dict = attrs.Factory(dict)  # a variable a setup.py read -> that setup.py
+    environment: dict = attrs.Factory(dict)  # every variable the build depends on -> its value (None: unset)
 
     @property
     def envs(self) -> dict:
@@ -135,6 +137,7 @@ def fold_environment(c: Configuration) -> None:
     """What the toolchain would read from ours is folded into build.ninja or dropped, never passed
     on unseen (pp4/toolchain/compilerenv.py)."""
     c.folded = compilerenv.fold(dict(os.environ), c.root)
+    compilerenv.check_split(str(c.tc.nvcc), c.folded, dict(os.environ), choices.compile_tmpdir(c.builddir))
     for line in compilerenv.folded_lines(c.folded):
         print(f"configure: folded {line}")
     for line in compilerenv.notices(dict(os.environ), c.folded.values, "configure"):
@@ -142,7 +145,7 @@ def fold_environment(c: Configuration) -> None:
 
 
 def choose_extensions(c: Configuration) -> None:
-    c.exts = choices.select_extensions(c.args, c.builddir, c.tc, c.archs)
+    c.exts = choices.select_extensions(c.args, c.builddir, c.tc, c.archs, c.env_read)
     c.chosen = choices.choose_compilers(c.exts, c.tc, c.folded)
     c.compile_section = compilers.compile_section(c.chosen, c.folded, compilerenv.parse_compile_env(c.args.compile_env))
     c.report = compat.check(c.tc, archs=c.archs, cache_root=c.args.cache_dir.absolute() if c.args.cache_dir else None,
@@ -213,7 +216,16 @@ def write_build_folder(c: Configuration) -> None:
     c.listing_stamp = statedir.part(statedir.of_build(c.builddir), statedir.SOURCE_LISTING)
     if c.source_folders:
         listing.write(c.listing_stamp, c.source_folders, c.listing_ignore)
+    # The variables the build depends on, each as configure saw it: a change to one runs configure again.
+    names = [*compilerenv.FOLDED, *c.env_read]
+    if any(e.flavor == "setuptools" for e in c.exts):
+        names += SETUPTOOLS_ENV
+    c.environment = environment.values(names)
+    c.compile_section["environment"] = {"values": c.environment, "read_by_setup_py": dict(sorted(c.env_read.items()))}
+    environment.write(statedir.part(statedir.of_build(c.builddir), statedir.ENVIRONMENT), c.environment)
     buildconfig.write(c.builddir, **c.config)
+    write_if_changed(c.builddir / "pp4.gdb", fixed_root.gdb_script(str(c.root), c.config["reuse"]["relocation"],
+                                                                   [e.root for e in c.exts], str(c.builddir)))
     write_if_changed(buildconfig.actions_path(c.builddir), json.dumps({
         "actions": writing.compile_actions(c.plans, c.chosen, c.envs),
         "links": writing.link_actions(c.plans, c.chosen, c.envs, c.builddir_text),
@@ -227,6 +239,10 @@ def write_build_folder(c: Configuration) -> None:
                                              for p, s in c.ordered if s.expected_ms is None}))
     for p in c.plans:
         buildmodules.write_plan(c.builddir, buildmodules.PlanRecord(**writing.plan_record(p, c.tc, c.root)))
+
+
+# What setuptools' build_ext reads into a setup.py's compiles (pp4/plan/torchflags.py), CC apart (FOLDED).
+SETUPTOOLS_ENV = ("CFLAGS", "CPPFLAGS", "CCSHARED")
 
 
 def write_build_ninja(c: Configuration) -> None:
@@ -243,6 +259,8 @@ def write_build_ninja(c: Configuration) -> None:
         toolchain_manifest=str(c.tc.prefix / toolchain.MANIFEST) if c.tc.pinned else None,
         toolchain_args=tuple(c.toolchain_args), toolchain_inputs=tuple(c.toolchain_inputs),
         toolchain_key=c.tc.key if c.tc.pinned else None,
+        environment=c.environment, environment_test=environment.shell_test(c.environment),
+        environment_stamp=str(statedir.part(statedir.of_build(c.builddir_text), statedir.ENVIRONMENT)),
         generator_inputs=tuple(dict.fromkeys(generator_inputs)),
         source_folders=c.source_folders, source_listing=str(c.listing_stamp), source_listing_ignore=c.listing_ignore,
         generator_outputs=(str(config_file), str(actions_file), str(c.builddir / "configure.json"),
@@ -278,6 +296,11 @@ def say_what_was_chosen(c: Configuration) -> None:
         print(f"configure: {by_target}")
     print(f"configure: {c.jobs} job(s) on CPUs {cpu_text(c.cpus)}, nice +{c.args.nice}"
           + (f", {c.args.max_memory} address space per compile" if c.args.max_memory else ""))
+    for setup_py in sorted(set(c.env_read.values())):
+        read = [n for n, by in sorted(c.env_read.items()) if by == setup_py]
+        print(f"configure: {setup_py} read the environment variable(s) "
+              + ", ".join(f"{n}={'unset' if c.environment.get(n) is None else repr(c.environment[n])}" for n in read)
+              + ": a change to one makes `ninja` run configure again")
     print(f"configure: build.ninja {'written' if c.changed else 'unchanged'}; run `ninja`"
           + (f" (re-run: {rerun_of(c.started)} {shlex.join(c.argv)})" if c.argv else ""))
 

@@ -117,7 +117,41 @@ class Root:
         """argv with every word that names one of the folders rewritten to its fixed path; `-D`
         values and run-time library paths (-rpath) as written: they are the module's, not the
         compile's."""
-        return [word if _is_users(argv, i) else self.rewrite(word) for i, word in enumerate(argv)]
+        out = []
+        for i, word in enumerate(argv):
+            out.append(word if _is_users(argv, i) else self.rewrite(word))
+            if "prefix-map=" in word:
+                out += self.prefix_maps_inside(word, argv[i - 1] if i else "")
+        return out
+
+    def prefix_maps_inside(self, word: str, prev: str = "") -> list[str]:
+        """A user's -fmacro-prefix-map, -ffile-prefix-map or -fdebug-prefix-map=OLD=NEW whose OLD
+        lies above a folder the root mounts (a project's own map of its checkout, above the
+        extension's root) matches nothing inside the root: the maps that mean there what it means
+        outside, each mounted folder under OLD mapped as its path under OLD would be (gcc matches
+        OLD as a string prefix, so do these). Given right after the user's, as nvcc's -Xcompiler
+        where it came that way."""
+        wrap, inner = "", word
+        if prev in _PASSING:
+            wrap = prev + " "
+        else:
+            for prefix in _PASSING_PREFIXES[:2]:
+                if word.startswith(prefix):
+                    wrap, inner = prefix, word[len(prefix):]
+        option, eq, mapping = inner.partition("=")
+        if option not in _PREFIX_MAPS or not eq or "=" not in mapping or "," in mapping:
+            return []
+        old, _, new = mapping.partition("=")
+        if not old or old.startswith(FIXED):
+            return []
+        maps = []
+        for spelling, fixed in self.aliases:
+            if spelling.startswith(old) and spelling != old.rstrip("/") and not fixed.startswith(old):
+                maps.append(f"{option}={fixed}={new}{spelling[len(old):]}")
+        maps = list(dict.fromkeys(maps))
+        if wrap.endswith(" "):
+            return [a for m in maps for a in (wrap[:-1], m)]
+        return [wrap + m for m in maps]
 
     def rewrite(self, word: str) -> str:
         """Each occurrence of a folder in a word, where a path starts (the word's start, after `=`,
@@ -131,6 +165,18 @@ class Root:
 @functools.lru_cache(maxsize=256)
 def _made(work: str, places: tuple, source_root: str | None, build: str | None) -> Root:
     return Root._make(work, dict(places), source_root, build)
+
+
+def gdb_script(work: str, places: dict[str, str], source_roots, build: str | None = None) -> str:
+    """gdb commands that find the sources of this build's objects from any folder (`source
+    build/pp4.gdb`): each fixed path as this machine's folder, and each extension's source root
+    searched for the names an object gives relative to it (pp4/execution/run.py: debug_prefix_maps)."""
+    root = Root.make(work, places, None, build)
+    lines = ["# pp4: where the paths this build's objects name are on this machine (docs/reuse.md).",
+             "# Run gdb from an extension's source root, or give gdb this file: gdb -x build/pp4.gdb ..."]
+    lines += [f"set substitute-path {fixed} {real}" for fixed, real in root.mounts]
+    lines += [f"directory {folder}" for folder in sorted(set(map(str, source_roots)))]
+    return "\n".join(lines) + "\n"
 
 
 def places_here(torch_dir: str, toolchain_prefix: str, python_include: str, prefix: str) -> dict:
@@ -151,6 +197,7 @@ _DEFINE_OPTIONS = ("-D", "-U", "--define-macro", "--undefine-macro")
 # --compiler-options, comma lists, which nvcc runs through a shell, so spaces split them too).
 _PASSING = ("-Xcompiler", "--compiler-options", "-Xpreprocessor")
 _PASSING_PREFIXES = ("-Xcompiler=", "--compiler-options=", "-Xpreprocessor=", "-Wp,")
+_PREFIX_MAPS = ("-fmacro-prefix-map", "-ffile-prefix-map", "-fdebug-prefix-map")
 
 
 def _defines(text: str) -> bool:

@@ -25,7 +25,7 @@ from pathlib import Path
 import attrs
 
 from pp4.execution import machine, observe
-from pp4.execution.root import TMP, Root, enter, unavailable
+from pp4.execution.root import FIXED, TMP, Root, enter, unavailable
 from pp4.execution.limits import apply, command_for
 from pp4.toolchain.compilerenv import process_env
 from pp4.toolchain.limits import Limits, cpus_not_allowed
@@ -73,27 +73,24 @@ def date_time_flags(argv: list[str]) -> list[str]:
     return ["-Wdate-time", "-Wno-error=date-time"]
 
 
+SOURCE_ROOT = FIXED + "/src"
+
+
 def debug_prefix_maps(argv: list[str], root: Root) -> list[str]:
-    """Flags that make the host compiler's debug information name each fixed path of the root as
-    this machine's folder relative to the working folder (ninja's: `/pp4/src` as `../myproject`,
-    `/pp4/work` as `.`), so that a debugger run from that folder finds the sources, as it does for a
-    compile outside the root, and two checkouts laid out alike still compile the same bytes. They
-    change no byte of an object without debug information (checked for C, C++ and CUDA units); an
-    object with debug information is keyed on those relative places (pp4/reuse/observations.py: pins).
-    Given first, so that a map of the user's own, later on the command line, wins as gcc's last
-    matching map does. A place holding a comma, a space or a shell's special character is left out
-    for nvcc, which splits -Xcompiler at commas and hands it to the host compiler through a shell
-    (its objects' debug information then names the root's path for that place)."""
-    nvcc = Path(argv[0]).name == "nvcc"
-    maps = [f"-fdebug-prefix-map={fixed}={rel}" for fixed, rel in relative_places(root)
-            if not (nvcc and re.search(r"[,\s'\"\\$`]", rel))]
-    return [f"-Xcompiler={m}" for m in maps] if nvcc else maps
-
-
-def relative_places(root: Root) -> list[tuple[str, str]]:
-    """Each fixed path of the root and its folder relative to the working folder's."""
-    work = root.real(root.cwd) or os.getcwd()
-    return [(fixed, os.path.relpath(real, work)) for fixed, real in root.mounts]
+    """Flags that make what an object names of its extension's source root relative to that root,
+    the same wherever the checkout and the build folder sit, as Bazel does: `__FILE__`,
+    `std::source_location` and `assert` say `csrc/x.cpp` (-fmacro-prefix-map=/pp4/src/=), and debug
+    information `./csrc/x.cpp` (-fdebug-prefix-map=/pp4/src=.), which gdb run from that root finds
+    (a relative name is looked for in gdb's working folder). The root's other folders keep their
+    fixed names (/pp4/torch/..., the working folder /pp4/work), which `source build/pp4.gdb` maps to
+    this machine's (written by configure). For nvcc through -Xcompiler: its host compiler also
+    preprocesses the device side, so device code's __FILE__ says the same. Given first, so that a
+    map of the user's own, later on the command line, wins as gcc's last matching map does; the
+    manifest key's format (pp4/reuse/wrapper.py) stands for them."""
+    if not any(fixed == SOURCE_ROOT for fixed, _ in root.mounts):
+        return []
+    maps = [f"-fdebug-prefix-map={SOURCE_ROOT}=.", f"-fmacro-prefix-map={SOURCE_ROOT}/="]
+    return [f"-Xcompiler={m}" for m in maps] if Path(argv[0]).name == "nvcc" else maps
 
 
 def run(argv: list[str], env: dict[str, str], limits: Limits, scratch_parent: str | Path, root: Root | None,

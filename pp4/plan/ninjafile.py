@@ -60,6 +60,11 @@ class BuildSettings:
     source_folders: tuple[str, ...] = ()
     source_listing: str = ""
     source_listing_ignore: tuple[str, ...] = ()
+    # The environment variables configure folded, with their values (None: unset), and their stamp
+    # (pp4/configure/environment.py): an edge that runs in every ninja run rewrites it where one changed.
+    environment: dict = attrs.field(factory=dict)
+    environment_stamp: str = ""
+    environment_test: str | None = None  # a shell condition true while every value is the same; None: ask Python
 
 
 def _shell(args) -> str:
@@ -257,8 +262,23 @@ def render(settings: BuildSettings, rules: str, plans: list[ModulePlan],
     recheck = recheck_stamp(settings.builddir)
     _build(w, recheck, "reuse_recheck", implicit=[EVERY_RUN])
     _build(w, EVERY_RUN, "phony")  # where there is no /proc: always out of date, the check runs twice a run
-    _build(w, ["build.ninja", *settings.generator_outputs], "configure", implicit=[*settings.generator_inputs, *listing],
-           order_only=[recheck])
+    env_stamp = [settings.environment_stamp] if settings.environment_stamp else []
+    if env_stamp:
+        # Run in every ninja run (a phony with no inputs, never a file, is never up to date): the
+        # comparison is the shell's, and Python runs only where a value changed.
+        test = settings.environment_test
+        _build(w, f"{settings.environment_stamp}.now", "phony")
+        # configure's other outputs are checked here, not named as the generator edge's outputs: an
+        # output of that edge would make every target that reads it reach this edge, and every ninja
+        # run would then run it twice and never say "no work to do". One missing (a deleted build
+        # folder) rewrites the stamp, and configure runs.
+        present = " && ".join(f"[ -e {shlex.quote(p)} ]" for p in settings.generator_outputs)
+        _build(w, env_stamp, "environment", implicit=[f"{settings.environment_stamp}.now"],
+               variables={"test": ninja_syntax.escape(" && ".join(filter(None, [present, test or "false"]))),
+                          "names": _shell(sorted(settings.environment)),
+                          "outputs": _shell(a for p in settings.generator_outputs for a in ("--output", p))})
+    _build(w, ["build.ninja", *([] if env_stamp else settings.generator_outputs)], "configure",
+           implicit=[*settings.generator_inputs, *listing, *env_stamp], order_only=[recheck])
     # An input of configure that is gone (the sources configure unpacks into a deleted build folder,
     # a removed spec or source folder) makes ninja run configure again, which makes it anew or says
     # what is wrong, instead of stopping at "missing and no known rule to make it".

@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import os
 import stat
-import struct
 
 from pp4.execution import observe
 from pp4.execution.root import FIXED
 from pp4.reuse import loadercache, nativecpu, timemacros, twins
-from pp4.reuse.pathstates import (ABSENT, ASKED, AT, ATTRIBUTES, CWD, LISTING, NOFOLLOW, REL, SPECIAL, States,
+from pp4.reuse.pathstates import (ABSENT, ASKED, AT, ATTRIBUTES, CWD, LISTING, NOFOLLOW, SPECIAL, States,
                                   is_file)
 
 # Written within this long before a compile started, a file's ctime cannot tell a change during the
@@ -104,51 +103,19 @@ def from_run(ran, outputs: set[str], states: States, settled: set[str] = frozens
 
 
 def pins(ran, obj: str) -> list[list[str]]:
-    """The places an object names. In the fixed root, an object with debug information names each
-    of the root's folders relative to the working folder (pp4/execution/run.py maps them so, for a
-    debugger run there): it is keyed on those relative places (`rel:<path>` on each fixed path),
-    so two checkouts laid out alike share it and others do not. Without the root, an object that
-    names the working folder (debug information, a coverage file's path) is keyed on it
-    (`at:<folder>` on "@cwd")."""
-    if ran.root is None:
-        try:
-            data = open(obj, "rb").read()
-        except OSError:
-            return []
-        here = os.getcwd()
-        return [[CWD, AT + here]] if os.fsencode(here) in data else []
-    if not has_debug_info(obj):
+    """The places an object names. In the fixed root nothing of this machine: what it names of its
+    source root is relative to that root, and the root's other folders are its fixed paths
+    (pp4/execution/run.py: debug_prefix_maps), so a `-g` object is the same wherever the checkout and
+    the build folder sit. Without the root, an object that names the working folder (debug
+    information, a coverage file's path) is keyed on it (`at:<folder>` on "@cwd")."""
+    if ran.root is not None:
         return []
-    from pp4.execution.run import relative_places
-
-    return sorted([fixed, REL + rel] for fixed, rel in relative_places(ran.root))
-
-
-def has_debug_info(path: str) -> bool:
-    """Whether an ELF object has DWARF sections (.debug_*, .zdebug_*): asked of the object itself,
-    whatever flag or response file asked for it."""
     try:
-        with open(path, "rb") as f:
-            head = f.read(64)
-            if head[:4] != b"\x7fELF" or head[4] != 2:
-                return False
-            shoff, = struct.unpack_from("<Q", head, 0x28)
-            shentsize, shnum, shstrndx = struct.unpack_from("<HHH", head, 0x3A)
-            if not shoff or not shnum or shstrndx >= shnum:
-                return False
-            f.seek(shoff)
-            table = f.read(shentsize * shnum)
-            _, _, _, _, names_at, names_size = struct.unpack_from("<IIQQQQ", table, shstrndx * shentsize)
-            f.seek(names_at)
-            names = f.read(names_size)
-        for i in range(shnum):
-            start, = struct.unpack_from("<I", table, i * shentsize)
-            name = names[start:names.find(b"\0", start)]
-            if name.startswith((b".debug_", b".zdebug_")):
-                return True
-    except (OSError, struct.error, ValueError):
-        return False
-    return False
+        data = open(obj, "rb").read()
+    except OSError:
+        return []
+    here = os.getcwd()
+    return [[CWD, AT + here]] if os.fsencode(here) in data else []
 
 
 def hidden_by_root(ran, outputs: set[str]) -> list[tuple[str, str]]:

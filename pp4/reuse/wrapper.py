@@ -53,7 +53,9 @@ if TYPE_CHECKING:
 
 MARKER_SUFFIX = ".pp4-reused"
 WARNINGS_KEPT = 1 << 20  # of a compile's messages, kept with its entry and replayed on every restore
-KEY_FORMAT = 5  # 5: observed in a closed world (every system call classed), drivers asked about the CPU
+# 5: observed in a closed world (every system call classed), drivers asked about the CPU; 6: in the root,
+# __FILE__ and debug information name the source root relative to itself (pp4/execution/run.py)
+KEY_FORMAT = 6
 
 
 @attrs.frozen

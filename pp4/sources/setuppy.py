@@ -10,7 +10,9 @@ built or installed.
 
 What the project's arguments cannot mean in pp4 is refused by name (device linking, prebuilt
 objects); architecture flags in its nvcc arguments are dropped with a notice, since configure's
---arch chooses the architectures.
+--arch chooses the architectures. The environment variables the project's code read on the way
+(`if os.environ.get("MYPROJ_CUDA"): ...`) are recorded (ReadSetup.env_read): configure keeps them,
+and a change to one runs configure again (pp4/configure/environment.py).
 """
 
 from __future__ import annotations
@@ -83,6 +85,7 @@ def _factory(kind):
 
 
 def _setup(*args, **kwargs):
+    result["setup_called"] = False
     result["project"] = {k: str(kwargs[k]) for k in ("name", "version") if kwargs.get(k) is not None}
     if "name" not in result["project"]:  # declared in pyproject.toml or setup.cfg: setuptools reads them
         try:
@@ -136,6 +139,38 @@ try:  # BuildExtension.with_options(...): what the project asks of build_ext, fo
 except (NameError, AttributeError):  # no torch here, or a torch without it
     pass
 
+# Which environment variables the project's own code reads (its setup.py and the modules of its
+# folder, and what they call), one key at a time: os.environ's class is swapped, so a module that
+# holds os.environ under another name is seen too. A copy of the whole environment (for a
+# subprocess) is no read of any one variable.
+_project = os.path.dirname(os.path.abspath(setup_py)) + os.sep
+_read = result["env_read"] = []
+
+
+def _from_project():
+    if result.get("setup_called") is not None:  # setuptools' own reads in setup(): pp4 stops it there
+        return False
+    frame = sys._getframe(2)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if name.startswith(_project) and "site-packages" not in name and "dist-packages" not in name:
+            return True
+        frame = frame.f_back
+    return False
+
+
+class _LoggedEnviron(type(os.environ)):
+    def __getitem__(self, key):
+        if key not in _read and _from_project():
+            _read.append(key)
+        return super().__getitem__(key)
+
+    def copy(self):
+        return {k: super(_LoggedEnviron, self).__getitem__(k) for k in self}
+
+
+os.environ.__class__ = _LoggedEnviron
+
 sys.argv = [setup_py, "build_ext"]
 sys.path.insert(0, os.path.dirname(setup_py))
 try:
@@ -164,6 +199,8 @@ class ReadSetup:
     setup_py: Path
     extensions: tuple[Extension, ...]
     notices: tuple[str, ...]
+    # The environment variables its code read (pp4 sets the ones of SET_BY_PP4 itself)
+    env_read: tuple[str, ...] = ()
 
 
 def setup_py_path(path: Path) -> Path:
@@ -173,6 +210,11 @@ def setup_py_path(path: Path) -> Path:
     if not path.is_file():
         raise ExtensionError(f"--setup-py {path}: no such file (give a setup.py, or the folder that holds it)")
     return path
+
+
+# What setup_env sets whatever the caller's environment holds: never a variable the build depends on.
+SET_BY_PP4 = frozenset({"CUDA_HOME", "CUDA_PATH", "FORCE_CUDA", "TORCH_CUDA_ARCH_LIST", "PYTHONDONTWRITEBYTECODE",
+                        "PATH"})
 
 
 def setup_env(toolchain_prefix: Path, archs: list[str]) -> dict:
@@ -258,7 +300,8 @@ def read(setup_py: Path, toolchain_prefix: Path, archs: list[str], python: str =
         ext, notes = to_extension(rec, setup_py, project.get("name") or setup_py.parent.name, archs)
         exts.append(ext)
         notices += notes
-    return ReadSetup(setup_py, tuple(exts), tuple(notices))
+    env_read = tuple(sorted(set(report.get("env_read") or ()) - SET_BY_PP4))
+    return ReadSetup(setup_py, tuple(exts), tuple(notices), env_read)
 
 
 def build_ext_notices(setup_py: Path, options: dict[str, str]) -> list[str]:

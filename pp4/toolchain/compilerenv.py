@@ -24,7 +24,8 @@ and drops the others with a notice (`DROPPED`), at configure time and once per b
 from __future__ import annotations
 
 import os
-import shlex
+import re
+import subprocess
 from pathlib import Path
 
 import attrs
@@ -103,17 +104,83 @@ def fold(env: dict[str, str], cwd: Path) -> Folded:
         parts = env[name].split(os.pathsep) if env.get(name) else []
         return tuple(str((cwd / p).absolute()) if p else str(cwd) for p in parts)
 
-    try:
-        prepend = tuple(shlex.split(env.get("NVCC_PREPEND_FLAGS", "")))
-        append = tuple(shlex.split(env.get("NVCC_APPEND_FLAGS", "")))
-    except ValueError as e:
-        raise EnvError(f"NVCC_PREPEND_FLAGS/NVCC_APPEND_FLAGS cannot be split like a shell would ({e}): "
-                       "fix the quoting") from None
+    prepend = tuple(nvcc_split(env.get("NVCC_PREPEND_FLAGS", ""), "NVCC_PREPEND_FLAGS"))
+    append = tuple(nvcc_split(env.get("NVCC_APPEND_FLAGS", ""), "NVCC_APPEND_FLAGS"))
     epoch = env.get("SOURCE_DATE_EPOCH", DEFAULT_SOURCE_DATE_EPOCH)
     if not epoch.isdigit():
         raise EnvError(f"SOURCE_DATE_EPOCH={epoch!r} is not a number of seconds since 1970: unset it or fix it")
     values = {k: env[k] for k in FOLDED if k in env}
     return Folded(prepend, append, dirs("CPATH"), dirs("CPLUS_INCLUDE_PATH"), epoch, values)
+
+
+def nvcc_split(text: str, name: str) -> list[str]:
+    """NVCC_PREPEND_FLAGS or NVCC_APPEND_FLAGS split into words as nvcc 13.0 splits it (asked of the
+    tool: `nvcc -dryrun` with the variable set, what reaches gcc and cudafe++), which is not a
+    shell's. Only space and tab separate, outside double quotes; each word is kept as written, quotes
+    and backslashes included, and nvcc then reads it as it reads a word of its command line
+    (-DVAL="X" defines VAL as the string "X"; a backslash takes the next character). Outside quotes
+    a backslash escapes the next character, and before a space, a tab, a quote or the end nvcc
+    refuses it; inside quotes a quote right after a backslash does not close them. Where nvcc would
+    refuse the text, so does this (check_split then asks nvcc itself)."""
+    words, word, started, quoted, i = [], [], False, False, 0
+    while i < len(text):
+        c = text[i]
+        if quoted:
+            if c == '"' and text[i - 1] != "\\":
+                quoted = False
+        elif c == "\\":
+            if i + 1 >= len(text) or text[i + 1] in ' \t"':
+                raise EnvError(f"{name}={text!r}: nvcc refuses a backslash before "
+                               f"{'the end' if i + 1 >= len(text) else repr(text[i + 1])} outside double quotes "
+                               "(it splits this variable itself, not as a shell does): fix the quoting")
+            word.append(c)
+            started, c, i = True, text[i + 1], i + 1
+        elif c in " \t":
+            if started:
+                words.append("".join(word))
+            word, started, i = [], False, i + 1
+            continue
+        else:
+            quoted = c == '"'
+        word.append(c)
+        started, i = True, i + 1
+    if quoted:
+        raise EnvError(f"{name}={text!r}: a double quote is not closed, which nvcc refuses: fix the quoting")
+    if started:
+        words.append("".join(word))
+    return words
+
+
+def check_split(nvcc: str, folded: Folded, env: dict[str, str], scratch: Path) -> None:
+    """Ask nvcc whether it splits NVCC_PREPEND_FLAGS and NVCC_APPEND_FLAGS as nvcc_split did: its
+    -dryrun commands with the variables set, and with the words on its command line instead, must be
+    the same. A difference, or nvcc refusing the variables, is an EnvError naming what nvcc said."""
+    given = {k: env[k] for k in ("NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS") if env.get(k)}
+    if not given:
+        return
+    source = scratch / "pp4-split.cu"
+    source.parent.mkdir(parents=True, exist_ok=True)
+    source.write_text("\n")
+    base = {"PATH": env.get("PATH", os.pathsep.join(BASE_PATH)), "LC_ALL": "C"}
+    args = ["-dryrun", "-c", str(source), "-o", str(source) + ".o"]
+
+    def commands(argv, extra):
+        done = subprocess.run([nvcc, *argv], env={**base, **extra}, capture_output=True, text=True)
+        said = done.stdout + done.stderr
+        for k, v in extra.items():  # nvcc echoes the variables it read
+            said = said.replace(f'#$ {k}="{v}"\n', "")
+        return done.returncode, re.sub(r"tmpxft_[0-9a-f]+_", "tmpxft_", said)
+
+    rc, with_env = commands(args, given)
+    if rc != 0:
+        said = next((ln for ln in with_env.splitlines() if "fatal" in ln), with_env.strip()[-300:])
+        raise EnvError(f"{' '.join(f'{k}={v!r}' for k, v in given.items())}: nvcc refuses it ({said.strip()}): "
+                       "fix the variable, or unset it")
+    _, with_words = commands([*folded.prepend_flags, *args, *folded.append_flags], {})
+    if with_words != with_env:
+        raise EnvError(f"{' '.join(f'{k}={v!r}' for k, v in given.items())}: pp4 cannot split it into words as "
+                       "this nvcc does (its -dryrun commands differ): write the flags without backslashes, or "
+                       "put them in the spec's cuda_flags")
 
 
 def parse_compile_env(items: list[str]) -> dict[str, str]:
@@ -175,7 +242,7 @@ def notices(env: dict[str, str], folded_values: dict[str, str], when: str) -> li
             now, then = env.get(name), folded_values.get(name)
             if now != then:
                 lines.append(f"{name} is {_shown(now)} here but was {_shown(then)} when configure ran: "
-                             "build.ninja uses the configured value; re-run configure to take this one")
+                             "this compile uses the configured value; the next `ninja` runs configure again")
     return lines
 
 
