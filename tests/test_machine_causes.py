@@ -30,13 +30,14 @@ def env() -> dict:
 
 def failed_edges(output: str) -> dict[str, list[str]]:
     """Each FAILED edge's output, by its output file: ninja prints `FAILED: [code=N] OUT`, the
-    command, then what the edge wrote, until the next status line or ninja's own last words."""
+    command, then what the edge wrote, until the next status line or ninja's own last words. pp4's
+    progress lines come from the build's reporter, not from an edge, wherever they fall."""
     edges, current = {}, None
     for line in output.splitlines():
         m = re.match(r"FAILED: (?:\[code=\d+\] )?(\S+)", line)
         if m:
             current = edges.setdefault(m.group(1), [])
-        elif re.match(r"\[\d+/\d+\] |ninja: ", line):
+        elif re.match(r"\[\d+/\d+\] |ninja: |pp4: progress ", line):
             current = None
         elif current is not None and line.strip():
             current.append(line)
@@ -112,12 +113,15 @@ def test_a_read_only_build_folder_ends_every_failed_edge_with_the_cause(tmp_path
         subprocess.run(["mount", "-o", "remount,ro", str(disk)], check=True)
         out = run([ninja_bin()], work, env(), check=False)
         assert out.returncode != 0
+        # The checks every ninja run makes first write nothing there, and ninja then stops on its own
+        # log with the cause in its own words; an edge that does run names the cause in pp4's.
+        assert "Traceback" not in out.stdout + out.stderr
         edges = failed_edges(out.stdout)
-        assert edges, out.stdout
+        if not edges:
+            assert "Error writing to build log: Read-only file system" in out.stderr, (out.stdout, out.stderr)
         for edge, lines in edges.items():
             assert lines[-1].startswith(CAUSE) and f"is on a read-only filesystem ({disk}, statvfs)" in lines[-1], \
                 (edge, lines)
-            assert "Traceback" not in "\n".join(lines)
 
 
 def test_a_folder_this_user_cannot_write_is_refused_before_the_step_runs():

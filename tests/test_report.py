@@ -99,7 +99,7 @@ def test_a_short_build_right_after_another_is_the_last_build_alone(tmp_path, too
     from pp4.report import timeline
 
     second = [ln.split("\t")[3] for ln in log.read_text()[len(before):].splitlines()
-              if not ln.startswith("#") and not ln.split("\t")[3].endswith(timeline.CHECK)]
+              if not ln.startswith("#") and not ln.split("\t")[3].endswith(timeline.CHECKS)]
     assert any(o.endswith(".pin.json") for o in second) and any(o.endswith("answer.cpp.o") for o in second), second
     report = run([ninja_bin(), "report"], work).stdout
     steps, _ = timeline.load(str(work), str(work / "build"), ninja_bin())

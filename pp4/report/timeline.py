@@ -12,16 +12,17 @@ from pathlib import Path
 
 import attrs
 
-from pp4 import ninjarun
+from pp4 import ninjarun, statedir
 from pp4.build import config as buildconfig
 from pp4.build import events
 from pp4.sizes import counted, human_duration
 
 # Targets that report on a build rather than build: a run of only these is not "the last build".
 REPORTING = {"report", "certify", "wheel-built"}
-# The check every ninja run makes before it decides (pp4/reuse/recheck.py): not a step of a build,
-# and a run that only checked (`ninja report` after a build) is not "the last build" either.
-CHECK = "/.pp4/recheck.stamp"
+# The checks every ninja run makes before it decides (pp4/reuse/recheck.py, and the folded
+# environment's, pp4/configure/environment.py): not steps of a build, and a run that only checked
+# (`ninja report` after a build) is not "the last build" either.
+CHECKS = tuple(f"/{statedir.FOLDER}/{name}" for name in (statedir.RECHECK_STAMP, statedir.ENVIRONMENT))
 
 
 @attrs.frozen
@@ -84,7 +85,7 @@ def last_run(log_text: str) -> list[tuple[float, float, str, str]]:
         if len(fields) < 5 or not fields[0].isdigit() or not fields[1].isdigit():
             continue
         start, end, output = int(fields[0]) / 1000, int(fields[1]) / 1000, fields[3]
-        if output in REPORTING or output.endswith(CHECK):
+        if output in REPORTING or output.endswith(CHECKS):
             continue
         if last_end is not None and end < last_end:
             run = []
