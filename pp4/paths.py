@@ -54,3 +54,11 @@ def config_dir() -> Path:
     xdg = os.environ.get("XDG_CONFIG_HOME")
     base = Path(xdg).expanduser() if xdg else Path.home() / ".config"
     return (base / "pp4").absolute()
+
+
+def source_tree(root: Path, sources) -> list[Path]:
+    """An extension's own sources and headers: every C/C++/CUDA file below its root, plus its
+    sources (what a pin's source key covers, and so what its edge depends on)."""
+    found = {p for p in Path(root).rglob("*") if p.suffix in SOURCE_SUFFIXES and p.is_file()}
+    found.update(Path(s) for s in sources)
+    return sorted(found)

@@ -108,3 +108,13 @@ def test_a_spec_in_its_own_folder_builds_one_target_certifies_what_is_built_and_
     cert = json.loads(__import__("gzip").decompress((work / "build" / "certificate.json.gz").read_bytes()))
     assert {o["status"] for o in cert["objects"]} == {"reused"} and len(cert["objects"]) == 3
     assert all(os.path.commonpath([o["output"], "build"]) == "build" for o in cert["objects"])
+
+    # A header only pp4_answer reads, edited: pp4_other's pin covers every source below the root the
+    # two share, so it is pinned again too, and the build and its audit pass (not "built from other
+    # sources" for good).
+    header = project / "include" / "answer.h"
+    header.write_text(header.read_text() + "// edited\n")
+    edited = run([ninja_bin()], work)
+    assert sorted(Path(o).name for o in compiled(edited.stdout)) == ["answer.cpp.o", "twice.c.o"], edited.stdout
+    assert "audit passed" in run([ninja_bin(), "certify"], work).stdout
+    assert call(work, "pp4_other", "m.one()") == 1

@@ -26,18 +26,11 @@ from pp4 import interrupt, statedir
 from pp4.build.config import BuildFolderError
 from pp4.build.modules import PlanRecord, load_plan_file, pin_path_for  # noqa: F401  (pin_path_for: pin's name too)
 from pp4.files import sha256_file, write_if_changed
-from pp4.paths import SOURCE_SUFFIXES
+from pp4.paths import source_tree
 
 
 class PinError(Exception):
     """A module does not match its pin, or has none."""
-
-
-def tree_files(root: Path, sources: list[str]) -> list[Path]:
-    """The extension's own sources and headers: every C/C++/CUDA file below its root, plus its sources."""
-    found = {p for p in root.rglob("*") if p.suffix in SOURCE_SUFFIXES and p.is_file()}
-    found.update(Path(s) for s in sources)
-    return sorted(found)
 
 
 def tree_hashes(plan: PlanRecord, with_tree: bool = True) -> tuple[str, str | None]:
@@ -48,7 +41,7 @@ def tree_hashes(plan: PlanRecord, with_tree: bool = True) -> tuple[str, str | No
     key, tree = hashlib.sha256(), hashlib.sha256()
     key.update(json.dumps([plan.cuda_flags, plan.cxx_flags, plan.link_flags, plan.toolchain]).encode())
     root = Path(plan.root)
-    for f in tree_files(root, plan.sources):
+    for f in source_tree(root, plan.sources):
         name = str(f.relative_to(root) if f.is_relative_to(root) else f).encode()
         data = f.read_bytes()
         key.update(b"\0" + name + b"\0")

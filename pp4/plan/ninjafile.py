@@ -14,7 +14,7 @@ import shlex
 import attrs
 from ninja import ninja_syntax
 
-from pp4 import statedir
+from pp4 import paths, statedir
 from pp4.plan.modules import CompileStep, ModulePlan
 from pp4.sources.extensions import project_wheel_target
 
@@ -229,8 +229,12 @@ def render(settings: BuildSettings, rules: str, plans: list[ModulePlan],
                    variables={"flags": f"${t}_dlink_flags"})
         _build(w, out_mod, "link", plan.link_inputs(), variables={"flags": f"${t}_link_flags"})
         # The pin holds the plan's source key: a plan configure rewrote (another source tree, other
-        # provenance) pins the module again even where its bytes did not change.
-        _build(w, pin_path(plan), "pin", out_mod, implicit=[plan_json_path(settings.builddir, plan)],
+        # provenance) pins the module again even where its bytes did not change; so does an edit of
+        # any file the key covers, one that no compile of this module reads included (a header of
+        # another module below the same root), which would otherwise leave the pin stale for good.
+        _build(w, pin_path(plan), "pin", out_mod,
+               implicit=[plan_json_path(settings.builddir, plan),
+                         *(str(f) for f in paths.source_tree(plan.extension.root, plan.extension.source_paths()))],
                variables={"plan": _shell([plan_json_path(settings.builddir, plan)]),
                           "target": _shell([plan.extension.target])})
         _build(w, plan.extension.target, "phony", [out_mod, pin_path(plan)])
