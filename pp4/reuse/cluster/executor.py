@@ -31,7 +31,7 @@ from pp4 import backoff
 from pp4 import statedir
 from pp4.execution.cluster import DEFAULT_TIMEOUT_S, ClusterError, connect
 from pp4.files import write_whole
-from pp4.paths import LOCK_DIR, SOURCE_SUFFIXES
+from pp4.paths import LOCK_DIR, source_tree
 from pp4.reuse import pathstates
 
 TASK_RETRIES = 2  # a task whose worker or node dies is run again elsewhere, this many times
@@ -148,10 +148,8 @@ class ClusterExecutor:
 
     def _tree(self, root: str, source: str, sha256) -> list[list[str]]:
         """The extension's sources and headers as (path below root, sha256), sorted."""
-        files = {p for p in Path(root).rglob("*") if p.suffix in SOURCE_SUFFIXES and p.is_file()}
-        files.add(Path(source).absolute())
         out = []
-        for p in sorted(files):
+        for p in source_tree(Path(root), [Path(source).absolute()]):
             rel = os.path.relpath(p, root)
             if not rel.startswith(".."):
                 out.append([rel, sha256(str(p))])
